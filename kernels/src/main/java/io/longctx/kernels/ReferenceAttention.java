@@ -1,0 +1,88 @@
+package io.longctx.kernels;
+
+/**
+ * Plain float64 attention with materialized scores: the yardstick for tests and checks, never
+ * used on a production path. Output layout is the attention-state layout: row = b * Tq + t,
+ * {@code o[(row * heads + h) * dim + d]}, {@code lse[row * heads + h]}; a row that sees no key has
+ * o = 0 and lse = -inf.
+ */
+public final class ReferenceAttention {
+
+  /** float64 attention output and natural-log log-sum-exp, in attention-state layout. */
+  public record Result(double[] o, double[] lse, int rows, int heads, int dim) {}
+
+  private ReferenceAttention() {}
+
+  /**
+   * Attention of q [B, H, Tq, D] over k, v [B, Hkv, Tk, D]; positions may be null (0..T-1).
+   * Query head h reads kv head h / (H / Hkv).
+   */
+  public static Result compute(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
+    int batch = q.batch(), heads = q.heads(), tq = q.tokens(), dim = q.dim();
+    int kvHeads = k.heads(), tk = k.tokens();
+    int group = heads / kvHeads;
+    long[] qp = qPos != null ? qPos : iota(tq);
+    long[] kp = kPos != null ? kPos : iota(tk);
+    double scale = opt.scaleFor(dim);
+    double[] o = new double[batch * tq * heads * dim];
+    double[] lse = new double[batch * tq * heads];
+    double[] s = new double[tk];
+    for (int b = 0; b < batch; b++) {
+      for (int h = 0; h < heads; h++) {
+        int kvh = h / group;
+        for (int t = 0; t < tq; t++) {
+          int qo = q.offset(b, h, t);
+          double max = Double.NEGATIVE_INFINITY;
+          for (int j = 0; j < tk; j++) {
+            if (!opt.visible(qp[t], kp[j])) {
+              s[j] = Double.NEGATIVE_INFINITY;
+              continue;
+            }
+            int ko = k.offset(b, kvh, j);
+            double dot = 0;
+            for (int d = 0; d < dim; d++) {
+              dot += (double) q.data()[qo + d] * k.data()[ko + d];
+            }
+            double x = scale * dot;
+            if (opt.softcap() > 0) {
+              x = opt.softcap() * Math.tanh(x / opt.softcap());
+            }
+            s[j] = x;
+            max = Math.max(max, x);
+          }
+          int row = b * tq + t;
+          int oo = (row * heads + h) * dim;
+          if (max == Double.NEGATIVE_INFINITY) {
+            lse[row * heads + h] = Double.NEGATIVE_INFINITY;
+            continue;
+          }
+          double sum = 0;
+          for (int j = 0; j < tk; j++) {
+            if (s[j] == Double.NEGATIVE_INFINITY) {
+              continue;
+            }
+            double p = Math.exp(s[j] - max);
+            sum += p;
+            int vo = v.offset(b, kvh, j);
+            for (int d = 0; d < dim; d++) {
+              o[oo + d] += p * v.data()[vo + d];
+            }
+          }
+          for (int d = 0; d < dim; d++) {
+            o[oo + d] /= sum;
+          }
+          lse[row * heads + h] = max + Math.log(sum);
+        }
+      }
+    }
+    return new Result(o, lse, batch * tq, heads, dim);
+  }
+
+  static long[] iota(int n) {
+    long[] p = new long[n];
+    for (int i = 0; i < n; i++) {
+      p[i] = i;
+    }
+    return p;
+  }
+}

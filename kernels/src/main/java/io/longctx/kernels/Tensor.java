@@ -1,0 +1,43 @@
+package io.longctx.kernels;
+
+import java.util.Objects;
+
+/**
+ * A float32 tensor of shape [batch, heads, tokens, dim], row-major and contiguous: element
+ * (b, h, t, d) is at {@code ((b * heads + h) * tokens + t) * dim + d}. Queries, keys and values
+ * are passed to the kernels in this layout; the array is used in place, never copied.
+ */
+public record Tensor(float[] data, int batch, int heads, int tokens, int dim) {
+
+  public Tensor {
+    Objects.requireNonNull(data, "data");
+    if (batch < 1 || heads < 1 || tokens < 0 || dim < 1) {
+      throw new IllegalArgumentException(
+          "tensor shape must have batch >= 1, heads >= 1, tokens >= 0, dim >= 1, got " + shape(batch, heads, tokens, dim));
+    }
+    long need = (long) batch * heads * tokens * dim;
+    if (need != data.length) {
+      throw new IllegalArgumentException(
+          "tensor of shape " + shape(batch, heads, tokens, dim) + " needs " + need + " floats, array has " + data.length);
+    }
+  }
+
+  /** A zero-filled tensor of the given shape. */
+  public static Tensor zeros(int batch, int heads, int tokens, int dim) {
+    return new Tensor(new float[Math.multiplyExact(Math.multiplyExact(batch, heads), Math.multiplyExact(tokens, dim))],
+        batch, heads, tokens, dim);
+  }
+
+  /** Offset of row (b, h, t), i.e. of element (b, h, t, 0). */
+  public int offset(int b, int h, int t) {
+    return ((b * heads + h) * tokens + t) * dim;
+  }
+
+  public String shape() {
+    return shape(batch, heads, tokens, dim);
+  }
+
+  private static String shape(int b, int h, int t, int d) {
+    return "[" + b + ", " + h + ", " + t + ", " + d + "]";
+  }
+}
