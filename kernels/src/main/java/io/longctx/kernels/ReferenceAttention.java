@@ -1,8 +1,9 @@
 package io.longctx.kernels;
 
 /**
- * Plain float64 attention with materialized scores: the yardstick for tests and checks, never
- * used on a production path. Output layout is the attention-state layout: row = b * Tq + t,
+ * Plain attention with materialized scores, in float64 (the yardstick for tests and checks) or,
+ * for the tolerance rule of DESIGN.md, the same naive algorithm rounded to float32 after every
+ * operation. Never used on a production path. Output layout is the attention-state layout: row = b * Tq + t,
  * {@code o[(row * heads + h) * dim + d]}, {@code lse[row * heads + h]}; a row that sees no key has
  * o = 0 and lse = -inf.
  */
@@ -18,6 +19,20 @@ public final class ReferenceAttention {
    * Query head h reads kv head h / (H / Hkv).
    */
   public static Result compute(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
+    return compute(q, k, v, qPos, kPos, opt, false);
+  }
+
+  /** The same naive algorithm with every intermediate rounded to float32. */
+  public static Result computeFloat32(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
+    return compute(q, k, v, qPos, kPos, opt, true);
+  }
+
+  private static double r(double x, boolean f32) {
+    return f32 ? (float) x : x;
+  }
+
+  private static Result compute(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt,
+      boolean f32) {
     int batch = q.batch(), heads = q.heads(), tq = q.tokens(), dim = q.dim();
     int kvHeads = k.heads(), tk = k.tokens();
     int group = heads / kvHeads;
@@ -41,11 +56,11 @@ public final class ReferenceAttention {
             int ko = k.offset(b, kvh, j);
             double dot = 0;
             for (int d = 0; d < dim; d++) {
-              dot += (double) q.data()[qo + d] * k.data()[ko + d];
+              dot = r(dot + r((double) q.data()[qo + d] * k.data()[ko + d], f32), f32);
             }
-            double x = scale * dot;
+            double x = r(r(scale, f32) * dot, f32);
             if (opt.softcap() > 0) {
-              x = opt.softcap() * Math.tanh(x / opt.softcap());
+              x = r(opt.softcap() * r(Math.tanh(r(x / opt.softcap(), f32)), f32), f32);
             }
             s[j] = x;
             max = Math.max(max, x);
@@ -61,17 +76,17 @@ public final class ReferenceAttention {
             if (s[j] == Double.NEGATIVE_INFINITY) {
               continue;
             }
-            double p = Math.exp(s[j] - max);
-            sum += p;
+            double p = r(Math.exp(r(s[j] - max, f32)), f32);
+            sum = r(sum + p, f32);
             int vo = v.offset(b, kvh, j);
             for (int d = 0; d < dim; d++) {
-              o[oo + d] += p * v.data()[vo + d];
+              o[oo + d] = r(o[oo + d] + r(p * v.data()[vo + d], f32), f32);
             }
           }
           for (int d = 0; d < dim; d++) {
-            o[oo + d] /= sum;
+            o[oo + d] = r(o[oo + d] / sum, f32);
           }
-          lse[row * heads + h] = max + Math.log(sum);
+          lse[row * heads + h] = r(max + r(Math.log(sum), f32), f32);
         }
       }
     }

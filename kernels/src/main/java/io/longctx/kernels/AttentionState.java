@@ -1,0 +1,236 @@
+package io.longctx.kernels;
+
+import java.util.List;
+import java.util.Objects;
+
+/**
+ * The partial result of attention over some set of keys: for each (row, head) a normalized output
+ * vector {@code o} and the natural-log log-sum-exp {@code lse} of the scores (DESIGN.md).
+ *
+ * <p>Layout, float32: {@code o[(row * heads + head) * dim + d]} and {@code lse[row * heads + head]}.
+ * A row is one query token (for batched kernels, row = b * Tq + t). An empty set of keys is
+ * {@code (o = 0, lse = -inf)}, the identity of {@link #merge}.
+ *
+ * <p>Merge is associative and commutative up to rounding, exactly commutative bit for bit, and
+ * computed with {@link StrictMath} in float64 so every JVM produces the same bits. Merging many
+ * states uses a balanced tree over the list order, so a fixed order gives fixed bits.
+ *
+ * <p>This class and {@link #mergeInto} are the only implementation of the merge in longctx.
+ */
+public final class AttentionState {
+
+  private final int rows;
+  private final int heads;
+  private final int dim;
+  private final float[] o;
+  private final float[] lse;
+
+  private AttentionState(int rows, int heads, int dim, float[] o, float[] lse) {
+    this.rows = rows;
+    this.heads = heads;
+    this.dim = dim;
+    this.o = o;
+    this.lse = lse;
+  }
+
+  /** The identity: every (row, head) has seen no key. */
+  public static AttentionState empty(int rows, int heads, int dim) {
+    checkShape(rows, heads, dim);
+    float[] lse = new float[Math.multiplyExact(rows, heads)];
+    java.util.Arrays.fill(lse, Float.NEGATIVE_INFINITY);
+    return new AttentionState(rows, heads, dim, new float[Math.multiplyExact(lse.length, dim)], lse);
+  }
+
+  /**
+   * Wraps arrays in our own convention (natural-log lse, -inf for no keys) without copying. NaN
+   * anywhere or an lse of +inf is rejected with the row and head named; use {@link #fromForeign}
+   * for producers that write +inf for empty rows or base-2 lse.
+   */
+  public static AttentionState of(float[] o, float[] lse, int rows, int heads, int dim) {
+    AttentionState s = wrap(o, lse, rows, heads, dim);
+    s.validate();
+    return s;
+  }
+
+  /** Base of the lse a foreign producer wrote. */
+  public enum LseBase {
+    /** natural log: ours, PyTorch, FlashAttention. */
+    E,
+    /** log2: FlashInfer. */
+    TWO
+  }
+
+  /**
+   * Converts a state written by another producer into ours, copying: base-2 lse is rescaled to
+   * natural log, and +inf or -inf lse (FlashAttention-2 writes +inf for rows that saw no key)
+   * becomes the empty state (o = 0, lse = -inf). NaN is rejected with the row and head named.
+   */
+  public static AttentionState fromForeign(float[] o, float[] lse, int rows, int heads, int dim, LseBase base) {
+    AttentionState in = wrap(o, lse, rows, heads, dim);
+    float[] outO = o.clone();
+    float[] outL = new float[lse.length];
+    for (int i = 0; i < lse.length; i++) {
+      float l = lse[i];
+      if (Float.isNaN(l)) {
+        throw in.nanError(i, "lse");
+      }
+      if (Float.isInfinite(l)) {
+        outL[i] = Float.NEGATIVE_INFINITY;
+        java.util.Arrays.fill(outO, i * dim, (i + 1) * dim, 0f);
+      } else {
+        outL[i] = base == LseBase.TWO ? (float) (l * Math.log(2.0)) : l;
+      }
+    }
+    return of(outO, outL, rows, heads, dim);
+  }
+
+  private static AttentionState wrap(float[] o, float[] lse, int rows, int heads, int dim) {
+    Objects.requireNonNull(o, "o");
+    Objects.requireNonNull(lse, "lse");
+    checkShape(rows, heads, dim);
+    long pairs = (long) rows * heads;
+    if (lse.length != pairs || o.length != pairs * dim) {
+      throw new IllegalArgumentException("attention state [rows=" + rows + ", heads=" + heads + ", dim=" + dim
+          + "] needs o of " + pairs * dim + " and lse of " + pairs + " floats, got " + o.length + " and " + lse.length);
+    }
+    return new AttentionState(rows, heads, dim, o, lse);
+  }
+
+  private static void checkShape(int rows, int heads, int dim) {
+    if (rows < 0 || heads < 1 || dim < 1) {
+      throw new IllegalArgumentException(
+          "attention state needs rows >= 0, heads >= 1, dim >= 1, got rows=" + rows + " heads=" + heads + " dim=" + dim);
+    }
+  }
+
+  private void validate() {
+    for (int i = 0; i < lse.length; i++) {
+      float l = lse[i];
+      if (Float.isNaN(l)) {
+        throw nanError(i, "lse");
+      }
+      if (l == Float.POSITIVE_INFINITY) {
+        throw new IllegalArgumentException("lse is +Infinity at row " + i / heads + ", head " + i % heads
+            + ": our states use -Infinity for 'no keys'; convert foreign states with AttentionState.fromForeign");
+      }
+      for (int d = i * dim, end = d + dim; d < end; d++) {
+        if (Float.isNaN(o[d])) {
+          throw nanError(i, "o");
+        }
+      }
+    }
+  }
+
+  private IllegalArgumentException nanError(int pair, String what) {
+    return new IllegalArgumentException(
+        "NaN in attention state " + what + " at row " + pair / heads + ", head " + pair % heads);
+  }
+
+  /** The merge of this state and {@code other} (same shape), as a new state. */
+  public AttentionState merge(AttentionState other) {
+    requireSameShape(other);
+    float[] outO = new float[o.length];
+    float[] outL = new float[lse.length];
+    mergeInto(o, lse, 0, other.o, other.lse, 0, outO, outL, 0, lse.length, dim);
+    return new AttentionState(rows, heads, dim, outO, outL);
+  }
+
+  /**
+   * Merges states in list order as a balanced tree: ((s0 s1) (s2 s3)) ... The same list always
+   * gives the same bits; an empty list is not allowed (the shape would be unknown).
+   */
+  public static AttentionState mergeAll(List<AttentionState> states) {
+    if (states.isEmpty()) {
+      throw new IllegalArgumentException("mergeAll needs at least one state");
+    }
+    return mergeRange(states, 0, states.size());
+  }
+
+  private static AttentionState mergeRange(List<AttentionState> states, int from, int to) {
+    if (to - from == 1) {
+      return states.get(from);
+    }
+    int mid = (from + to) >>> 1;
+    return mergeRange(states, from, mid).merge(mergeRange(states, mid, to));
+  }
+
+  /**
+   * The merge on raw arrays, for callers that keep states in their own buffers (the Spark
+   * aggregator, the split-K combine): merges {@code pairs} consecutive (row, head) entries of a
+   * (starting at entry {@code aAt}) with those of b (at {@code bAt}) into out (at {@code outAt}).
+   * out may alias a or b. Rejects NaN and +inf lse, naming the entry.
+   */
+  public static void mergeInto(float[] aO, float[] aL, int aAt, float[] bO, float[] bL, int bAt,
+      float[] outO, float[] outL, int outAt, int pairs, int dim) {
+    for (int p = 0; p < pairs; p++) {
+      float la = aL[aAt + p];
+      float lb = bL[bAt + p];
+      if (!(la < Float.POSITIVE_INFINITY) || !(lb < Float.POSITIVE_INFINITY)) {
+        throw new IllegalArgumentException("cannot merge attention state entry " + p + ": lse is "
+            + (Float.isNaN(la) || Float.isNaN(lb) ? "NaN" : "+Infinity (convert foreign states with fromForeign)")
+            + " (a=" + la + ", b=" + lb + ")");
+      }
+      int ao = (aAt + p) * dim, bo = (bAt + p) * dim, oo = (outAt + p) * dim;
+      double m = Math.max(la, lb);
+      if (m == Double.NEGATIVE_INFINITY) {
+        // Both empty: the identity. The naive formula would give 0/0 = NaN here.
+        java.util.Arrays.fill(outO, oo, oo + dim, 0f);
+        outL[outAt + p] = Float.NEGATIVE_INFINITY;
+        continue;
+      }
+      double wa = StrictMath.exp(la - m);
+      double wb = StrictMath.exp(lb - m);
+      double inv = 1.0 / (wa + wb);
+      wa *= inv;
+      wb *= inv;
+      for (int d = 0; d < dim; d++) {
+        float x = aO[ao + d];
+        float y = bO[bo + d];
+        if (x != x || y != y) {
+          throw new IllegalArgumentException("cannot merge attention state entry " + p + ": NaN in o at dim " + d);
+        }
+        outO[oo + d] = (float) (wa * x + wb * y);
+      }
+      // One weight is exactly 1, so log(wa + wb) = log1p(the other one).
+      outL[outAt + p] = (float) (m + StrictMath.log1p(Math.min(wa, wb) / Math.max(wa, wb)));
+    }
+  }
+
+  private void requireSameShape(AttentionState other) {
+    if (other.rows != rows || other.heads != heads || other.dim != dim) {
+      throw new IllegalArgumentException("cannot merge attention states of different shapes: [rows=" + rows
+          + ", heads=" + heads + ", dim=" + dim + "] and [rows=" + other.rows + ", heads=" + other.heads
+          + ", dim=" + other.dim + "]");
+    }
+  }
+
+  public int rows() {
+    return rows;
+  }
+
+  public int heads() {
+    return heads;
+  }
+
+  public int dim() {
+    return dim;
+  }
+
+  /** The output array, [rows, heads, dim]; shared, not copied. */
+  public float[] o() {
+    return o;
+  }
+
+  /** The lse array, [rows, heads]; shared, not copied. */
+  public float[] lse() {
+    return lse;
+  }
+
+  public float lse(int row, int head) {
+    return lse[row * heads + head];
+  }
+
+  public float o(int row, int head, int d) {
+    return o[(row * heads + head) * dim + d];
+  }
+}

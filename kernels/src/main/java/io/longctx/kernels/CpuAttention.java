@@ -1,0 +1,229 @@
+package io.longctx.kernels;
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.stream.IntStream;
+
+/**
+ * Attention kernels in Java (Vector API), producing {@link AttentionState}s:
+ *
+ * <ul>
+ *   <li>{@link #forward}: FlashAttention forward of queries [B, H, Tq, D] over one key/value chunk
+ *       [B, Hkv, Tk, D], tiled, with an online softmax; never more than one tile of scores.
+ *   <li>{@link #decode}: split-K (Flash-Decoding) for a few query rows over a long KV sequence: the
+ *       keys are cut into splits of a fixed length, splits run in parallel, and their states merge
+ *       in a fixed order. Query heads sharing a kv head are packed together so K/V are read once.
+ *   <li>{@link #decodeUnifiedMax}: the same with the FlashDecoding++ unified maximum.
+ * </ul>
+ *
+ * Positions are absolute token indices (null means 0..T-1), shared by every batch entry; masks
+ * follow {@link AttentionOptions}. Work runs on the common fork-join pool, parallel over
+ * (batch, head, query block) or (batch, kv head, split). Instances are immutable and thread-safe.
+ */
+public final class CpuAttention {
+
+  /** Head dims above this are rejected (workspaces are sized by it). */
+  public static final int MAX_DIM = 1024;
+  /** Default split length for split-K decoding, in keys. */
+  public static final int DEFAULT_SPLIT_LEN = 4096;
+
+  /** Tile sizes chosen by measurement (docs/BENCHMARKS.md). */
+  public static final CpuAttention DEFAULT = new CpuAttention(64, 128);
+
+  private final int blockQ;
+  private final int blockK;
+  private final ThreadLocal<TileWorker> workers = new ThreadLocal<>();
+
+  /**
+   * @param blockQ query rows per block, a multiple of {@link #laneGroup()}
+   * @param blockK keys per tile
+   */
+  public CpuAttention(int blockQ, int blockK) {
+    VectorSupport.require();
+    if (blockQ < TileMath.GROUP || blockQ % TileMath.GROUP != 0 || blockK < 1) {
+      throw new IllegalArgumentException("blockQ must be a positive multiple of " + TileMath.GROUP
+          + " and blockK positive, got blockQ=" + blockQ + " blockK=" + blockK);
+    }
+    this.blockQ = blockQ;
+    this.blockK = blockK;
+  }
+
+  /** SIMD lanes one inner-loop call covers: query blocks are multiples of this. */
+  public static int laneGroup() {
+    return TileMath.GROUP;
+  }
+
+  /** Result of split-K decoding. */
+  public record DecodeResult(AttentionState state, int splits, long recomputedRows) {}
+
+  /**
+   * Attention of q [B, H, Tq, D] over k, v [B, Hkv, Tk, D]. Returns the state with rows
+   * b * Tq + t. Rows that see no key get (0, -inf).
+   */
+  public AttentionState forward(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
+    Problem p = new Problem(q, k, v, qPos, kPos, opt);
+    float[] o = new float[p.rows * p.heads * p.dim];
+    float[] lse = new float[p.rows * p.heads];
+    int qBlocks = (p.tq + blockQ - 1) / blockQ;
+    int tasks = p.batch * p.heads * qBlocks;
+    IntStream.range(0, tasks).parallel().forEach(task -> {
+      int qb = task % qBlocks;
+      int bh = task / qBlocks;
+      int b = bh / p.heads, h = bh % p.heads;
+      TileWorker w = worker(blockQ, p.dim);
+      int t0 = qb * blockQ, t1 = Math.min(p.tq, t0 + blockQ);
+      for (int t = t0; t < t1; t++) {
+        w.addRow(p, b, h, t);
+      }
+      w.run(p, b, h / p.group, 0, p.tk, null);
+      w.finish(p, o, lse, null);
+    });
+    return AttentionState.of(o, lse, p.rows, p.heads, p.dim);
+  }
+
+  /** Split-K decoding with {@link #DEFAULT_SPLIT_LEN}. */
+  public AttentionState decode(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
+    return decode(q, k, v, qPos, kPos, opt, DEFAULT_SPLIT_LEN).state();
+  }
+
+  /**
+   * Split-K decoding: keys cut into splits of {@code splitLen} from key 0 (so a sequence's result
+   * never depends on other sequences in the batch), each split an attention state, merged in split
+   * order as a balanced tree.
+   */
+  public DecodeResult decode(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt,
+      int splitLen) {
+    return splitK(new Problem(q, k, v, qPos, kPos, opt), splitLen, null);
+  }
+
+  /**
+   * Split-K decoding with the FlashDecoding++ unified maximum: partials use {@code um.phi()}
+   * instead of a running max; a (row, split) whose logits leave the bounds is recomputed with the
+   * synchronized method, and {@link DecodeResult#recomputedRows()} counts them.
+   */
+  public DecodeResult decodeUnifiedMax(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos,
+      AttentionOptions opt, int splitLen, UnifiedMax um) {
+    return splitK(new Problem(q, k, v, qPos, kPos, opt), splitLen, java.util.Objects.requireNonNull(um, "um"));
+  }
+
+  private DecodeResult splitK(Problem p, int splitLen, UnifiedMax um) {
+    if (splitLen < 1) {
+      throw new IllegalArgumentException("splitLen must be >= 1, got " + splitLen);
+    }
+    int splits = Math.max(1, (p.tk + splitLen - 1) / splitLen);
+    // Rows of one (batch, kv head): the query heads of its group times the query tokens.
+    int groupRows = p.group * p.tq;
+    int bq = groupRows <= TileMath.GROUP ? TileMath.GROUP : blockQ;
+    int rowBlocks = Math.max(1, (groupRows + bq - 1) / bq);
+    List<float[]> partO = new ArrayList<>(splits);
+    List<float[]> partL = new ArrayList<>(splits);
+    for (int s = 0; s < splits; s++) {
+      partO.add(new float[p.rows * p.heads * p.dim]);
+      partL.add(new float[p.rows * p.heads]);
+    }
+    long[] recomputed = new long[p.batch * p.kvHeads * splits * rowBlocks];
+    int tasks = recomputed.length;
+    IntStream.range(0, tasks).parallel().forEach(task -> {
+      int rb = task % rowBlocks;
+      int rest = task / rowBlocks;
+      int s = rest % splits;
+      rest /= splits;
+      int kvh = rest % p.kvHeads, b = rest / p.kvHeads;
+      int j0 = s * splitLen, j1 = Math.min(p.tk, j0 + splitLen);
+      int r0 = rb * bq, r1 = Math.min(groupRows, r0 + bq);
+      TileWorker w = worker(bq, p.dim);
+      for (int r = r0; r < r1; r++) {
+        w.addRow(p, b, kvh * p.group + r / p.tq, r % p.tq);
+      }
+      w.run(p, b, kvh, j0, j1, um);
+      recomputed[task] = w.finish(p, partO.get(s), partL.get(s), um);
+      if (recomputed[task] > 0) {
+        // Rows flagged by the unified-max check: redo them with the running max.
+        for (int r = r0; r < r1; r++) {
+          if (w.flagged(r - r0)) {
+            w.addRow(p, b, kvh * p.group + r / p.tq, r % p.tq);
+          }
+        }
+        w.clearFlags();
+        w.run(p, b, kvh, j0, j1, null);
+        w.finish(p, partO.get(s), partL.get(s), null);
+      }
+    });
+    List<AttentionState> states = new ArrayList<>(splits);
+    for (int s = 0; s < splits; s++) {
+      states.add(AttentionState.of(partO.get(s), partL.get(s), p.rows, p.heads, p.dim));
+    }
+    long total = 0;
+    for (long r : recomputed) {
+      total += r;
+    }
+    return new DecodeResult(AttentionState.mergeAll(states), splits, total);
+  }
+
+  private TileWorker worker(int bq, int dim) {
+    TileWorker w = workers.get();
+    if (w == null || w.blockQ != bq || w.dim < dim) {
+      w = new TileWorker(bq, blockK, Math.max(dim, w == null ? 0 : w.dim));
+      workers.set(w);
+    }
+    return w;
+  }
+
+  /** A validated call: shapes, positions, options and the derived sizes. */
+  static final class Problem {
+    final Tensor q, k, v;
+    final long[] qPos, kPos;
+    final AttentionOptions opt;
+    final int batch, heads, kvHeads, group, tq, tk, dim, rows;
+    final float qScale;
+    final float softcap;
+
+    Problem(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
+      java.util.Objects.requireNonNull(q, "q");
+      java.util.Objects.requireNonNull(k, "k");
+      java.util.Objects.requireNonNull(v, "v");
+      java.util.Objects.requireNonNull(opt, "opt");
+      if (k.batch() != v.batch() || k.heads() != v.heads() || k.tokens() != v.tokens() || k.dim() != v.dim()) {
+        throw new IllegalArgumentException("k and v must have the same shape, got k " + k.shape() + " and v " + v.shape());
+      }
+      if (q.batch() != k.batch()) {
+        throw new IllegalArgumentException("q and k must have the same batch, got q " + q.shape() + " and k " + k.shape());
+      }
+      if (q.dim() != k.dim()) {
+        throw new IllegalArgumentException("q and k must have the same head dim, got q " + q.shape() + " and k " + k.shape());
+      }
+      if (q.heads() % k.heads() != 0) {
+        throw new IllegalArgumentException("query heads (" + q.heads() + ") must be a multiple of kv heads ("
+            + k.heads() + "), got q " + q.shape() + " and k " + k.shape());
+      }
+      if (q.dim() > MAX_DIM) {
+        throw new IllegalArgumentException("unsupported head dim " + q.dim() + ": the CPU kernels support 1.." + MAX_DIM);
+      }
+      if (qPos != null && qPos.length != q.tokens()) {
+        throw new IllegalArgumentException("qPos has " + qPos.length + " positions for " + q.tokens() + " query tokens");
+      }
+      if (kPos != null && kPos.length != k.tokens()) {
+        throw new IllegalArgumentException("kPos has " + kPos.length + " positions for " + k.tokens() + " key tokens");
+      }
+      this.q = q;
+      this.k = k;
+      this.v = v;
+      this.opt = opt;
+      this.qPos = qPos != null ? qPos : ReferenceAttention.iota(q.tokens());
+      this.kPos = kPos != null ? kPos : ReferenceAttention.iota(k.tokens());
+      this.batch = q.batch();
+      this.heads = q.heads();
+      this.kvHeads = k.heads();
+      this.group = heads / kvHeads;
+      this.tq = q.tokens();
+      this.tk = k.tokens();
+      this.dim = q.dim();
+      this.rows = Math.multiplyExact(batch, tq);
+      Math.multiplyExact(Math.multiplyExact(rows, heads), dim);
+      double scale = opt.scaleFor(dim);
+      // The scale (divided by the softcap when capping) is folded into the queries once.
+      this.softcap = opt.softcap();
+      this.qScale = (float) (softcap > 0 ? scale / softcap : scale);
+    }
+  }
+}

@@ -1,0 +1,291 @@
+package io.longctx.kernels;
+
+import static io.longctx.kernels.TileMath.GROUP;
+import static io.longctx.kernels.TileMath.SPECIES;
+import static io.longctx.kernels.TileMath.VL;
+
+import java.util.Arrays;
+import jdk.incubator.vector.FloatVector;
+import jdk.incubator.vector.VectorMask;
+import jdk.incubator.vector.VectorOperators;
+
+/**
+ * One thread's workspace: a block of up to {@code blockQ} query rows (each row one (batch, head,
+ * token), held in SIMD lanes) run over a contiguous key range of one kv head with the online
+ * softmax, tile by tile. Holds one tile of scores, never more.
+ *
+ * <p>Per key tile j in [jt, jt + n), per row i (lane):
+ * <pre>
+ *   S[j][i]  = scale * q_i . k_j                 (softcap: cap * tanh(S / cap); masked: -inf)
+ *   m'_i     = max(m_i, max_j S[j][i])           (unified max: m' = phi, fixed)
+ *   P[j][i]  = exp(S[j][i] - m'_i)
+ *   l_i      = l_i * exp(m_i - m'_i) + sum_j P[j][i]
+ *   Ot[:][i] = Ot[:][i] * exp(m_i - m'_i) + sum_j V[j][:] * P[j][i]
+ * </pre>
+ * and at the end o_i = Ot[:][i] / l_i, lse_i = m_i + log(l_i); l_i = 0 means no key: (0, -inf).
+ */
+final class TileWorker {
+
+  final int blockQ;
+  final int blockK;
+  final int dim;
+
+  private final float[] qt; // [dim][blockQ]: scaled queries, transposed
+  private final float[] ot; // [dim][blockQ]: unnormalized outputs, transposed
+  private final float[] s; // [blockK][blockQ]: scores, then probabilities, of one tile
+  private final float[] max; // running max per lane
+  private final float[] sum; // running sum per lane
+  private final float[] alpha; // rescale factor of the current tile per lane
+  private final float[] seenMin; // unified max: smallest visible logit per lane
+  private final float[] seenMax; // unified max: largest visible logit per lane
+  private final boolean[] flags; // unified max: lane must be recomputed
+
+  // Row descriptors, one per lane in use.
+  private final int[] rowQ; // offset of the query row in q.data
+  private final int[] rowOut; // (row * heads + head) index into the output state
+  private final long[] rowPos;
+  private int rows;
+  private long rowPosMin;
+  private long rowPosMax;
+
+  TileWorker(int blockQ, int blockK, int dim) {
+    this.blockQ = blockQ;
+    this.blockK = blockK;
+    this.dim = dim;
+    qt = new float[dim * blockQ];
+    ot = new float[dim * blockQ];
+    s = new float[blockK * blockQ];
+    max = new float[blockQ];
+    sum = new float[blockQ];
+    alpha = new float[blockQ];
+    seenMin = new float[blockQ];
+    seenMax = new float[blockQ];
+    flags = new boolean[blockQ];
+    rowQ = new int[blockQ];
+    rowOut = new int[blockQ];
+    rowPos = new long[blockQ];
+  }
+
+  /** Adds query row (b, h, t) of the problem to the block, in the next lane. */
+  void addRow(CpuAttention.Problem p, int b, int h, int t) {
+    int i = rows++;
+    rowQ[i] = p.q.offset(b, h, t);
+    rowOut[i] = (b * p.tq + t) * p.heads + h;
+    long pos = p.qPos[t];
+    rowPos[i] = pos;
+    rowPosMin = i == 0 ? pos : Math.min(rowPosMin, pos);
+    rowPosMax = i == 0 ? pos : Math.max(rowPosMax, pos);
+  }
+
+  boolean flagged(int lane) {
+    return flags[lane];
+  }
+
+  void clearFlags() {
+    Arrays.fill(flags, false);
+  }
+
+  /**
+   * Runs the rows added so far over keys [j0, j1) of kv head {@code kvh} of batch entry b; with a
+   * non-null {@code um} uses the unified maximum.
+   */
+  void run(CpuAttention.Problem p, int b, int kvh, int j0, int j1, UnifiedMax um) {
+    int d = p.dim;
+    float[] q = p.q.data();
+    // Transposed, scaled queries; unused lanes are zero so their scores stay finite.
+    Arrays.fill(qt, 0, d * blockQ, 0f);
+    for (int i = 0; i < rows; i++) {
+      for (int c = 0, at = rowQ[i]; c < d; c++) {
+        qt[c * blockQ + i] = q[at + c] * p.qScale;
+      }
+    }
+    Arrays.fill(ot, 0, d * blockQ, 0f);
+    Arrays.fill(max, um == null ? Float.NEGATIVE_INFINITY : um.phi());
+    Arrays.fill(sum, 0f);
+    Arrays.fill(seenMin, Float.POSITIVE_INFINITY);
+    Arrays.fill(seenMax, Float.NEGATIVE_INFINITY);
+    int groups = (rows + GROUP - 1) / GROUP;
+    int lanes = groups * GROUP;
+    int kvBase = p.k.offset(b, kvh, 0);
+    AttentionOptions opt = p.opt;
+    for (int jt = j0; jt < j1; jt += blockK) {
+      int n = Math.min(blockK, j1 - jt);
+      Visibility vis = classify(opt, p.kPos, jt, jt + n);
+      if (vis == Visibility.NONE) {
+        continue;
+      }
+      int kOff = kvBase + jt * d;
+      for (int g = 0; g < groups; g++) {
+        TileMath.scores(p.k.data(), kOff, d, n, d, qt, g * GROUP, blockQ, s, g * GROUP, blockQ);
+      }
+      prepareScores(p, n, lanes, jt);
+      if (vis == Visibility.PARTIAL) {
+        mask(p, n, jt);
+      }
+      softmaxTile(n, lanes, um);
+      if (um == null) {
+        rescaleOutput(d, lanes);
+      }
+      for (int g = 0; g < groups; g++) {
+        TileMath.accumulate(p.v.data(), kOff, d, d, n, s, g * GROUP, blockQ, ot, g * GROUP, blockQ);
+      }
+    }
+  }
+
+  private enum Visibility { NONE, PARTIAL, ALL }
+
+  /** Classifies the whole (query block, key tile) pair once, from position ranges. */
+  private Visibility classify(AttentionOptions opt, long[] kPos, int from, int to) {
+    if (!opt.masked()) {
+      return Visibility.ALL;
+    }
+    long kMin = Long.MAX_VALUE, kMax = Long.MIN_VALUE;
+    for (int j = from; j < to; j++) {
+      kMin = Math.min(kMin, kPos[j]);
+      kMax = Math.max(kMax, kPos[j]);
+    }
+    long w = opt.window();
+    if (kMin > rowPosMax || (w > 0 && kMax <= rowPosMin - w)) {
+      return Visibility.NONE;
+    }
+    if (kMax <= rowPosMin && (w <= 0 || kMin > rowPosMax - w)) {
+      return Visibility.ALL;
+    }
+    return Visibility.PARTIAL;
+  }
+
+  /** Applies the softcap and rejects non-finite scores (NaN or Inf in q or k). */
+  private void prepareScores(CpuAttention.Problem p, int n, int lanes, int jt) {
+    FloatVector check = FloatVector.zero(SPECIES);
+    float cap = p.softcap;
+    for (int c = 0; c < lanes; c += VL) {
+      for (int j = 0, at = c; j < n; j++, at += blockQ) {
+        FloatVector x = FloatVector.fromArray(SPECIES, s, at);
+        if (cap > 0) {
+          x = x.lanewise(VectorOperators.TANH).mul(cap);
+          x.intoArray(s, at);
+        }
+        check = check.add(x.mul(0f)); // stays 0 unless some x is NaN or infinite
+      }
+    }
+    if (check.reduceLanes(VectorOperators.ADD) != 0f) {
+      throw nonFinite(p, n, jt);
+    }
+  }
+
+  private IllegalArgumentException nonFinite(CpuAttention.Problem p, int n, int jt) {
+    for (int j = 0; j < n; j++) {
+      for (int i = 0; i < rows; i++) {
+        if (!Float.isFinite(s[j * blockQ + i])) {
+          int row = rowOut[i] / p.heads, h = rowOut[i] % p.heads;
+          return new IllegalArgumentException("non-finite attention score at batch " + row / p.tq + ", head " + h
+              + ", query token " + row % p.tq + " (position " + rowPos[i] + "), key token " + (jt + j)
+              + " (position " + p.kPos[jt + j] + "): q or k holds NaN, Infinity or values too large for float32");
+        }
+      }
+    }
+    return new IllegalArgumentException("non-finite attention score in key tile at " + jt);
+  }
+
+  /** Sets scores of invisible (query, key) pairs to -inf; only tiles classified PARTIAL. */
+  private void mask(CpuAttention.Problem p, int n, int jt) {
+    AttentionOptions opt = p.opt;
+    for (int j = 0; j < n; j++) {
+      long kp = p.kPos[jt + j];
+      int at = j * blockQ;
+      for (int i = 0; i < rows; i++) {
+        if (!opt.visible(rowPos[i], kp)) {
+          s[at + i] = Float.NEGATIVE_INFINITY;
+        }
+      }
+    }
+  }
+
+  /** Online-softmax step over one tile: scores in s become probabilities; max, sum, alpha update. */
+  private void softmaxTile(int n, int lanes, UnifiedMax um) {
+    FloatVector negInf = FloatVector.broadcast(SPECIES, Float.NEGATIVE_INFINITY);
+    FloatVector posInf = FloatVector.broadcast(SPECIES, Float.POSITIVE_INFINITY);
+    for (int c = 0; c < lanes; c += VL) {
+      FloatVector mOld = FloatVector.fromArray(SPECIES, max, c);
+      FloatVector mNew;
+      if (um == null) {
+        FloatVector tileMax = negInf;
+        for (int j = 0, at = c; j < n; j++, at += blockQ) {
+          tileMax = tileMax.max(FloatVector.fromArray(SPECIES, s, at));
+        }
+        mNew = mOld.max(tileMax);
+      } else {
+        // Track the visible range for the validity check; masked scores are -inf.
+        FloatVector lo = FloatVector.fromArray(SPECIES, seenMin, c);
+        FloatVector hi = FloatVector.fromArray(SPECIES, seenMax, c);
+        for (int j = 0, at = c; j < n; j++, at += blockQ) {
+          FloatVector x = FloatVector.fromArray(SPECIES, s, at);
+          hi = hi.max(x);
+          lo = lo.min(x.blend(posInf, x.eq(negInf)));
+        }
+        lo.intoArray(seenMin, c);
+        hi.intoArray(seenMax, c);
+        mNew = mOld;
+      }
+      // A row that has seen no key yet keeps max = -inf; subtract 0 then so exp gives 0, not NaN.
+      VectorMask<Float> none = mNew.eq(negInf);
+      FloatVector mUse = mNew.blend(0f, none);
+      FloatVector a = mOld.sub(mUse).lanewise(VectorOperators.EXP);
+      FloatVector total = FloatVector.zero(SPECIES);
+      for (int j = 0, at = c; j < n; j++, at += blockQ) {
+        FloatVector e = FloatVector.fromArray(SPECIES, s, at).sub(mUse).lanewise(VectorOperators.EXP);
+        e.intoArray(s, at);
+        total = total.add(e);
+      }
+      FloatVector.fromArray(SPECIES, sum, c).fma(a, total).intoArray(sum, c);
+      a.intoArray(alpha, c);
+      mNew.intoArray(max, c);
+    }
+  }
+
+  private void rescaleOutput(int d, int lanes) {
+    for (int c = 0; c < lanes; c += VL) {
+      FloatVector a = FloatVector.fromArray(SPECIES, alpha, c);
+      for (int x = 0, at = c; x < d; x++, at += blockQ) {
+        FloatVector.fromArray(SPECIES, ot, at).mul(a).intoArray(ot, at);
+      }
+    }
+  }
+
+  /**
+   * Writes the block's rows into state arrays (o, lse) and empties the block. With a unified max,
+   * rows whose logits left the bounds are flagged (see {@link #flagged}) and not written; returns
+   * their number.
+   */
+  int finish(CpuAttention.Problem p, float[] o, float[] lse, UnifiedMax um) {
+    int d = p.dim;
+    int flaggedRows = 0;
+    for (int i = 0; i < rows; i++) {
+      if (um != null && !um.accepts(seenMin[i], seenMax[i])) {
+        flags[i] = true;
+        flaggedRows++;
+        continue;
+      }
+      int out = rowOut[i];
+      float l = sum[i];
+      if (l == 0f) {
+        lse[out] = Float.NEGATIVE_INFINITY;
+        Arrays.fill(o, out * d, out * d + d, 0f);
+        continue;
+      }
+      float inv = 1f / l;
+      for (int c = 0, at = i; c < d; c++, at += blockQ) {
+        float x = ot[at] * inv;
+        if (!Float.isFinite(x)) {
+          int row = out / p.heads, h = out % p.heads;
+          throw new IllegalArgumentException("non-finite attention output at batch " + row / p.tq + ", head " + h
+              + ", query token " + row % p.tq + ", dim " + c + ": v holds NaN, Infinity or values too large for float32");
+        }
+        o[out * d + c] = x;
+      }
+      lse[out] = (float) (max[i] + Math.log(l));
+    }
+    rows = 0;
+    return flaggedRows;
+  }
+}
