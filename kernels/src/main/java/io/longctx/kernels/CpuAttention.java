@@ -62,8 +62,8 @@ public final class CpuAttention {
    */
   public AttentionState forward(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
     Problem p = new Problem(q, k, v, qPos, kPos, opt);
-    float[] o = new float[p.rows * p.heads * p.dim];
-    float[] lse = new float[p.rows * p.heads];
+    float[] o = poisoned(p.rows * p.heads * p.dim);
+    float[] lse = poisoned(p.rows * p.heads);
     int qBlocks = (p.tq + blockQ - 1) / blockQ;
     int tasks = p.batch * p.heads * qBlocks;
     IntStream.range(0, tasks).parallel().forEach(task -> {
@@ -79,6 +79,16 @@ public final class CpuAttention {
       w.finish(p, o, lse, null);
     });
     return AttentionState.of(o, lse, p.rows, p.heads, p.dim);
+  }
+
+  /**
+   * Output buffers start as NaN so that an entry the kernel failed to write cannot pass for a
+   * result: {@link AttentionState#of} rejects NaN.
+   */
+  private static float[] poisoned(int n) {
+    float[] x = new float[n];
+    java.util.Arrays.fill(x, Float.NaN);
+    return x;
   }
 
   /** Split-K decoding with {@link #DEFAULT_SPLIT_LEN}. */
@@ -118,8 +128,8 @@ public final class CpuAttention {
     List<float[]> partO = new ArrayList<>(splits);
     List<float[]> partL = new ArrayList<>(splits);
     for (int s = 0; s < splits; s++) {
-      partO.add(new float[p.rows * p.heads * p.dim]);
-      partL.add(new float[p.rows * p.heads]);
+      partO.add(poisoned(p.rows * p.heads * p.dim));
+      partL.add(poisoned(p.rows * p.heads));
     }
     long[] recomputed = new long[p.batch * p.kvHeads * splits * rowBlocks];
     int tasks = recomputed.length;
