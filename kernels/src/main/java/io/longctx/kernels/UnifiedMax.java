@@ -25,6 +25,43 @@ public record UnifiedMax(float phi, float lower, float upper) {
     return new UnifiedMax(phi, DEFAULT_LOWER, DEFAULT_UPPER);
   }
 
+  /**
+   * Calibrates phi on real data: the median over sampled query rows of each row's largest logit
+   * against up to 4096 evenly spaced keys (masks ignored: phi only needs to be typical; rows it does
+   * not suit are recomputed, never wrong).
+   */
+  public static UnifiedMax calibrate(Tensor q, Tensor k, AttentionOptions opt) {
+    int group = q.heads() / k.heads();
+    double scale = opt.scaleFor(q.dim());
+    int rowStep = Math.max(1, q.tokens() / 8);
+    int keyStep = Math.max(1, k.tokens() / 4096);
+    java.util.List<Double> maxima = new java.util.ArrayList<>();
+    for (int b = 0; b < q.batch(); b++) {
+      for (int h = 0; h < q.heads(); h++) {
+        for (int t = 0; t < q.tokens(); t += rowStep) {
+          double best = Double.NEGATIVE_INFINITY;
+          for (int j = 0; j < k.tokens(); j += keyStep) {
+            int qo = q.offset(b, h, t), ko = k.offset(b, h / group, j);
+            double dot = 0;
+            for (int d = 0; d < q.dim(); d++) {
+              dot += q.data()[qo + d] * k.data()[ko + d];
+            }
+            double x = scale * dot;
+            best = Math.max(best, opt.softcap() > 0 ? opt.softcap() * Math.tanh(x / opt.softcap()) : x);
+          }
+          if (Double.isFinite(best)) {
+            maxima.add(best);
+          }
+        }
+      }
+    }
+    if (maxima.isEmpty()) {
+      return of(0f);
+    }
+    maxima.sort(null);
+    return of(maxima.get(maxima.size() / 2).floatValue());
+  }
+
   /** Whether a row whose visible logits span [min, max] can use phi (no visible logit: trivially yes). */
   boolean accepts(float min, float max) {
     return max == Float.NEGATIVE_INFINITY || (min - phi > lower && max - phi < upper);

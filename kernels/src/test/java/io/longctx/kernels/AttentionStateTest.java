@@ -1,0 +1,202 @@
+package io.longctx.kernels;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.SplittableRandom;
+import org.junit.jupiter.api.Test;
+
+/** The merge algebra and the chunking invariance it buys. */
+class AttentionStateTest {
+
+  static final int ROWS = 5, HEADS = 3, DIM = 16;
+
+  /** A random state; about one entry in five is empty (lse -inf), lse spans +-1e4. */
+  static AttentionState randomState(SplittableRandom rng) {
+    float[] o = new float[ROWS * HEADS * DIM];
+    float[] lse = new float[ROWS * HEADS];
+    for (int i = 0; i < lse.length; i++) {
+      if (rng.nextInt(5) == 0) {
+        lse[i] = Float.NEGATIVE_INFINITY;
+        continue;
+      }
+      lse[i] = (float) (rng.nextBoolean() ? rng.nextGaussian() * 5 : rng.nextGaussian() * 1e4);
+      for (int d = 0; d < DIM; d++) {
+        o[i * DIM + d] = (float) rng.nextGaussian();
+      }
+    }
+    return AttentionState.of(o, lse, ROWS, HEADS, DIM);
+  }
+
+  static void assertClose(AttentionState a, AttentionState b, String msg) {
+    for (int i = 0; i < a.lse().length; i++) {
+      float x = a.lse()[i], y = b.lse()[i];
+      if (x == Float.NEGATIVE_INFINITY || y == Float.NEGATIVE_INFINITY) {
+        assertEquals(x, y, msg + " entry " + i);
+      } else {
+        assertEquals(x, y, 2e-6 * Math.max(1, Math.abs(x)), msg + " lse entry " + i);
+      }
+    }
+    for (int i = 0; i < a.o().length; i++) {
+      assertEquals(a.o()[i], b.o()[i], 2e-6 * Math.max(1, Math.abs(a.o()[i])), msg + " o element " + i);
+    }
+  }
+
+  @Test
+  void mergeIsCommutativeBitForBitAndAssociativeWithinRounding() {
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    for (int trial = 0; trial < 50; trial++) {
+      AttentionState a = randomState(rng), b = randomState(rng), c = randomState(rng);
+      AttentionState ab = a.merge(b), ba = b.merge(a);
+      assertArrayEquals(ab.o(), ba.o(), "seed " + seed);
+      assertArrayEquals(ab.lse(), ba.lse(), "seed " + seed);
+      assertClose(ab.merge(c), a.merge(b.merge(c)), "seed " + seed);
+    }
+  }
+
+  @Test
+  void emptyIsTheIdentityAndTwoEmptiesStayEmpty() {
+    long seed = Accuracy.seed();
+    AttentionState a = randomState(new SplittableRandom(seed));
+    AttentionState e = AttentionState.empty(ROWS, HEADS, DIM);
+    AttentionState ae = a.merge(e), ea = e.merge(a);
+    assertArrayEquals(a.o(), ae.o(), "seed " + seed);
+    assertArrayEquals(a.lse(), ae.lse(), "seed " + seed);
+    assertArrayEquals(a.o(), ea.o(), "seed " + seed);
+    AttentionState ee = e.merge(e);
+    for (float l : ee.lse()) {
+      assertEquals(Float.NEGATIVE_INFINITY, l);
+    }
+    for (float x : ee.o()) {
+      assertEquals(0f, x); // not NaN
+    }
+  }
+
+  @Test
+  void mergeMatchesTheDefinition() {
+    float[] o1 = {1, 2}, o2 = {3, -4};
+    AttentionState a = AttentionState.of(o1, new float[] {0f}, 1, 1, 2);
+    AttentionState b = AttentionState.of(o2, new float[] {(float) Math.log(3)}, 1, 1, 2);
+    AttentionState m = a.merge(b);
+    // weights 1 and 3: o = (1*o1 + 3*o2) / 4, lse = log 4
+    assertEquals(2.5f, m.o(0, 0, 0), 1e-6);
+    assertEquals(-2.5f, m.o(0, 0, 1), 1e-6);
+    assertEquals(Math.log(4), m.lse(0, 0), 1e-6);
+    // Far apart lse (1e4): the smaller one vanishes without overflow.
+    AttentionState far = AttentionState.of(new float[] {7, 7}, new float[] {1e4f}, 1, 1, 2).merge(a);
+    assertEquals(7f, far.o(0, 0, 0));
+    assertEquals(1e4f, far.lse(0, 0));
+  }
+
+  @Test
+  void mergeAllIsABalancedTreeInListOrder() {
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    List<AttentionState> states = new ArrayList<>();
+    for (int i = 0; i < 5; i++) {
+      states.add(randomState(rng));
+    }
+    AttentionState tree = AttentionState.mergeAll(states);
+    AttentionState expected = states.get(0).merge(states.get(1))
+        .merge(states.get(2).merge(states.get(3).merge(states.get(4))));
+    assertArrayEquals(expected.o(), tree.o(), "seed " + seed);
+    assertArrayEquals(expected.lse(), tree.lse(), "seed " + seed);
+    assertThrows(IllegalArgumentException.class, () -> AttentionState.mergeAll(List.of()));
+  }
+
+  @Test
+  void nanAndPlusInfinityAreRejectedNamingRowAndHead() {
+    float[] o = new float[2 * 3 * 4];
+    float[] lse = new float[2 * 3];
+    lse[4] = Float.NaN; // row 1, head 1
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> AttentionState.of(o, lse, 2, 3, 4));
+    assertTrue(e.getMessage().contains("row 1, head 1"), e.getMessage());
+    lse[4] = 0;
+    o[4 * 4 + 2] = Float.NaN;
+    e = assertThrows(IllegalArgumentException.class, () -> AttentionState.of(o, lse, 2, 3, 4));
+    assertTrue(e.getMessage().contains("row 1, head 1"), e.getMessage());
+    o[4 * 4 + 2] = 0;
+    lse[5] = Float.POSITIVE_INFINITY;
+    e = assertThrows(IllegalArgumentException.class, () -> AttentionState.of(o, lse, 2, 3, 4));
+    assertTrue(e.getMessage().contains("row 1, head 2") && e.getMessage().contains("fromForeign"), e.getMessage());
+    float[] bad = {Float.NaN};
+    e = assertThrows(IllegalArgumentException.class,
+        () -> AttentionState.mergeInto(new float[1], bad, 0, new float[1], new float[] {0}, 0, new float[1], new float[1], 0, 1, 1));
+    assertTrue(e.getMessage().contains("NaN"), e.getMessage());
+    assertThrows(IllegalArgumentException.class, () -> AttentionState.of(new float[3], new float[1], 1, 1, 2));
+  }
+
+  @Test
+  void foreignStatesAreConverted() {
+    // FlashInfer: base-2 lse. FlashAttention-2: +inf for rows with no key.
+    float[] o = {1, 2, 3, 4, 5, 6};
+    float[] lse2 = {3f, Float.POSITIVE_INFINITY, Float.NEGATIVE_INFINITY};
+    AttentionState s = AttentionState.fromForeign(o, lse2, 3, 1, 2, AttentionState.LseBase.TWO);
+    assertEquals(3 * Math.log(2), s.lse(0, 0), 1e-6);
+    assertEquals(Float.NEGATIVE_INFINITY, s.lse(1, 0));
+    assertEquals(Float.NEGATIVE_INFINITY, s.lse(2, 0));
+    assertArrayEquals(new float[] {1, 2, 0, 0, 0, 0}, s.o());
+    assertEquals(1f, o[2] / 3f, "input untouched");
+    AttentionState e = AttentionState.fromForeign(o, new float[] {1f, 2f, Float.POSITIVE_INFINITY}, 3, 1, 2, AttentionState.LseBase.E);
+    assertEquals(2f, e.lse(1, 0));
+    assertThrows(IllegalArgumentException.class,
+        () -> AttentionState.fromForeign(o, new float[] {Float.NaN, 0, 0}, 3, 1, 2, AttentionState.LseBase.E));
+  }
+
+  /** Attention over a sequence equals the merge of attention over any split of it. */
+  @Test
+  void attentionOverChunksMergesToAttentionOverTheWhole() {
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int heads = 4, kvHeads = 2, tq = 150, tk = 900, dim = 64;
+    Tensor q = Accuracy.random(rng, 1, heads, tq, dim, 1);
+    Tensor k = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor v = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
+    long[] qp = new long[tq];
+    long[] kp = new long[tk];
+    for (int t = 0; t < tq; t++) {
+      qp[t] = 700 + t; // the last queries of the document
+    }
+    for (int j = 0; j < tk; j++) {
+      kp[j] = j;
+    }
+    for (AttentionOptions opt : new AttentionOptions[] {
+        AttentionOptions.DEFAULT.withCausal(true), AttentionOptions.DEFAULT.withCausal(true).withWindow(333)}) {
+      ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, kp, opt);
+      ReferenceAttention.Result naive = ReferenceAttention.computeFloat32(q, k, v, qp, kp, opt);
+      for (int trial = 0; trial < 3; trial++) {
+        // Random cut points, including empty chunks and a chunk wholly after every query.
+        int[] cuts = rng.ints(4, 0, tk + 1).sorted().toArray();
+        List<AttentionState> parts = new ArrayList<>();
+        int from = 0;
+        for (int i = 0; i <= cuts.length; i++) {
+          int to = i < cuts.length ? cuts[i] : tk;
+          parts.add(CpuAttention.DEFAULT.forward(q, slice(k, from, to), slice(v, from, to), qp,
+              Arrays.copyOfRange(kp, from, to), opt));
+          from = to;
+        }
+        AttentionState merged = AttentionState.mergeAll(parts);
+        String err = Accuracy.check(merged, ref, naive);
+        assertNull(err, "seed " + seed + ", cuts " + Arrays.toString(cuts) + ": " + err);
+      }
+    }
+  }
+
+  static Tensor slice(Tensor t, int from, int to) {
+    int n = to - from;
+    float[] out = new float[t.batch() * t.heads() * n * t.dim()];
+    for (int b = 0; b < t.batch(); b++) {
+      for (int h = 0; h < t.heads(); h++) {
+        System.arraycopy(t.data(), t.offset(b, h, from), out, ((b * t.heads() + h) * n) * t.dim(), n * t.dim());
+      }
+    }
+    return new Tensor(out, t.batch(), t.heads(), n, t.dim());
+  }
+}

@@ -1,0 +1,62 @@
+package io.longctx.kernels;
+
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.util.SplittableRandom;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.function.Executable;
+
+/** Clear errors, naming what and where, for inputs the kernels cannot take. */
+class BadInputTest {
+
+  final SplittableRandom rng = new SplittableRandom(7);
+  final CpuAttention cpu = CpuAttention.DEFAULT;
+
+  static void assertMessage(Executable call, String... parts) {
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class, call);
+    for (String p : parts) {
+      assertTrue(e.getMessage().contains(p), "message '" + e.getMessage() + "' lacks '" + p + "'");
+    }
+  }
+
+  @Test
+  void shapesMustAgree() {
+    Tensor q = Accuracy.random(rng, 1, 4, 5, 32, 1);
+    Tensor k = Accuracy.random(rng, 1, 2, 6, 32, 1);
+    AttentionOptions o = AttentionOptions.DEFAULT;
+    assertMessage(() -> cpu.forward(q, k, Accuracy.random(rng, 1, 2, 7, 32, 1), null, null, o), "same shape", "[1, 2, 7, 32]");
+    assertMessage(() -> cpu.forward(q, Accuracy.random(rng, 1, 3, 6, 32, 1), Accuracy.random(rng, 1, 3, 6, 32, 1), null, null, o),
+        "multiple of kv heads");
+    assertMessage(() -> cpu.forward(q, Accuracy.random(rng, 1, 2, 6, 16, 1), Accuracy.random(rng, 1, 2, 6, 16, 1), null, null, o),
+        "head dim");
+    assertMessage(() -> cpu.forward(q, Accuracy.random(rng, 2, 2, 6, 32, 1), Accuracy.random(rng, 2, 2, 6, 32, 1), null, null, o),
+        "batch");
+    assertMessage(() -> cpu.forward(q, k, k, new long[4], null, o), "qPos has 4 positions for 5");
+    assertMessage(() -> cpu.decode(q, k, k, null, new long[5], o, 16), "kPos has 5 positions for 6");
+    assertMessage(() -> cpu.decode(q, k, k, null, null, o, 0), "splitLen");
+    assertMessage(() -> new Tensor(new float[10], 1, 1, 3, 4), "needs 12 floats");
+    Tensor big = new Tensor(new float[2048], 1, 1, 1, 2048);
+    assertMessage(() -> cpu.forward(big, big, big, null, null, o), "unsupported head dim 2048");
+    assertMessage(() -> new CpuAttention(CpuAttention.laneGroup() + 1, 64), "blockQ");
+    assertMessage(() -> AttentionOptions.DEFAULT.withWindow(-1), "window");
+    assertMessage(() -> AttentionOptions.DEFAULT.withScale(0), "scale");
+    assertMessage(() -> new UnifiedMax(0, 1, 2), "lower < 0 < upper");
+  }
+
+  @Test
+  void nonFiniteInputsAreNamedByPosition() {
+    Tensor q = Accuracy.random(rng, 1, 2, 9, 32, 1);
+    Tensor k = Accuracy.random(rng, 1, 1, 300, 32, 1);
+    Tensor v = Accuracy.random(rng, 1, 1, 300, 32, 1);
+    k.data()[k.offset(0, 0, 211) + 3] = Float.NaN;
+    assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT), "key token 211", "non-finite");
+    assertMessage(() -> cpu.decode(q, k, v, null, null, AttentionOptions.DEFAULT, 64), "key token 211");
+    k.data()[k.offset(0, 0, 211) + 3] = 0;
+    q.data()[q.offset(0, 1, 4)] = Float.POSITIVE_INFINITY;
+    assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT), "head 1", "query token 4");
+    q.data()[q.offset(0, 1, 4)] = 0;
+    v.data()[v.offset(0, 0, 17) + 5] = Float.NaN;
+    assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT), "non-finite attention output", "dim 5");
+  }
+}

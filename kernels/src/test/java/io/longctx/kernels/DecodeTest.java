@@ -1,0 +1,114 @@
+package io.longctx.kernels;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.util.Arrays;
+import java.util.SplittableRandom;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.CsvSource;
+import org.junit.jupiter.api.Test;
+
+/** Split-K decoding and the FlashDecoding++ unified maximum against the float64 reference. */
+class DecodeTest {
+
+  static long[] decodePositions(int rows, int tk) {
+    long[] qp = new long[rows];
+    for (int t = 0; t < rows; t++) {
+      qp[t] = tk - rows + t; // the last `rows` tokens, as in speculative or batched decoding
+    }
+    return qp;
+  }
+
+  @ParameterizedTest(name = "rows={0} Tk={1} H={2}/{3} D={4} split={5} window={6}")
+  @CsvSource({
+      "1, 1, 1, 1, 32, 64, 0",
+      "1, 7, 8, 1, 64, 3, 0",
+      "3, 339, 8, 2, 80, 100, 0",
+      "16, 799, 4, 1, 128, 128, 0",
+      "1, 4097, 32, 8, 128, 1000, 0",
+      "5, 4097, 8, 1, 256, 512, 300",
+      "2, 20011, 4, 4, 64, 4096, 2500",
+  })
+  void decodeMatchesReference(int rows, int tk, int heads, int kvHeads, int dim, int split, long window) {
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    Tensor q = Accuracy.random(rng, 1, heads, rows, dim, 1);
+    Tensor k = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor v = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
+    long[] qp = decodePositions(rows, tk);
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true).withWindow(window);
+    CpuAttention.DecodeResult got = CpuAttention.DEFAULT.decode(q, k, v, qp, null, opt, split);
+    assertEquals((tk + split - 1) / split, got.splits());
+    ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, opt);
+    ReferenceAttention.Result naive = ReferenceAttention.computeFloat32(q, k, v, qp, null, opt);
+    String err = Accuracy.check(got.state(), ref, naive);
+    assertNull(err, "seed " + seed + ": " + err);
+
+    // The unified max from a calibration on this data: same answer.
+    UnifiedMax um = UnifiedMax.calibrate(q, k, opt);
+    CpuAttention.DecodeResult fast = CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, opt, split, um);
+    err = Accuracy.check(fast.state(), ref, naive);
+    assertNull(err, "unified max " + um + ", seed " + seed + ": " + err);
+  }
+
+  @Test
+  void unifiedMaxRecomputesRowsOutsideItsBoundsAndStillMatches() {
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int heads = 8, kvHeads = 2, rows = 2, tk = 3001, dim = 64;
+    Tensor q = Accuracy.random(rng, 1, heads, rows, dim, 1);
+    Tensor k = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor v = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
+    // Head 3's queries are scaled so its logits reach hundreds: far above phi = 0 + 40.
+    for (int t = 0; t < rows; t++) {
+      int at = q.offset(0, 3, t);
+      for (int d = 0; d < dim; d++) {
+        q.data()[at + d] *= 30;
+      }
+    }
+    long[] qp = decodePositions(rows, tk);
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+    int split = 500;
+    CpuAttention.DecodeResult got = CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, opt, split, UnifiedMax.of(0f));
+    int splits = (tk + split - 1) / split;
+    assertTrue(got.recomputedRows() >= rows, "head 3's rows must be recomputed, got " + got.recomputedRows());
+    assertTrue(got.recomputedRows() <= (long) rows * splits * 2, "only heads 3 (and a rare other) recompute: " + got.recomputedRows());
+    ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, opt);
+    String err = Accuracy.check(got.state(), ref, ReferenceAttention.computeFloat32(q, k, v, qp, null, opt));
+    assertNull(err, "seed " + seed + ": " + err);
+
+    // phi far from every logit: every (row, split) that sees a key is recomputed, the answer is
+    // unchanged. The last split holds only key 3000, which row 0 (position 2999) does not see.
+    CpuAttention.DecodeResult all = CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, opt, split, UnifiedMax.of(1e4f));
+    assertEquals((long) (rows * splits - 1) * heads, all.recomputedRows());
+    assertNull(Accuracy.check(all.state(), ref, ReferenceAttention.computeFloat32(q, k, v, qp, null, opt)), "seed " + seed);
+
+    // In range: nothing is recomputed.
+    Tensor calm = Accuracy.random(rng, 1, heads, rows, dim, 1);
+    assertEquals(0, CpuAttention.DEFAULT.decodeUnifiedMax(calm, k, v, qp, null, opt, split, UnifiedMax.of(0f)).recomputedRows());
+  }
+
+  @Test
+  void decodeOfOneSequenceDoesNotDependOnTheRestOfTheBatch() {
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int heads = 4, kvHeads = 2, rows = 3, tk = 2500, dim = 64;
+    Tensor q = Accuracy.random(rng, 2, heads, rows, dim, 1);
+    Tensor k = Accuracy.random(rng, 2, kvHeads, tk, dim, 1);
+    Tensor v = Accuracy.random(rng, 2, kvHeads, tk, dim, 1);
+    AttentionState batched = CpuAttention.DEFAULT.decode(q, k, v, null, null, AttentionOptions.DEFAULT, 700).state();
+    Tensor q0 = new Tensor(Arrays.copyOf(q.data(), q.data().length / 2), 1, heads, rows, dim);
+    Tensor k0 = new Tensor(Arrays.copyOf(k.data(), k.data().length / 2), 1, kvHeads, tk, dim);
+    Tensor v0 = new Tensor(Arrays.copyOf(v.data(), v.data().length / 2), 1, kvHeads, tk, dim);
+    AttentionState alone = CpuAttention.DEFAULT.decode(q0, k0, v0, null, null, AttentionOptions.DEFAULT, 700).state();
+    assertArrayEquals(alone.lse(), Arrays.copyOf(batched.lse(), alone.lse().length), "seed " + seed);
+    assertArrayEquals(alone.o(), Arrays.copyOf(batched.o(), alone.o().length), "seed " + seed);
+    // And repeated runs give the same bits.
+    AttentionState again = CpuAttention.DEFAULT.decode(q, k, v, null, null, AttentionOptions.DEFAULT, 700).state();
+    assertArrayEquals(batched.o(), again.o());
+    assertArrayEquals(batched.lse(), again.lse());
+  }
+}
