@@ -25,66 +25,81 @@ final class TileMath {
 
   private TileMath() {}
 
-  /** S[x][lanes] = sum_k K[x][k] * Qt[k][lanes]: A rows are contiguous (stride 1 along k). */
+  /**
+   * S[x][lanes] = sum_k K[x][k] * Qt[k][lanes] for lanes in [0, lanes): A rows are contiguous
+   * (stride 1 along k). Lane groups run inside each block of six x-rows so those rows of A are
+   * still in L1 for every group.
+   */
   static void scores(float[] k, int kOff, int kStride, int nx, int nk,
-      float[] qt, int qtOff, int qtStride, float[] s, int sOff, int sStride) {
+      float[] qt, int qtStride, float[] s, int sStride, int lanes) {
     int x = 0;
     for (; x + 6 <= nx; x += 6) {
-      FloatVector c00 = FloatVector.zero(SPECIES), c01 = FloatVector.zero(SPECIES);
-      FloatVector c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00,
-          c50 = c00, c51 = c00;
-      int a0 = kOff + x * kStride, a1 = a0 + kStride, a2 = a1 + kStride, a3 = a2 + kStride, a4 = a3 + kStride,
-          a5 = a4 + kStride;
-      int bi = qtOff;
-      for (int kk = 0; kk < nk; kk++, bi += qtStride) {
-        FloatVector b0 = FloatVector.fromArray(SPECIES, qt, bi);
-        FloatVector b1 = FloatVector.fromArray(SPECIES, qt, bi + VL);
-        FloatVector a = FloatVector.broadcast(SPECIES, k[a0 + kk]);
-        c00 = a.fma(b0, c00);
-        c01 = a.fma(b1, c01);
-        a = FloatVector.broadcast(SPECIES, k[a1 + kk]);
-        c10 = a.fma(b0, c10);
-        c11 = a.fma(b1, c11);
-        a = FloatVector.broadcast(SPECIES, k[a2 + kk]);
-        c20 = a.fma(b0, c20);
-        c21 = a.fma(b1, c21);
-        a = FloatVector.broadcast(SPECIES, k[a3 + kk]);
-        c30 = a.fma(b0, c30);
-        c31 = a.fma(b1, c31);
-        a = FloatVector.broadcast(SPECIES, k[a4 + kk]);
-        c40 = a.fma(b0, c40);
-        c41 = a.fma(b1, c41);
-        a = FloatVector.broadcast(SPECIES, k[a5 + kk]);
-        c50 = a.fma(b0, c50);
-        c51 = a.fma(b1, c51);
+      for (int g = 0; g < lanes; g += GROUP) {
+        scores6(k, kOff + x * kStride, kStride, nk, qt, g, qtStride, s, x * sStride + g, sStride);
       }
-      int ci = sOff + x * sStride;
-      c00.intoArray(s, ci);
-      c01.intoArray(s, ci + VL);
-      c10.intoArray(s, ci += sStride);
-      c11.intoArray(s, ci + VL);
-      c20.intoArray(s, ci += sStride);
-      c21.intoArray(s, ci + VL);
-      c30.intoArray(s, ci += sStride);
-      c31.intoArray(s, ci + VL);
-      c40.intoArray(s, ci += sStride);
-      c41.intoArray(s, ci + VL);
-      c50.intoArray(s, ci += sStride);
-      c51.intoArray(s, ci + VL);
     }
     for (; x < nx; x++) {
-      FloatVector c0 = FloatVector.zero(SPECIES), c1 = c0;
-      int a0 = kOff + x * kStride;
-      int bi = qtOff;
-      for (int kk = 0; kk < nk; kk++, bi += qtStride) {
-        FloatVector a = FloatVector.broadcast(SPECIES, k[a0 + kk]);
-        c0 = a.fma(FloatVector.fromArray(SPECIES, qt, bi), c0);
-        c1 = a.fma(FloatVector.fromArray(SPECIES, qt, bi + VL), c1);
+      for (int g = 0; g < lanes; g += GROUP) {
+        scores1(k, kOff + x * kStride, nk, qt, g, qtStride, s, x * sStride + g);
       }
-      int ci = sOff + x * sStride;
-      c0.intoArray(s, ci);
-      c1.intoArray(s, ci + VL);
     }
+  }
+
+  private static void scores6(float[] k, int kOff, int kStride, int nk, float[] qt, int qtOff, int qtStride,
+      float[] s, int sOff, int sStride) {
+    FloatVector c00 = FloatVector.zero(SPECIES), c01 = FloatVector.zero(SPECIES);
+    FloatVector c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00,
+        c50 = c00, c51 = c00;
+    int a0 = kOff, a1 = a0 + kStride, a2 = a1 + kStride, a3 = a2 + kStride, a4 = a3 + kStride,
+        a5 = a4 + kStride;
+    int bi = qtOff;
+    for (int kk = 0; kk < nk; kk++, bi += qtStride) {
+      FloatVector b0 = FloatVector.fromArray(SPECIES, qt, bi);
+      FloatVector b1 = FloatVector.fromArray(SPECIES, qt, bi + VL);
+      FloatVector a = FloatVector.broadcast(SPECIES, k[a0 + kk]);
+      c00 = a.fma(b0, c00);
+      c01 = a.fma(b1, c01);
+      a = FloatVector.broadcast(SPECIES, k[a1 + kk]);
+      c10 = a.fma(b0, c10);
+      c11 = a.fma(b1, c11);
+      a = FloatVector.broadcast(SPECIES, k[a2 + kk]);
+      c20 = a.fma(b0, c20);
+      c21 = a.fma(b1, c21);
+      a = FloatVector.broadcast(SPECIES, k[a3 + kk]);
+      c30 = a.fma(b0, c30);
+      c31 = a.fma(b1, c31);
+      a = FloatVector.broadcast(SPECIES, k[a4 + kk]);
+      c40 = a.fma(b0, c40);
+      c41 = a.fma(b1, c41);
+      a = FloatVector.broadcast(SPECIES, k[a5 + kk]);
+      c50 = a.fma(b0, c50);
+      c51 = a.fma(b1, c51);
+    }
+    int ci = sOff;
+    c00.intoArray(s, ci);
+    c01.intoArray(s, ci + VL);
+    c10.intoArray(s, ci += sStride);
+    c11.intoArray(s, ci + VL);
+    c20.intoArray(s, ci += sStride);
+    c21.intoArray(s, ci + VL);
+    c30.intoArray(s, ci += sStride);
+    c31.intoArray(s, ci + VL);
+    c40.intoArray(s, ci += sStride);
+    c41.intoArray(s, ci + VL);
+    c50.intoArray(s, ci += sStride);
+    c51.intoArray(s, ci + VL);
+  }
+
+  private static void scores1(float[] k, int a0, int nk, float[] qt, int qtOff, int qtStride, float[] s, int ci) {
+    FloatVector c0 = FloatVector.zero(SPECIES), c1 = c0;
+    int bi = qtOff;
+    for (int kk = 0; kk < nk; kk++, bi += qtStride) {
+      FloatVector a = FloatVector.broadcast(SPECIES, k[a0 + kk]);
+      c0 = a.fma(FloatVector.fromArray(SPECIES, qt, bi), c0);
+      c1 = a.fma(FloatVector.fromArray(SPECIES, qt, bi + VL), c1);
+    }
+    c0.intoArray(s, ci);
+    c1.intoArray(s, ci + VL);
   }
 
   /**
@@ -92,70 +107,83 @@ final class TileMath {
    * (six neighbouring dims of one key per step).
    */
   static void accumulate(float[] v, int vOff, int vStride, int nx, int nk,
-      float[] p, int pOff, int pStride, float[] ot, int otOff, int otStride) {
+      float[] p, int pStride, float[] ot, int otStride, int lanes) {
     int x = 0;
     for (; x + 6 <= nx; x += 6) {
-      int ci = otOff + x * otStride;
-      FloatVector c00 = FloatVector.fromArray(SPECIES, ot, ci), c01 = FloatVector.fromArray(SPECIES, ot, ci + VL);
-      FloatVector c10 = FloatVector.fromArray(SPECIES, ot, ci + otStride);
-      FloatVector c11 = FloatVector.fromArray(SPECIES, ot, ci + otStride + VL);
-      FloatVector c20 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride);
-      FloatVector c21 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride + VL);
-      FloatVector c30 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride);
-      FloatVector c31 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride + VL);
-      FloatVector c40 = FloatVector.fromArray(SPECIES, ot, ci + 4 * otStride);
-      FloatVector c41 = FloatVector.fromArray(SPECIES, ot, ci + 4 * otStride + VL);
-      FloatVector c50 = FloatVector.fromArray(SPECIES, ot, ci + 5 * otStride);
-      FloatVector c51 = FloatVector.fromArray(SPECIES, ot, ci + 5 * otStride + VL);
-      int ai = vOff + x;
-      int bi = pOff;
-      for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {
-        FloatVector b0 = FloatVector.fromArray(SPECIES, p, bi);
-        FloatVector b1 = FloatVector.fromArray(SPECIES, p, bi + VL);
-        FloatVector a = FloatVector.broadcast(SPECIES, v[ai]);
-        c00 = a.fma(b0, c00);
-        c01 = a.fma(b1, c01);
-        a = FloatVector.broadcast(SPECIES, v[ai + 1]);
-        c10 = a.fma(b0, c10);
-        c11 = a.fma(b1, c11);
-        a = FloatVector.broadcast(SPECIES, v[ai + 2]);
-        c20 = a.fma(b0, c20);
-        c21 = a.fma(b1, c21);
-        a = FloatVector.broadcast(SPECIES, v[ai + 3]);
-        c30 = a.fma(b0, c30);
-        c31 = a.fma(b1, c31);
-        a = FloatVector.broadcast(SPECIES, v[ai + 4]);
-        c40 = a.fma(b0, c40);
-        c41 = a.fma(b1, c41);
-        a = FloatVector.broadcast(SPECIES, v[ai + 5]);
-        c50 = a.fma(b0, c50);
-        c51 = a.fma(b1, c51);
+      for (int g = 0; g < lanes; g += GROUP) {
+        accumulate6(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, otStride);
       }
-      c00.intoArray(ot, ci);
-      c01.intoArray(ot, ci + VL);
-      c10.intoArray(ot, ci += otStride);
-      c11.intoArray(ot, ci + VL);
-      c20.intoArray(ot, ci += otStride);
-      c21.intoArray(ot, ci + VL);
-      c30.intoArray(ot, ci += otStride);
-      c31.intoArray(ot, ci + VL);
-      c40.intoArray(ot, ci += otStride);
-      c41.intoArray(ot, ci + VL);
-      c50.intoArray(ot, ci += otStride);
-      c51.intoArray(ot, ci + VL);
     }
     for (; x < nx; x++) {
-      int ci = otOff + x * otStride;
-      FloatVector c0 = FloatVector.fromArray(SPECIES, ot, ci), c1 = FloatVector.fromArray(SPECIES, ot, ci + VL);
-      int ai = vOff + x;
-      int bi = pOff;
-      for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {
-        FloatVector a = FloatVector.broadcast(SPECIES, v[ai]);
-        c0 = a.fma(FloatVector.fromArray(SPECIES, p, bi), c0);
-        c1 = a.fma(FloatVector.fromArray(SPECIES, p, bi + VL), c1);
+      for (int g = 0; g < lanes; g += GROUP) {
+        accumulate1(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g);
       }
-      c0.intoArray(ot, ci);
-      c1.intoArray(ot, ci + VL);
     }
+  }
+
+  private static void accumulate6(float[] v, int vOff, int vStride, int nk, float[] p, int pOff, int pStride,
+      float[] ot, int otOff, int otStride) {
+    int ci = otOff;
+    FloatVector c00 = FloatVector.fromArray(SPECIES, ot, ci), c01 = FloatVector.fromArray(SPECIES, ot, ci + VL);
+    FloatVector c10 = FloatVector.fromArray(SPECIES, ot, ci + otStride);
+    FloatVector c11 = FloatVector.fromArray(SPECIES, ot, ci + otStride + VL);
+    FloatVector c20 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride);
+    FloatVector c21 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride + VL);
+    FloatVector c30 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride);
+    FloatVector c31 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride + VL);
+    FloatVector c40 = FloatVector.fromArray(SPECIES, ot, ci + 4 * otStride);
+    FloatVector c41 = FloatVector.fromArray(SPECIES, ot, ci + 4 * otStride + VL);
+    FloatVector c50 = FloatVector.fromArray(SPECIES, ot, ci + 5 * otStride);
+    FloatVector c51 = FloatVector.fromArray(SPECIES, ot, ci + 5 * otStride + VL);
+    int ai = vOff;
+    int bi = pOff;
+    for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {
+      FloatVector b0 = FloatVector.fromArray(SPECIES, p, bi);
+      FloatVector b1 = FloatVector.fromArray(SPECIES, p, bi + VL);
+      FloatVector a = FloatVector.broadcast(SPECIES, v[ai]);
+      c00 = a.fma(b0, c00);
+      c01 = a.fma(b1, c01);
+      a = FloatVector.broadcast(SPECIES, v[ai + 1]);
+      c10 = a.fma(b0, c10);
+      c11 = a.fma(b1, c11);
+      a = FloatVector.broadcast(SPECIES, v[ai + 2]);
+      c20 = a.fma(b0, c20);
+      c21 = a.fma(b1, c21);
+      a = FloatVector.broadcast(SPECIES, v[ai + 3]);
+      c30 = a.fma(b0, c30);
+      c31 = a.fma(b1, c31);
+      a = FloatVector.broadcast(SPECIES, v[ai + 4]);
+      c40 = a.fma(b0, c40);
+      c41 = a.fma(b1, c41);
+      a = FloatVector.broadcast(SPECIES, v[ai + 5]);
+      c50 = a.fma(b0, c50);
+      c51 = a.fma(b1, c51);
+    }
+    c00.intoArray(ot, ci);
+    c01.intoArray(ot, ci + VL);
+    c10.intoArray(ot, ci += otStride);
+    c11.intoArray(ot, ci + VL);
+    c20.intoArray(ot, ci += otStride);
+    c21.intoArray(ot, ci + VL);
+    c30.intoArray(ot, ci += otStride);
+    c31.intoArray(ot, ci + VL);
+    c40.intoArray(ot, ci += otStride);
+    c41.intoArray(ot, ci + VL);
+    c50.intoArray(ot, ci += otStride);
+    c51.intoArray(ot, ci + VL);
+  }
+
+  private static void accumulate1(float[] v, int vOff, int vStride, int nk, float[] p, int pOff, int pStride,
+      float[] ot, int ci) {
+    FloatVector c0 = FloatVector.fromArray(SPECIES, ot, ci), c1 = FloatVector.fromArray(SPECIES, ot, ci + VL);
+    int ai = vOff;
+    int bi = pOff;
+    for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {
+      FloatVector a = FloatVector.broadcast(SPECIES, v[ai]);
+      c0 = a.fma(FloatVector.fromArray(SPECIES, p, bi), c0);
+      c1 = a.fma(FloatVector.fromArray(SPECIES, p, bi + VL), c1);
+    }
+    c0.intoArray(ot, ci);
+    c1.intoArray(ot, ci + VL);
   }
 }

@@ -104,8 +104,7 @@ final class TileWorker {
     Arrays.fill(sum, 0f);
     Arrays.fill(seenMin, Float.POSITIVE_INFINITY);
     Arrays.fill(seenMax, Float.NEGATIVE_INFINITY);
-    int groups = (rows + GROUP - 1) / GROUP;
-    int lanes = groups * GROUP;
+    int lanes = (rows + GROUP - 1) / GROUP * GROUP;
     int kvBase = p.k.offset(b, kvh, 0);
     AttentionOptions opt = p.opt;
     for (int jt = j0; jt < j1; jt += blockK) {
@@ -115,20 +114,18 @@ final class TileWorker {
         continue;
       }
       int kOff = kvBase + jt * d;
-      for (int g = 0; g < groups; g++) {
-        TileMath.scores(p.k.data(), kOff, d, n, d, qt, g * GROUP, blockQ, s, g * GROUP, blockQ);
+      TileMath.scores(p.k.data(), kOff, d, n, d, qt, blockQ, s, blockQ, lanes);
+      if (p.softcap > 0) {
+        softcap(p.softcap, n, lanes);
       }
-      prepareScores(p, n, lanes, jt);
       if (vis == Visibility.PARTIAL) {
         mask(p, n, jt);
       }
-      softmaxTile(n, lanes, um);
+      softmaxTile(p, n, lanes, jt, um);
       if (um == null) {
         rescaleOutput(d, lanes);
       }
-      for (int g = 0; g < groups; g++) {
-        TileMath.accumulate(p.v.data(), kOff, d, d, n, s, g * GROUP, blockQ, ot, g * GROUP, blockQ);
-      }
+      TileMath.accumulate(p.v.data(), kOff, d, d, n, s, blockQ, ot, blockQ, lanes);
     }
   }
 
@@ -154,25 +151,19 @@ final class TileWorker {
     return Visibility.PARTIAL;
   }
 
-  /** Applies the softcap and rejects non-finite scores (NaN or Inf in q or k). */
-  private void prepareScores(CpuAttention.Problem p, int n, int lanes, int jt) {
-    FloatVector check = FloatVector.zero(SPECIES);
-    float cap = p.softcap;
+  /** score = cap * tanh(score / cap); the 1/cap is already folded into the queries. */
+  private void softcap(float cap, int n, int lanes) {
     for (int c = 0; c < lanes; c += VL) {
       for (int j = 0, at = c; j < n; j++, at += blockQ) {
-        FloatVector x = FloatVector.fromArray(SPECIES, s, at);
-        if (cap > 0) {
-          x = x.lanewise(VectorOperators.TANH).mul(cap);
-          x.intoArray(s, at);
-        }
-        check = check.add(x.mul(0f)); // stays 0 unless some x is NaN or infinite
+        FloatVector.fromArray(SPECIES, s, at).lanewise(VectorOperators.TANH).mul(cap).intoArray(s, at);
       }
-    }
-    if (check.reduceLanes(VectorOperators.ADD) != 0f) {
-      throw nonFinite(p, n, jt);
     }
   }
 
+  /**
+   * Names the first non-finite entry of the tile. Called when a tile's probabilities summed to NaN:
+   * a NaN score stays NaN through exp, and a +inf score makes the max +inf and exp(inf - inf) NaN.
+   */
   private IllegalArgumentException nonFinite(CpuAttention.Problem p, int n, int jt) {
     for (int j = 0; j < n; j++) {
       for (int i = 0; i < rows; i++) {
@@ -201,27 +192,31 @@ final class TileWorker {
     }
   }
 
-  /** Online-softmax step over one tile: scores in s become probabilities; max, sum, alpha update. */
-  private void softmaxTile(int n, int lanes, UnifiedMax um) {
+  /**
+   * Online-softmax step over one tile: scores in s become probabilities; max, sum, alpha update.
+   * Rejects non-finite scores (NaN or Inf in q or k) from the tile sum, at no extra pass.
+   */
+  private void softmaxTile(CpuAttention.Problem p, int n, int lanes, int jt, UnifiedMax um) {
     FloatVector negInf = FloatVector.broadcast(SPECIES, Float.NEGATIVE_INFINITY);
-    FloatVector posInf = FloatVector.broadcast(SPECIES, Float.POSITIVE_INFINITY);
     for (int c = 0; c < lanes; c += VL) {
       FloatVector mOld = FloatVector.fromArray(SPECIES, max, c);
       FloatVector mNew;
       if (um == null) {
         FloatVector tileMax = negInf;
         for (int j = 0, at = c; j < n; j++, at += blockQ) {
-          tileMax = tileMax.max(FloatVector.fromArray(SPECIES, s, at));
+          // compare and blend: cheaper than max(), whose NaN rules cost extra instructions
+          FloatVector x = FloatVector.fromArray(SPECIES, s, at);
+          tileMax = tileMax.blend(x, tileMax.lt(x));
         }
-        mNew = mOld.max(tileMax);
+        mNew = mOld.blend(tileMax, mOld.lt(tileMax));
       } else {
         // Track the visible range for the validity check; masked scores are -inf.
         FloatVector lo = FloatVector.fromArray(SPECIES, seenMin, c);
         FloatVector hi = FloatVector.fromArray(SPECIES, seenMax, c);
         for (int j = 0, at = c; j < n; j++, at += blockQ) {
           FloatVector x = FloatVector.fromArray(SPECIES, s, at);
-          hi = hi.max(x);
-          lo = lo.min(x.blend(posInf, x.eq(negInf)));
+          hi = hi.blend(x, hi.lt(x));
+          lo = lo.blend(x, x.lt(lo).and(x.compare(VectorOperators.NE, negInf)));
         }
         lo.intoArray(seenMin, c);
         hi.intoArray(seenMax, c);
@@ -236,6 +231,9 @@ final class TileWorker {
         FloatVector e = FloatVector.fromArray(SPECIES, s, at).sub(mUse).lanewise(VectorOperators.EXP);
         e.intoArray(s, at);
         total = total.add(e);
+      }
+      if (Float.isNaN(total.reduceLanes(VectorOperators.ADD))) {
+        throw nonFinite(p, n, jt);
       }
       FloatVector.fromArray(SPECIES, sum, c).fma(a, total).intoArray(sum, c);
       a.intoArray(alpha, c);
