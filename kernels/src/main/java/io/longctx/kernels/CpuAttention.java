@@ -28,7 +28,7 @@ public final class CpuAttention {
   public static final int DEFAULT_SPLIT_LEN = 4096;
 
   /** Tile sizes chosen by measurement (docs/BENCHMARKS.md). */
-  public static final CpuAttention DEFAULT = new CpuAttention(64, 128);
+  public static final CpuAttention DEFAULT = new CpuAttention(32, 128);
 
   private final int blockQ;
   private final int blockK;

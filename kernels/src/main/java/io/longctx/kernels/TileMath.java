@@ -14,7 +14,8 @@ import jdk.incubator.vector.VectorSpecies;
  * </pre>
  *
  * Register block: 6 x-rows by 2 vectors (12 accumulators; fits the 16 registers of AVX2 and
- * leaves room on AVX-512). One call covers one group of {@link #GROUP} lanes.
+ * leaves room on AVX-512), with 4-row and 1-row blocks for the rest. Lanes come in groups of
+ * {@link #GROUP} (two vectors).
  */
 final class TileMath {
 
@@ -33,9 +34,14 @@ final class TileMath {
   static void scores(float[] k, int kOff, int kStride, int nx, int nk,
       float[] qt, int qtStride, float[] s, int sStride, int lanes) {
     int x = 0;
-    for (; x + 6 <= nx; x += 6) {
+    for (int end = sixRowsEnd(nx); x < end; x += 6) {
       for (int g = 0; g < lanes; g += GROUP) {
         scores6(k, kOff + x * kStride, kStride, nk, qt, g, qtStride, s, x * sStride + g, sStride);
+      }
+    }
+    for (; x + 4 <= nx; x += 4) {
+      for (int g = 0; g < lanes; g += GROUP) {
+        scores4(k, kOff + x * kStride, kStride, nk, qt, g, qtStride, s, x * sStride + g, sStride);
       }
     }
     for (; x < nx; x++) {
@@ -43,6 +49,49 @@ final class TileMath {
         scores1(k, kOff + x * kStride, nk, qt, g, qtStride, s, x * sStride + g);
       }
     }
+  }
+
+  /**
+   * Where the six-row blocks stop: the rest goes to four-row blocks and then single rows, whose two
+   * accumulators wait on FMA latency. A remainder of 2 or 3 is better taken as 8 or 9 = 4 + 4 (+ 1).
+   */
+  static int sixRowsEnd(int nx) {
+    int six = nx / 6 * 6;
+    int rest = nx - six;
+    return (rest == 2 || rest == 3) && six >= 6 ? six - 6 : six;
+  }
+
+  private static void scores4(float[] k, int kOff, int kStride, int nk, float[] qt, int qtOff, int qtStride,
+      float[] s, int sOff, int sStride) {
+    FloatVector c00 = FloatVector.zero(SPECIES), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+        c31 = c00;
+    int a0 = kOff, a1 = a0 + kStride, a2 = a1 + kStride, a3 = a2 + kStride;
+    int bi = qtOff;
+    for (int kk = 0; kk < nk; kk++, bi += qtStride) {
+      FloatVector b0 = FloatVector.fromArray(SPECIES, qt, bi);
+      FloatVector b1 = FloatVector.fromArray(SPECIES, qt, bi + VL);
+      FloatVector a = FloatVector.broadcast(SPECIES, k[a0 + kk]);
+      c00 = a.fma(b0, c00);
+      c01 = a.fma(b1, c01);
+      a = FloatVector.broadcast(SPECIES, k[a1 + kk]);
+      c10 = a.fma(b0, c10);
+      c11 = a.fma(b1, c11);
+      a = FloatVector.broadcast(SPECIES, k[a2 + kk]);
+      c20 = a.fma(b0, c20);
+      c21 = a.fma(b1, c21);
+      a = FloatVector.broadcast(SPECIES, k[a3 + kk]);
+      c30 = a.fma(b0, c30);
+      c31 = a.fma(b1, c31);
+    }
+    int ci = sOff;
+    c00.intoArray(s, ci);
+    c01.intoArray(s, ci + VL);
+    c10.intoArray(s, ci += sStride);
+    c11.intoArray(s, ci + VL);
+    c20.intoArray(s, ci += sStride);
+    c21.intoArray(s, ci + VL);
+    c30.intoArray(s, ci += sStride);
+    c31.intoArray(s, ci + VL);
   }
 
   private static void scores6(float[] k, int kOff, int kStride, int nk, float[] qt, int qtOff, int qtStride,
@@ -109,9 +158,14 @@ final class TileMath {
   static void accumulate(float[] v, int vOff, int vStride, int nx, int nk,
       float[] p, int pStride, float[] ot, int otStride, int lanes) {
     int x = 0;
-    for (; x + 6 <= nx; x += 6) {
+    for (int end = sixRowsEnd(nx); x < end; x += 6) {
       for (int g = 0; g < lanes; g += GROUP) {
         accumulate6(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, otStride);
+      }
+    }
+    for (; x + 4 <= nx; x += 4) {
+      for (int g = 0; g < lanes; g += GROUP) {
+        accumulate4(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, otStride);
       }
     }
     for (; x < nx; x++) {
@@ -119,6 +173,44 @@ final class TileMath {
         accumulate1(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g);
       }
     }
+  }
+
+  private static void accumulate4(float[] v, int vOff, int vStride, int nk, float[] p, int pOff, int pStride,
+      float[] ot, int otOff, int otStride) {
+    int ci = otOff;
+    FloatVector c00 = FloatVector.fromArray(SPECIES, ot, ci), c01 = FloatVector.fromArray(SPECIES, ot, ci + VL);
+    FloatVector c10 = FloatVector.fromArray(SPECIES, ot, ci + otStride);
+    FloatVector c11 = FloatVector.fromArray(SPECIES, ot, ci + otStride + VL);
+    FloatVector c20 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride);
+    FloatVector c21 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride + VL);
+    FloatVector c30 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride);
+    FloatVector c31 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride + VL);
+    int ai = vOff;
+    int bi = pOff;
+    for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {
+      FloatVector b0 = FloatVector.fromArray(SPECIES, p, bi);
+      FloatVector b1 = FloatVector.fromArray(SPECIES, p, bi + VL);
+      FloatVector a = FloatVector.broadcast(SPECIES, v[ai]);
+      c00 = a.fma(b0, c00);
+      c01 = a.fma(b1, c01);
+      a = FloatVector.broadcast(SPECIES, v[ai + 1]);
+      c10 = a.fma(b0, c10);
+      c11 = a.fma(b1, c11);
+      a = FloatVector.broadcast(SPECIES, v[ai + 2]);
+      c20 = a.fma(b0, c20);
+      c21 = a.fma(b1, c21);
+      a = FloatVector.broadcast(SPECIES, v[ai + 3]);
+      c30 = a.fma(b0, c30);
+      c31 = a.fma(b1, c31);
+    }
+    c00.intoArray(ot, ci);
+    c01.intoArray(ot, ci + VL);
+    c10.intoArray(ot, ci += otStride);
+    c11.intoArray(ot, ci + VL);
+    c20.intoArray(ot, ci += otStride);
+    c21.intoArray(ot, ci + VL);
+    c30.intoArray(ot, ci += otStride);
+    c31.intoArray(ot, ci + VL);
   }
 
   private static void accumulate6(float[] v, int vOff, int vStride, int nk, float[] p, int pOff, int pStride,
