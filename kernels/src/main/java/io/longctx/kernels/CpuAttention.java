@@ -71,6 +71,7 @@ public final class CpuAttention {
       int bh = task / qBlocks;
       int b = bh / p.heads, h = bh % p.heads;
       TileWorker w = worker(blockQ, p.dim);
+      w.startBlock();
       int t0 = qb * blockQ, t1 = Math.min(p.tq, t0 + blockQ);
       for (int t = t0; t < t1; t++) {
         w.addRow(p, b, h, t);
@@ -142,6 +143,8 @@ public final class CpuAttention {
       int j0 = s * splitLen, j1 = Math.min(p.tk, j0 + splitLen);
       int r0 = rb * bq, r1 = Math.min(groupRows, r0 + bq);
       TileWorker w = worker(bq, p.dim);
+      w.startBlock();
+      w.clearFlags();
       for (int r = r0; r < r1; r++) {
         w.addRow(p, b, kvh * p.group + r / p.tq, r % p.tq);
       }
@@ -149,12 +152,12 @@ public final class CpuAttention {
       recomputed[task] = w.finish(p, partO.get(s), partL.get(s), um);
       if (recomputed[task] > 0) {
         // Rows flagged by the unified-max check: redo them with the running max.
+        w.startBlock();
         for (int r = r0; r < r1; r++) {
           if (w.flagged(r - r0)) {
             w.addRow(p, b, kvh * p.group + r / p.tq, r % p.tq);
           }
         }
-        w.clearFlags();
         w.run(p, b, kvh, j0, j1, null);
         w.finish(p, partO.get(s), partL.get(s), null);
       }

@@ -66,6 +66,14 @@ final class TileWorker {
     rowPos = new long[blockQ];
   }
 
+  /**
+   * Empties the block. Called before filling it, so a worker left mid-block by an exception (bad
+   * input) starts clean on its next task.
+   */
+  void startBlock() {
+    rows = 0;
+  }
+
   /** Adds query row (b, h, t) of the problem to the block, in the next lane. */
   void addRow(CpuAttention.Problem p, int b, int h, int t) {
     int i = rows++;
@@ -251,7 +259,7 @@ final class TileWorker {
   }
 
   /**
-   * Writes the block's rows into state arrays (o, lse) and empties the block. With a unified max,
+   * Writes the block's rows into state arrays (o, lse). With a unified max,
    * rows whose logits left the bounds are flagged (see {@link #flagged}) and not written; returns
    * their number.
    */
@@ -283,7 +291,6 @@ final class TileWorker {
       }
       lse[out] = (float) (max[i] + Math.log(l));
     }
-    rows = 0;
     return flaggedRows;
   }
 }

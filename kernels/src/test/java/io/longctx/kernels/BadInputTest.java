@@ -1,5 +1,6 @@
 package io.longctx.kernels;
 
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -58,5 +59,13 @@ class BadInputTest {
     q.data()[q.offset(0, 1, 4)] = 0;
     v.data()[v.offset(0, 0, 17) + 5] = Float.NaN;
     assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT), "non-finite attention output", "dim 5");
+
+    // Workers left mid-block by those failures start clean: good input still gives the right answer.
+    v.data()[v.offset(0, 0, 17) + 5] = 0;
+    for (int i = 0; i < 4; i++) {
+      AttentionState s = cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT);
+      assertNull(Accuracy.check(s, ReferenceAttention.compute(q, k, v, null, null, AttentionOptions.DEFAULT),
+          ReferenceAttention.computeFloat32(q, k, v, null, null, AttentionOptions.DEFAULT)));
+    }
   }
 }
