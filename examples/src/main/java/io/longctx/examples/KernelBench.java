@@ -39,7 +39,7 @@ public final class KernelBench {
 
   public static void main(String[] args) {
     String op = "all";
-    int t = 4096, tk = -1, heads = -1, kvHeads = -1, dim = 128, iters = 5, warmup = 2;
+    int t = 4096, tk = -1, heads = -1, kvHeads = -1, dim = 128, iters = 7, warmup = 5;
     int blockQ = 32, blockK = 128, split = CpuAttention.DEFAULT_SPLIT_LEN;
     Boolean causal = null;
     boolean anchor = true;
