@@ -1,0 +1,529 @@
+package io.longctx.djl;
+
+import ai.djl.Device;
+import ai.djl.ndarray.NDArray;
+import ai.djl.ndarray.NDList;
+import ai.djl.ndarray.NDManager;
+import ai.djl.ndarray.types.DataType;
+import ai.djl.ndarray.types.Shape;
+import io.longctx.kernels.AttentionOptions;
+import io.longctx.kernels.AttentionState;
+import io.longctx.kernels.CpuAttention;
+import io.longctx.kernels.Tensor;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Objects;
+
+/**
+ * Exact attention as an operator on DJL {@link NDArray}s: forward attention, decoding over a KV
+ * cache (one array or a list of chunks), and the LSE merge of attention states. Every call returns
+ * the attention state {@code NDList(o, lse)}: the normalized output and the natural-log
+ * log-sum-exp of the scores (DESIGN.md), float32.
+ *
+ * <p><b>Layouts.</b> {@link Layout#BHTD}: q [B, H, Tq, D], k and v [B, Hkv, Tk, D], o [B, H, Tq, D],
+ * lse [B, H, Tq]. {@link Layout#BTHD}: q [B, Tq, H, D], k and v [B, Tk, Hkv, D], o [B, Tq, H, D],
+ * lse [B, Tq, H] (the layout a projection followed by a reshape gives; it is also the attention
+ * state layout of the kernels, row = b * Tq + t). Query head h reads kv head {@code h / (H / Hkv)}.
+ *
+ * <p><b>Options.</b> Scale, softcap, causal and sliding window as {@link AttentionOptions}; masks are
+ * defined by absolute positions ({@code qPos}, {@code kPos}, null for 0..T-1). A row that sees no
+ * key gets o = 0, lse = -inf.
+ *
+ * <p><b>Types and devices.</b> float32 and float16 inputs (float16 is widened to float32 once on the
+ * way in: softmax arithmetic and states stay float32). bfloat16 is rejected (it crashes the JVM in
+ * DJL 0.35.1), as is every other type. All inputs must be PyTorch-engine arrays on the same device.
+ * Outputs are attached to q's manager.
+ *
+ * <p><b>Paths.</b> On CPU each forward call goes to one of two implementations, both exact and both
+ * returning lse ({@link #choose}): libtorch's fused CPU flash attention (through
+ * {@link LibtorchSdpa}; zero-copy, the arrays are passed as they are) or our Java kernel
+ * ({@link CpuAttention}; the kernel reads {@code float[]}, so q, k, v are copied once into the JVM
+ * and o, lse once out, O(T*D) each). Memory is O(T*D) on both paths; no T x T matrix is formed.
+ * Decoding and merging always use the Java kernels. A GPU device would dispatch to the JCuda backend
+ * at {@link #requireCpu}; that backend does not exist yet (issue 3), so non-CPU arrays are rejected.
+ *
+ * <p><b>Gradients.</b> None. This operator is inference-only: neither path records an autograd graph
+ * (the Java kernel has no backward; the TorchScript module runs in inference mode). Blocks built on
+ * it ({@link MultiHeadAttentionBlock}) switch to differentiable plain DJL ops when training.
+ *
+ * <p>Thread-safe; {@link #cpu()} is the shared instance.
+ */
+public final class AttentionOp {
+
+  /** Axis order of q, k, v and o. */
+  public enum Layout {
+    /** [batch, heads, tokens, dim]: PyTorch's SDPA layout. */
+    BHTD,
+    /** [batch, tokens, heads, dim]: the layout projections give. */
+    BTHD
+  }
+
+  /** Which implementation runs a forward call. */
+  public enum Path {
+    /** Let {@link #choose} decide per call. */
+    AUTO,
+    /** Our Java kernel ({@link CpuAttention}). */
+    JAVA,
+    /** libtorch's fused CPU attention ({@link LibtorchSdpa}). */
+    LIBTORCH
+  }
+
+  private static final System.Logger LOG = System.getLogger(AttentionOp.class.getName());
+
+  /**
+   * Dispatch thresholds, from the sweep in docs/BENCHMARKS.md (2-core AMD EPYC, AVX2, 2026-11-22,
+   * {@code bin/longctx bench --op forward --t T --heads 8 --kv-heads 8 --dim D [--causal]}):
+   * libtorch's fused attention beat our Java kernel on every square prefill shape measured from
+   * T = 128 to 4096 (Java at 0.55x..0.9x of it, D = 64 and 128, causal or not), while with very few
+   * query rows it is slow (one query row over 65536 keys: Java split-K ~15x faster), because its
+   * CPU kernel parallelizes over (batch, head, query block) only. So: libtorch where it applies and
+   * there are at least {@link #LIBTORCH_MIN_QUERY_ROWS} query rows per (batch, head), Java otherwise.
+   */
+  static final int LIBTORCH_MIN_QUERY_ROWS = 64;
+
+  private static final AttentionOp CPU = new AttentionOp(CpuAttention.DEFAULT);
+
+  private final CpuAttention kernels;
+  private final Object sdpaLock = new Object();
+  private volatile LibtorchSdpa sdpa;
+  private volatile boolean sdpaUnavailable;
+
+  /** An operator using the given Java kernels (tile sizes) for its Java path. */
+  public AttentionOp(CpuAttention kernels) {
+    this.kernels = Objects.requireNonNull(kernels, "kernels");
+  }
+
+  /** The shared operator with the default kernels. */
+  public static AttentionOp cpu() {
+    return CPU;
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // forward
+
+  /** Forward attention, BHTD layout, default positions, automatic path. */
+  public NDList forward(NDArray q, NDArray k, NDArray v, AttentionOptions opt) {
+    return forward(q, k, v, null, null, opt, Layout.BHTD, Path.AUTO);
+  }
+
+  /** Forward attention with the given layout, default positions, automatic path. */
+  public NDList forward(NDArray q, NDArray k, NDArray v, AttentionOptions opt, Layout layout) {
+    return forward(q, k, v, null, null, opt, layout, Path.AUTO);
+  }
+
+  /**
+   * Forward attention: returns {@code NDList(o, lse)} in {@code layout} (see the class comment).
+   *
+   * @param qPos absolute positions of the query tokens (length Tq), or null for 0..Tq-1
+   * @param kPos absolute positions of the keys (length Tk), or null for 0..Tk-1
+   * @param path {@link Path#AUTO} to dispatch by measurement; JAVA or LIBTORCH to force one (LIBTORCH
+   *     throws when the call is outside what it supports, {@link #libtorchSupports})
+   * @throws IllegalArgumentException on wrong ranks, shapes, types, devices or positions
+   */
+  public NDList forward(NDArray q, NDArray k, NDArray v, long[] qPos, long[] kPos, AttentionOptions opt,
+      Layout layout, Path path) {
+    Objects.requireNonNull(opt, "opt");
+    Objects.requireNonNull(layout, "layout");
+    Objects.requireNonNull(path, "path");
+    Dims d = Dims.of(q, k, v, layout);
+    checkPositions(qPos, d.tq, "qPos");
+    checkPositions(kPos, d.tk, "kPos");
+    Path chosen = path == Path.AUTO ? choose(d, qPos, kPos, opt) : path;
+    if (chosen == Path.LIBTORCH) {
+      String why = libtorchUnsupported(d, qPos, kPos, opt);
+      if (why != null) {
+        throw new IllegalArgumentException("libtorch path requested but " + why);
+      }
+      LibtorchSdpa s = sdpa();
+      if (s == null) {
+        throw new IllegalStateException("libtorch path requested but the TorchScript attention module did not load");
+      }
+      return libtorchForward(s, q, k, v, d, opt, layout);
+    }
+    return javaForward(q, k, v, d, qPos, kPos, opt, layout);
+  }
+
+  /**
+   * The path {@link Path#AUTO} takes for these shapes and options. The rule (figures in
+   * {@link #LIBTORCH_MIN_QUERY_ROWS} and docs/BENCHMARKS.md): libtorch's fused attention when it can
+   * compute the call exactly as asked (see {@link #libtorchSupports}) and there are at least 64 query
+   * rows; our Java kernel for decoding-like calls (few query rows), custom positions, windows, softcap,
+   * causal with Tq != Tk, and whenever libtorch did not load.
+   */
+  public Path choose(NDArray q, NDArray k, NDArray v, long[] qPos, long[] kPos, AttentionOptions opt,
+      Layout layout) {
+    return choose(Dims.of(q, k, v, layout), qPos, kPos, opt);
+  }
+
+  private Path choose(Dims d, long[] qPos, long[] kPos, AttentionOptions opt) {
+    if (libtorchUnsupported(d, qPos, kPos, opt) != null || d.tq < LIBTORCH_MIN_QUERY_ROWS) {
+      return Path.JAVA;
+    }
+    return sdpa() != null ? Path.LIBTORCH : Path.JAVA;
+  }
+
+  /**
+   * Whether libtorch's fused attention computes this call exactly: no window, no softcap, default
+   * positions (0..T-1; its causal mask is top-left aligned, so causal also needs Tq == Tk), Tk > 0.
+   * Any scale is fine (q is pre-scaled), GQA is expanded inside the module.
+   */
+  public static boolean libtorchSupports(NDArray q, NDArray k, NDArray v, long[] qPos, long[] kPos,
+      AttentionOptions opt, Layout layout) {
+    return libtorchUnsupported(Dims.of(q, k, v, layout), qPos, kPos, opt) == null;
+  }
+
+  private static String libtorchUnsupported(Dims d, long[] qPos, long[] kPos, AttentionOptions opt) {
+    if (opt.window() > 0) {
+      return "it has no sliding window";
+    }
+    if (opt.softcap() > 0) {
+      return "it has no softcap";
+    }
+    if (!isIota(qPos) || !isIota(kPos)) {
+      return "it takes no positions (only 0..T-1)";
+    }
+    if (opt.causal() && d.tq != d.tk) {
+      return "its causal mask is top-left aligned: causal needs Tq == Tk (got " + d.tq + " and " + d.tk + ")";
+    }
+    if (d.tk == 0 || d.tq == 0) {
+      return "it needs at least one query and one key";
+    }
+    return null;
+  }
+
+  private static boolean isIota(long[] pos) {
+    if (pos == null) {
+      return true;
+    }
+    for (int i = 0; i < pos.length; i++) {
+      if (pos[i] != i) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  private NDList libtorchForward(LibtorchSdpa s, NDArray q, NDArray k, NDArray v, Dims d, AttentionOptions opt,
+      Layout layout) {
+    NDManager out = q.getManager();
+    try (NDManager scope = out.newSubManager()) {
+      NDArray qa = temp(asFloat32(q), q, scope), ka = temp(asFloat32(k), k, scope), va = temp(asFloat32(v), v, scope);
+      if (layout == Layout.BTHD) {
+        qa = temp(qa.transpose(0, 2, 1, 3), q, scope);
+        ka = temp(ka.transpose(0, 2, 1, 3), k, scope);
+        va = temp(va.transpose(0, 2, 1, 3), v, scope);
+      }
+      double scale = opt.scaleFor(d.dim);
+      double def = 1.0 / Math.sqrt(d.dim);
+      if (scale != def) {
+        // libtorch applies 1/sqrt(D); fold the requested scale into q instead (O(T*D), exact up to rounding).
+        qa = temp(qa.mul((float) (scale / def)), q, scope);
+      }
+      NDList r = s.forward(qa, ka, va, opt.causal());
+      NDArray o = r.get(0), lse = r.get(1);
+      // libtorch's outputs are views of [B, T, H, *] storage: the BTHD transposes below are contiguous.
+      if (layout == Layout.BTHD) {
+        o = o.transpose(0, 2, 1, 3);
+        lse = lse.transpose(0, 2, 1);
+      }
+      o.attach(out);
+      lse.attach(out);
+      return new NDList(o, lse);
+    }
+  }
+
+  /** Puts an intermediate (not the caller's own array) under the scope, to be freed with it. */
+  private static NDArray temp(NDArray x, NDArray original, NDManager scope) {
+    if (x != original) {
+      x.attach(scope);
+    }
+    return x;
+  }
+
+  private NDList javaForward(NDArray q, NDArray k, NDArray v, Dims d, long[] qPos, long[] kPos,
+      AttentionOptions opt, Layout layout) {
+    Tensor qt = toTensor(q, layout), kt = toTensor(k, layout), vt = toTensor(v, layout);
+    AttentionState st = kernels.forward(qt, kt, vt, qPos, kPos, opt);
+    return stateToNd(q.getManager(), st, d.batch, d.tq, d.heads, d.dim, layout);
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // decode
+
+  /**
+   * Decoding: q (few tokens, typically one per sequence) over a KV cache k, v, with split-K on the
+   * Java kernel (splits of {@link CpuAttention#DEFAULT_SPLIT_LEN} keys from key 0, merged in a fixed
+   * order, so the result does not depend on the rest of the batch). Layout and positions as in
+   * {@link #forward}; for causal decoding pass qPos (e.g. the query's absolute position).
+   */
+  public NDList decode(NDArray q, NDArray k, NDArray v, long[] qPos, long[] kPos, AttentionOptions opt,
+      Layout layout) {
+    Objects.requireNonNull(opt, "opt");
+    Dims d = Dims.of(q, k, v, layout);
+    checkPositions(qPos, d.tq, "qPos");
+    checkPositions(kPos, d.tk, "kPos");
+    AttentionState st =
+        kernels.decode(toTensor(q, layout), toTensor(k, layout), toTensor(v, layout), qPos, kPos, opt);
+    return stateToNd(q.getManager(), st, d.batch, d.tq, d.heads, d.dim, layout);
+  }
+
+  /**
+   * Decoding over a KV cache held as a list of chunks (k chunk i and v chunk i of equal shape, each
+   * [B, Hkv, Tk_i, D] or [B, Tk_i, Hkv, D] by layout), without concatenating them: one state per
+   * chunk, merged in chunk order as a balanced tree ({@link AttentionState#mergeAll}).
+   *
+   * @param kStart absolute position of each chunk's first key (keys inside a chunk are
+   *     consecutive), or null for chunks laid end to end from position 0
+   */
+  public NDList decode(NDArray q, List<NDArray> kChunks, List<NDArray> vChunks, long[] qPos, long[] kStart,
+      AttentionOptions opt, Layout layout) {
+    Objects.requireNonNull(opt, "opt");
+    Objects.requireNonNull(kChunks, "kChunks");
+    Objects.requireNonNull(vChunks, "vChunks");
+    if (kChunks.isEmpty() || kChunks.size() != vChunks.size()) {
+      throw new IllegalArgumentException("need one or more k chunks and as many v chunks, got " + kChunks.size()
+          + " and " + vChunks.size());
+    }
+    if (kStart != null && kStart.length != kChunks.size()) {
+      throw new IllegalArgumentException("kStart has " + kStart.length + " entries for " + kChunks.size() + " chunks");
+    }
+    Tensor qt = null;
+    Dims first = null;
+    List<AttentionState> states = new ArrayList<>(kChunks.size());
+    long next = 0;
+    for (int i = 0; i < kChunks.size(); i++) {
+      Dims d;
+      try {
+        d = Dims.of(q, kChunks.get(i), vChunks.get(i), layout);
+      } catch (IllegalArgumentException e) {
+        throw new IllegalArgumentException("chunk " + i + ": " + e.getMessage(), e);
+      }
+      if (first == null) {
+        first = d;
+        checkPositions(qPos, d.tq, "qPos");
+        qt = toTensor(q, layout);
+      }
+      long start = kStart != null ? kStart[i] : next;
+      next = start + d.tk;
+      long[] kPos = new long[d.tk];
+      for (int j = 0; j < kPos.length; j++) {
+        kPos[j] = start + j;
+      }
+      states.add(kernels.decode(qt, toTensor(kChunks.get(i), layout), toTensor(vChunks.get(i), layout), qPos, kPos,
+          opt));
+    }
+    return stateToNd(q.getManager(), AttentionState.mergeAll(states), first.batch, first.tq, first.heads, first.dim,
+        layout);
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // merge
+
+  /**
+   * The LSE merge of attention states given as NDArrays (each an {@code NDList(o, lse)} as this
+   * operator returns, all of one shape and layout), in list order as a balanced tree. Empty states
+   * (lse = -inf) are the identity; NaN or +inf lse is rejected.
+   */
+  public NDList merge(List<NDList> states, Layout layout) {
+    Objects.requireNonNull(states, "states");
+    Objects.requireNonNull(layout, "layout");
+    if (states.isEmpty()) {
+      throw new IllegalArgumentException("merge needs at least one state");
+    }
+    Shape oShape = null;
+    List<AttentionState> list = new ArrayList<>(states.size());
+    NDManager manager = null;
+    for (int i = 0; i < states.size(); i++) {
+      NDList s = states.get(i);
+      if (s == null || s.size() != 2) {
+        throw new IllegalArgumentException("state " + i + " must be NDList(o, lse), got "
+            + (s == null ? "null" : s.size() + " arrays"));
+      }
+      NDArray o = s.get(0), lse = s.get(1);
+      checkType(o, "state " + i + " o");
+      checkType(lse, "state " + i + " lse");
+      requireCpu(o, "state " + i + " o");
+      requireCpu(lse, "state " + i + " lse");
+      Shape os = o.getShape();
+      if (os.dimension() != 4 || !lse.getShape().equals(os.slice(0, 3))) {
+        throw new IllegalArgumentException("state " + i + ": o must be 4-d and lse its first three axes, got o " + os
+            + " and lse " + lse.getShape());
+      }
+      if (oShape == null) {
+        oShape = os;
+        manager = o.getManager();
+      } else if (!oShape.equals(os)) {
+        throw new IllegalArgumentException("state " + i + " has shape " + os + ", state 0 has " + oShape);
+      }
+      // AttentionState layout is [B*T, H, D] = BTHD; BHTD states are transposed on the way in.
+      NDArray oo = layout == Layout.BHTD ? o.transpose(0, 2, 1, 3) : o;
+      NDArray ll = layout == Layout.BHTD ? lse.transpose(0, 2, 1) : lse;
+      int b = (int) os.get(0), t = (int) os.get(layout == Layout.BHTD ? 2 : 1);
+      int h = (int) os.get(layout == Layout.BHTD ? 1 : 2), dim = (int) os.get(3);
+      list.add(AttentionState.of(toFloats(oo), toFloats(ll), b * t, h, dim));
+      if (oo != o) {
+        oo.close();
+        ll.close();
+      }
+    }
+    AttentionState m = AttentionState.mergeAll(list);
+    int b = (int) oShape.get(0), t = (int) oShape.get(layout == Layout.BHTD ? 2 : 1);
+    return stateToNd(manager, m, b, t, m.heads(), m.dim(), layout);
+  }
+
+  /** Merge of two states, {@link #merge(List, Layout)}. */
+  public NDList merge(NDList a, NDList b, Layout layout) {
+    return merge(List.of(a, b), layout);
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // plumbing
+
+  /** Shapes of a validated (q, k, v) triple. */
+  record Dims(int batch, int heads, int kvHeads, int tq, int tk, int dim) {
+
+    static Dims of(NDArray q, NDArray k, NDArray v, Layout layout) {
+      Objects.requireNonNull(q, "q");
+      Objects.requireNonNull(k, "k");
+      Objects.requireNonNull(v, "v");
+      Objects.requireNonNull(layout, "layout");
+      checkType(q, "q");
+      checkType(k, "k");
+      checkType(v, "v");
+      requireCpu(q, "q");
+      if (!k.getDevice().equals(q.getDevice()) || !v.getDevice().equals(q.getDevice())) {
+        throw new IllegalArgumentException("q, k, v must be on one device, got " + q.getDevice() + ", " + k.getDevice()
+            + ", " + v.getDevice());
+      }
+      Shape qs = q.getShape(), ks = k.getShape(), vs = v.getShape();
+      String want = layout == Layout.BHTD ? "[B, H, T, D]" : "[B, T, H, D]";
+      if (qs.dimension() != 4 || ks.dimension() != 4 || vs.dimension() != 4) {
+        throw new IllegalArgumentException("q, k, v must be 4-d " + want + " (layout " + layout + "), got q " + qs
+            + ", k " + ks + ", v " + vs);
+      }
+      if (!ks.equals(vs)) {
+        throw new IllegalArgumentException("k and v must have the same shape, got k " + ks + " and v " + vs);
+      }
+      int hAxis = layout == Layout.BHTD ? 1 : 2, tAxis = layout == Layout.BHTD ? 2 : 1;
+      long b = qs.get(0), h = qs.get(hAxis), tq = qs.get(tAxis), d = qs.get(3);
+      long hk = ks.get(hAxis), tk = ks.get(tAxis);
+      if (ks.get(0) != b) {
+        throw new IllegalArgumentException("q and k must have the same batch, got q " + qs + " and k " + ks);
+      }
+      if (ks.get(3) != d) {
+        throw new IllegalArgumentException("q and k must have the same head dim, got q " + qs + " and k " + ks);
+      }
+      if (b < 1 || h < 1 || hk < 1 || d < 1) {
+        throw new IllegalArgumentException("batch, heads and head dim must be >= 1, got q " + qs + " and k " + ks
+            + " (layout " + layout + " " + want + ")");
+      }
+      if (h % hk != 0) {
+        throw new IllegalArgumentException("query heads (" + h + ") must be a multiple of kv heads (" + hk + "), got q "
+            + qs + " and k " + ks + " (layout " + layout + " " + want + ")");
+      }
+      if (d > CpuAttention.MAX_DIM) {
+        throw new IllegalArgumentException("head dim " + d + " above the supported " + CpuAttention.MAX_DIM);
+      }
+      if (q.size() > Integer.MAX_VALUE || k.size() > Integer.MAX_VALUE) {
+        throw new IllegalArgumentException("arrays above 2^31 elements are not supported, got q " + qs + ", k " + ks);
+      }
+      return new Dims((int) b, (int) h, (int) hk, (int) tq, (int) tk, (int) d);
+    }
+  }
+
+  static void checkType(NDArray a, String name) {
+    DataType t = a.getDataType();
+    if (t == DataType.BFLOAT16) {
+      throw new IllegalArgumentException(name + " is bfloat16, which DJL 0.35.1 cannot read safely (it crashes the "
+          + "JVM): convert to float16 or float32 first");
+    }
+    if (t != DataType.FLOAT32 && t != DataType.FLOAT16) {
+      throw new IllegalArgumentException(name + " must be float32 or float16, got " + t);
+    }
+    if (!"PyTorch".equals(a.getManager().getEngine().getEngineName())) {
+      throw new IllegalArgumentException(name + " must be a PyTorch-engine NDArray, got engine "
+          + a.getManager().getEngine().getEngineName());
+    }
+  }
+
+  /** The GPU plug-in point: a CUDA array would dispatch to the JCuda backend here (issue 3). */
+  static void requireCpu(NDArray a, String name) {
+    Device dev = a.getDevice();
+    if (!Device.Type.CPU.equals(dev.getDeviceType())) {
+      throw new IllegalArgumentException(name + " is on " + dev + ": only CPU arrays are supported until the JCuda "
+          + "backend lands (the GPU path is pending); move it with toDevice(Device.cpu(), false)");
+    }
+  }
+
+  private static void checkPositions(long[] pos, int n, String name) {
+    if (pos != null && pos.length != n) {
+      throw new IllegalArgumentException(name + " has " + pos.length + " positions for " + n + " tokens");
+    }
+  }
+
+  private static NDArray asFloat32(NDArray a) {
+    return a.getDataType() == DataType.FLOAT32 ? a : a.toType(DataType.FLOAT32, false);
+  }
+
+  /** One copy of a CPU array into a float[] in our [B, H, T, D] layout (widening float16). */
+  static Tensor toTensor(NDArray a, Layout layout) {
+    Shape s = a.getShape();
+    NDArray x = a;
+    try (NDManager scope = a.getManager().newSubManager()) {
+      if (x.getDataType() != DataType.FLOAT32) {
+        x = x.toType(DataType.FLOAT32, false);
+        x.attach(scope);
+      }
+      if (layout == Layout.BTHD) {
+        x = x.transpose(0, 2, 1, 3);
+        x.attach(scope);
+      }
+      float[] data = toFloats(x);
+      int hAxis = layout == Layout.BHTD ? 1 : 2, tAxis = layout == Layout.BHTD ? 2 : 1;
+      return new Tensor(data, (int) s.get(0), (int) s.get(hAxis), (int) s.get(tAxis), (int) s.get(3));
+    }
+  }
+
+  private static float[] toFloats(NDArray a) {
+    return a.toFloatArray(); // copies to contiguous if strided
+  }
+
+  /** The kernel's state (rows b*T+t, [rows, H, D]) as NDList(o, lse) in the layout, on the manager. */
+  private static NDList stateToNd(NDManager m, AttentionState st, int batch, int t, int heads, int dim,
+      Layout layout) {
+    NDArray o = m.create(st.o(), new Shape(batch, t, heads, dim));
+    NDArray lse = m.create(st.lse(), new Shape(batch, t, heads));
+    if (layout == Layout.BHTD) {
+      // Strided views of the [B, T, H, *] storage (closing the base handles keeps the storage).
+      NDArray o2 = o.transpose(0, 2, 1, 3);
+      NDArray l2 = lse.transpose(0, 2, 1);
+      o.close();
+      lse.close();
+      o = o2;
+      lse = l2;
+    }
+    return new NDList(o, lse);
+  }
+
+  private LibtorchSdpa sdpa() {
+    if (sdpaUnavailable) {
+      return null;
+    }
+    LibtorchSdpa s = sdpa;
+    if (s == null) {
+      synchronized (sdpaLock) {
+        s = sdpa;
+        if (s == null && !sdpaUnavailable) {
+          try {
+            s = LibtorchSdpa.open();
+            sdpa = s;
+          } catch (RuntimeException e) {
+            sdpaUnavailable = true;
+            LOG.log(System.Logger.Level.WARNING, "libtorch fused attention unavailable, using the Java kernel: " + e);
+          }
+        }
+      }
+    }
+    return s;
+  }
+}

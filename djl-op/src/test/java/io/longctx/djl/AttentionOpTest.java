@@ -1,0 +1,247 @@
+package io.longctx.djl;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import ai.djl.Device;
+import ai.djl.ndarray.NDArray;
+import ai.djl.ndarray.NDList;
+import ai.djl.ndarray.NDManager;
+import ai.djl.ndarray.types.DataType;
+import ai.djl.ndarray.types.Shape;
+import io.longctx.djl.AttentionOp.Layout;
+import io.longctx.djl.AttentionOp.Path;
+import io.longctx.kernels.AttentionOptions;
+import io.longctx.kernels.Tensor;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.SplittableRandom;
+import java.util.stream.Stream;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.Arguments;
+import org.junit.jupiter.params.provider.MethodSource;
+
+/** The operator against the float64 reference on fresh random inputs; bad inputs. */
+class AttentionOpTest {
+
+  private static NDManager manager;
+  private static final AttentionOp OP = AttentionOp.cpu();
+
+  @BeforeAll
+  static void open() {
+    LibtorchSdpa.open().close(); // sets offline mode and loads the engine
+    manager = NDManager.newBaseManager(Device.cpu(), "PyTorch");
+  }
+
+  @AfterAll
+  static void close() {
+    if (manager != null) {
+      manager.close();
+    }
+  }
+
+  static Stream<Arguments> forwardCases() {
+    Stream.Builder<Arguments> s = Stream.builder();
+    // batch, heads, kvHeads, tq, tk, dim
+    int[][] shapes = {{1, 4, 4, 1, 1, 32}, {2, 4, 2, 7, 7, 64}, {1, 8, 1, 70, 70, 32}, {1, 2, 2, 130, 130, 128},
+        {2, 4, 4, 65, 339, 64}, {1, 4, 2, 3, 200, 96}};
+    AttentionOptions[] opts = {AttentionOptions.DEFAULT, AttentionOptions.DEFAULT.withCausal(true),
+        AttentionOptions.DEFAULT.withScale(0.3), AttentionOptions.DEFAULT.withCausal(true).withWindow(17),
+        AttentionOptions.DEFAULT.withSoftcap(5f)};
+    for (int[] sh : shapes) {
+      for (AttentionOptions o : opts) {
+        for (Layout l : Layout.values()) {
+          s.add(Arguments.of(sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], o, l));
+        }
+      }
+    }
+    return s.build();
+  }
+
+  @ParameterizedTest(name = "B={0} H={1} Hkv={2} Tq={3} Tk={4} D={5} {6} {7}")
+  @MethodSource("forwardCases")
+  void forwardMatchesReferenceOnEveryPath(int b, int h, int hkv, int tq, int tk, int d, AttentionOptions opt,
+      Layout layout) {
+    long seed = OpChecks.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    Tensor q = OpChecks.random(rng, b, h, tq, d, 1.5);
+    Tensor k = OpChecks.random(rng, b, hkv, tk, d, 1.5);
+    Tensor v = OpChecks.random(rng, b, hkv, tk, d, 1.0);
+    // Causal with Tq < Tk: queries are the last Tq positions (a continuation).
+    long[] qPos = null;
+    if (tq != tk && opt.masked()) {
+      qPos = new long[tq];
+      for (int i = 0; i < tq; i++) {
+        qPos[i] = tk - tq + i;
+      }
+    }
+    try (NDManager m = manager.newSubManager()) {
+      NDArray qa = OpChecks.nd(m, q, layout), ka = OpChecks.nd(m, k, layout), va = OpChecks.nd(m, v, layout);
+      List<Path> paths = new ArrayList<>(List.of(Path.AUTO, Path.JAVA));
+      if (AttentionOp.libtorchSupports(qa, ka, va, qPos, null, opt, layout)) {
+        paths.add(Path.LIBTORCH);
+      }
+      for (Path p : paths) {
+        NDList r = OP.forward(qa, ka, va, qPos, null, opt, layout, p);
+        Shape want = layout == Layout.BHTD ? new Shape(b, h, tq, d) : new Shape(b, tq, h, d);
+        assertEquals(want, r.get(0).getShape(), "o shape, path " + p);
+        assertEquals(want.slice(0, 3), r.get(1).getShape(), "lse shape, path " + p);
+        assertEquals(DataType.FLOAT32, r.get(0).getDataType());
+        float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), layout);
+        String err = OpChecks.check(st[0], st[1], q, k, v, qPos, null, opt);
+        assertNull(err, "path " + p + " (chosen " + OP.choose(qa, ka, va, qPos, null, opt, layout) + "), seed " + seed
+            + ": " + err);
+      }
+    }
+  }
+
+  @Test
+  void dispatchFollowsTheRule() {
+    try (NDManager m = manager.newSubManager()) {
+      NDArray big = m.randomNormal(new Shape(1, 4, 256, 64));
+      NDArray one = m.randomNormal(new Shape(1, 4, 1, 64));
+      AttentionOptions opt = AttentionOptions.DEFAULT;
+      assertEquals(Path.LIBTORCH, OP.choose(big, big, big, null, null, opt, Layout.BHTD));
+      assertEquals(Path.LIBTORCH, OP.choose(big, big, big, null, null, opt.withCausal(true), Layout.BHTD));
+      assertEquals(Path.JAVA, OP.choose(one, big, big, null, null, opt, Layout.BHTD), "decode-like: Java");
+      assertEquals(Path.JAVA, OP.choose(big, big, big, null, null, opt.withWindow(16).withCausal(true), Layout.BHTD));
+      assertEquals(Path.JAVA, OP.choose(big, big, big, null, null, opt.withSoftcap(3f), Layout.BHTD));
+      long[] shifted = new long[256];
+      for (int i = 0; i < shifted.length; i++) {
+        shifted[i] = 1000 + i;
+      }
+      assertEquals(Path.JAVA, OP.choose(big, big, big, shifted, shifted, opt.withCausal(true), Layout.BHTD));
+      assertThrows(IllegalArgumentException.class,
+          () -> OP.forward(big, big, big, null, null, opt.withSoftcap(3f), Layout.BHTD, Path.LIBTORCH));
+    }
+  }
+
+  @Test
+  void float16InputsAreWidened() {
+    long seed = OpChecks.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    Tensor q = OpChecks.random(rng, 1, 4, 80, 64, 1), k = OpChecks.random(rng, 1, 2, 80, 64, 1);
+    Tensor v = OpChecks.random(rng, 1, 2, 80, 64, 1);
+    try (NDManager m = manager.newSubManager()) {
+      NDArray qh = OpChecks.nd(m, q, Layout.BHTD).toType(DataType.FLOAT16, false);
+      NDArray kh = OpChecks.nd(m, k, Layout.BHTD).toType(DataType.FLOAT16, false);
+      NDArray vh = OpChecks.nd(m, v, Layout.BHTD).toType(DataType.FLOAT16, false);
+      // The reference sees the same fp16-rounded values.
+      Tensor q16 = new Tensor(qh.toType(DataType.FLOAT32, false).toFloatArray(), 1, 4, 80, 64);
+      Tensor k16 = new Tensor(kh.toType(DataType.FLOAT32, false).toFloatArray(), 1, 2, 80, 64);
+      Tensor v16 = new Tensor(vh.toType(DataType.FLOAT32, false).toFloatArray(), 1, 2, 80, 64);
+      AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+      for (Path p : new Path[] {Path.JAVA, Path.LIBTORCH}) {
+        NDList r = OP.forward(qh, kh, vh, null, null, opt, Layout.BHTD, p);
+        assertEquals(DataType.FLOAT32, r.get(0).getDataType());
+        float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), Layout.BHTD);
+        String err = OpChecks.check(st[0], st[1], q16, k16, v16, null, null, opt);
+        assertNull(err, "fp16 path " + p + ", seed " + seed + ": " + err);
+      }
+    }
+  }
+
+  @Test
+  void decodeOverArrayAndChunksMatchesReference() {
+    long seed = OpChecks.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int tk = 9000; // three splits of 4096
+    Tensor q = OpChecks.random(rng, 2, 8, 1, 64, 1.5), k = OpChecks.random(rng, 2, 2, tk, 64, 1.5);
+    Tensor v = OpChecks.random(rng, 2, 2, tk, 64, 1);
+    long[] qPos = {tk - 1};
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+    for (Layout layout : Layout.values()) {
+      try (NDManager m = manager.newSubManager()) {
+        NDArray qa = OpChecks.nd(m, q, layout), ka = OpChecks.nd(m, k, layout), va = OpChecks.nd(m, v, layout);
+        NDList r = OP.decode(qa, ka, va, qPos, null, opt, layout);
+        float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), layout);
+        String err = OpChecks.check(st[0], st[1], q, k, v, qPos, null, opt);
+        assertNull(err, "decode " + layout + ", seed " + seed + ": " + err);
+        // Chunks of 1000, 5000, 3000 keys, laid end to end.
+        int tAxis = layout == Layout.BHTD ? 2 : 1;
+        List<NDArray> kc = new ArrayList<>(), vc = new ArrayList<>();
+        int[] cuts = {0, 1000, 6000, tk};
+        for (int c = 0; c < 3; c++) {
+          String idx = tAxis == 2 ? ":, :, " + cuts[c] + ":" + cuts[c + 1] : ":, " + cuts[c] + ":" + cuts[c + 1];
+          kc.add(ka.get(idx));
+          vc.add(va.get(idx));
+        }
+        NDList rc = OP.decode(qa, kc, vc, qPos, null, opt, layout);
+        float[][] sc = OpChecks.stateOrder(rc.get(0), rc.get(1), layout);
+        err = OpChecks.check(sc[0], sc[1], q, k, v, qPos, null, opt);
+        assertNull(err, "chunked decode " + layout + ", seed " + seed + ": " + err);
+      }
+    }
+  }
+
+  @Test
+  void mergeOfKeyHalvesEqualsFullAttention() {
+    long seed = OpChecks.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int tk = 300;
+    Tensor q = OpChecks.random(rng, 1, 4, 50, 32, 1.5), k = OpChecks.random(rng, 1, 4, tk, 32, 1.5);
+    Tensor v = OpChecks.random(rng, 1, 4, tk, 32, 1);
+    long[] qPos = new long[50];
+    for (int i = 0; i < 50; i++) {
+      qPos[i] = tk - 50 + i;
+    }
+    long[] kPos1 = new long[120], kPos2 = new long[tk - 120];
+    for (int i = 0; i < tk; i++) {
+      if (i < 120) {
+        kPos1[i] = i;
+      } else {
+        kPos2[i - 120] = i;
+      }
+    }
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+    for (Layout layout : Layout.values()) {
+      try (NDManager m = manager.newSubManager()) {
+        NDArray qa = OpChecks.nd(m, q, layout), ka = OpChecks.nd(m, k, layout), va = OpChecks.nd(m, v, layout);
+        String a = layout == Layout.BHTD ? ":, :, 0:120" : ":, 0:120";
+        String b = layout == Layout.BHTD ? ":, :, 120:" : ":, 120:";
+        NDList s1 = OP.forward(qa, ka.get(a), va.get(a), qPos, kPos1, opt, layout, Path.AUTO);
+        NDList s2 = OP.forward(qa, ka.get(b), va.get(b), qPos, kPos2, opt, layout, Path.AUTO);
+        NDList merged = OP.merge(s1, s2, layout);
+        float[][] st = OpChecks.stateOrder(merged.get(0), merged.get(1), layout);
+        String err = OpChecks.check(st[0], st[1], q, k, v, qPos, null, opt);
+        assertNull(err, "merge " + layout + ", seed " + seed + ": " + err);
+      }
+    }
+  }
+
+  @Test
+  void badInputsAreRejectedClearly() {
+    try (NDManager m = manager.newSubManager()) {
+      NDArray q = m.randomNormal(new Shape(1, 4, 8, 32));
+      NDArray k = m.randomNormal(new Shape(1, 2, 8, 32));
+      AttentionOptions opt = AttentionOptions.DEFAULT;
+      assertMessage(() -> OP.forward(m.randomNormal(new Shape(4, 8, 32)), k, k, opt), "4-d");
+      assertMessage(() -> OP.forward(q, k, m.randomNormal(new Shape(1, 2, 9, 32)), opt), "same shape");
+      assertMessage(() -> OP.forward(q, m.randomNormal(new Shape(1, 3, 8, 32)), m.randomNormal(new Shape(1, 3, 8, 32)),
+          opt), "multiple of kv heads");
+      assertMessage(() -> OP.forward(q, m.randomNormal(new Shape(1, 2, 8, 16)), m.randomNormal(new Shape(1, 2, 8, 16)),
+          opt), "head dim");
+      assertMessage(() -> OP.forward(q, m.randomNormal(new Shape(2, 2, 8, 32)), m.randomNormal(new Shape(2, 2, 8, 32)),
+          opt), "batch");
+      assertMessage(() -> OP.forward(q.toType(DataType.FLOAT64, false), k, k, opt), "float32 or float16");
+      assertMessage(() -> OP.forward(q, k.toType(DataType.INT32, false), k, opt), "float32 or float16");
+      assertMessage(() -> OP.forward(q, k, k, new long[3], null, opt, Layout.BHTD, Path.AUTO), "qPos");
+      // bfloat16: checked from the dtype alone, never read (reading crashes DJL 0.35.1).
+      assertMessage(() -> OP.merge(List.of(), Layout.BHTD), "at least one");
+      NDArray nanLse = m.create(new float[] {Float.NaN, 0, 0, 0}, new Shape(1, 4, 1));
+      NDArray o = m.zeros(new Shape(1, 4, 1, 32));
+      assertMessage(() -> OP.merge(new NDList(o, nanLse), new NDList(o, nanLse), Layout.BHTD), "NaN");
+      assertMessage(() -> OP.decode(q, List.of(k), List.of(), null, null, opt, Layout.BHTD), "chunks");
+    }
+  }
+
+  private static void assertMessage(org.junit.jupiter.api.function.Executable call, String part) {
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class, call);
+    assertTrue(e.getMessage().contains(part), "message '" + e.getMessage() + "' should mention '" + part + "'");
+  }
+}
