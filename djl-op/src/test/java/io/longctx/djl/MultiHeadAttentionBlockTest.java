@@ -1,0 +1,264 @@
+package io.longctx.djl;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import ai.djl.Device;
+import ai.djl.Model;
+import ai.djl.inference.Predictor;
+import ai.djl.ndarray.NDArray;
+import ai.djl.ndarray.NDList;
+import ai.djl.ndarray.NDManager;
+import ai.djl.ndarray.types.DataType;
+import ai.djl.ndarray.types.Shape;
+import ai.djl.nn.Block;
+import ai.djl.nn.Parameter;
+import ai.djl.nn.transformer.ScaledDotProductAttentionBlock;
+import ai.djl.repository.zoo.Criteria;
+import ai.djl.repository.zoo.ZooModel;
+import ai.djl.training.DefaultTrainingConfig;
+import ai.djl.training.GradientCollector;
+import ai.djl.training.ParameterStore;
+import ai.djl.training.Trainer;
+import ai.djl.training.loss.Loss;
+import ai.djl.util.Pair;
+import ai.djl.util.PairList;
+import io.longctx.kernels.AttentionOptions;
+import io.longctx.kernels.Tensor;
+import java.nio.FloatBuffer;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.SplittableRandom;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/** The Block against DJL's ScaledDotProductAttentionBlock with the same weights; save and load; bad inputs. */
+class MultiHeadAttentionBlockTest {
+
+  private static final double TOL = 1e-5; // relative L2, float32 both sides
+  private static NDManager manager;
+
+  @BeforeAll
+  static void open() {
+    LibtorchSdpa.open().close();
+    manager = NDManager.newBaseManager(Device.cpu(), "PyTorch");
+  }
+
+  @AfterAll
+  static void close() {
+    if (manager != null) {
+      manager.close();
+    }
+  }
+
+  private static NDArray randn(NDManager m, SplittableRandom rng, long... shape) {
+    Shape s = new Shape(shape);
+    float[] x = new float[(int) s.size()];
+    for (int i = 0; i < x.length; i++) {
+      x[i] = (float) rng.nextGaussian();
+    }
+    return m.create(x, s);
+  }
+
+  /** Copies every parameter of {@code from} into {@code to}, by position (same names and order). */
+  private static void copyWeights(Block from, Block to) {
+    PairList<String, Parameter> a = from.getParameters(), b = to.getParameters();
+    assertEquals(a.keys(), b.keys(), "parameter names");
+    for (int i = 0; i < a.size(); i++) {
+      NDArray src = a.get(i).getValue().getArray();
+      b.get(i).getValue().getArray().set(FloatBuffer.wrap(src.toFloatArray()));
+    }
+  }
+
+  private static double relErr(NDArray got, NDArray want) {
+    float[] g = got.toFloatArray(), w = want.toFloatArray();
+    assertEquals(w.length, g.length);
+    double num = 0, den = 0;
+    for (int i = 0; i < g.length; i++) {
+      num += (g[i] - w[i]) * (double) (g[i] - w[i]);
+      den += w[i] * (double) w[i];
+    }
+    double e = Math.sqrt(num / den);
+    return Double.isNaN(e) ? Double.POSITIVE_INFINITY : e;
+  }
+
+  @Test
+  void matchesDjlScaledDotProductAttentionBlockWithTheSameWeights() {
+    long seed = OpChecks.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int e = 64, heads = 4;
+    try (NDManager m = manager.newSubManager()) {
+      ScaledDotProductAttentionBlock djl = ScaledDotProductAttentionBlock.builder().setEmbeddingSize(e)
+          .setHeadCount(heads).optAttentionProbsDropoutProb(0f).build();
+      MultiHeadAttentionBlock ours = MultiHeadAttentionBlock.builder().setEmbeddingSize(e).setHeadCount(heads).build();
+      djl.initialize(m, DataType.FLOAT32, new Shape(2, 100, e));
+      ours.initialize(m, DataType.FLOAT32, new Shape(2, 100, e));
+      copyWeights(djl, ours);
+      ParameterStore ps = new ParameterStore(m, false);
+      // Self-attention, long enough for the libtorch path (T >= 64) and short (Java path).
+      for (int t : new int[] {100, 9}) {
+        NDArray x = randn(m, rng, 2, t, e);
+        NDArray want = djl.forward(ps, new NDList(x), false).head();
+        NDArray got = ours.forward(ps, new NDList(x), false).head();
+        assertEquals(want.getShape(), got.getShape());
+        double err = relErr(got, want);
+        assertTrue(err < TOL, "self-attention T=" + t + ": rel err " + err + ", seed " + seed);
+      }
+      // Separate key, query, value (DJL's order: key, query, value), Tq != Tk.
+      NDArray key = randn(m, rng, 2, 150, e), query = randn(m, rng, 2, 70, e), value = randn(m, rng, 2, 150, e);
+      NDList in = new NDList(key, query, value);
+      double err = relErr(ours.forward(ps, in, false).head(), djl.forward(ps, in, false).head());
+      assertTrue(err < TOL, "cross-attention: rel err " + err + ", seed " + seed);
+      // With DJL's 0/1 mask [B, Tq, Tk]: both on plain ops.
+      NDArray x = randn(m, rng, 2, 30, e);
+      float[] mask = new float[2 * 30 * 30];
+      for (int i = 0; i < mask.length; i++) {
+        mask[i] = rng.nextDouble() < 0.7 || i % 30 == 0 ? 1f : 0f;
+      }
+      NDArray ma = m.create(mask, new Shape(2, 30, 30));
+      err = relErr(ours.forward(ps, new NDList(x, ma), false).head(), djl.forward(ps, new NDList(x, ma), false).head());
+      assertTrue(err < TOL, "masked: rel err " + err + ", seed " + seed);
+    }
+  }
+
+  @Test
+  void loadsParametersSavedFromDjlsBlock(@TempDir Path dir) throws Exception {
+    long seed = OpChecks.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int e = 32;
+    try (NDManager m = manager.newSubManager(); Model model = Model.newInstance("sdpa", Device.cpu(), "PyTorch")) {
+      ScaledDotProductAttentionBlock djl = ScaledDotProductAttentionBlock.builder().setEmbeddingSize(e)
+          .setHeadCount(2).optAttentionProbsDropoutProb(0f).build();
+      model.setBlock(djl);
+      djl.initialize(model.getNDManager(), DataType.FLOAT32, new Shape(1, 80, e));
+      model.save(dir, "sdpa");
+      NDArray x = randn(m, rng, 1, 80, e);
+      NDArray want = djl.forward(new ParameterStore(m, false), new NDList(x), false).head();
+      Criteria<NDList, NDList> criteria = Criteria.builder().setTypes(NDList.class, NDList.class).optModelPath(dir)
+          .optModelName("sdpa").optEngine("PyTorch")
+          .optBlock(MultiHeadAttentionBlock.builder().setEmbeddingSize(e).setHeadCount(2).build()).build();
+      try (ZooModel<NDList, NDList> ours = criteria.loadModel(); Predictor<NDList, NDList> p = ours.newPredictor()) {
+        NDArray got = p.predict(new NDList(x)).head();
+        double err = relErr(got, want);
+        assertTrue(err < TOL, "rel err " + err + ", seed " + seed);
+      }
+    }
+  }
+
+  @Test
+  void operatorPathMatchesPlainPathWithGqaCausalRotaryAndPositions() {
+    long seed = OpChecks.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int e = 128;
+    for (int t : new int[] {96, 13}) {
+      try (NDManager m = manager.newSubManager()) {
+        MultiHeadAttentionBlock b = MultiHeadAttentionBlock.builder().setEmbeddingSize(e).setHeadCount(8)
+            .optKvHeadCount(2).optCausal(true).optRotary(10000).build();
+        b.initialize(m, DataType.FLOAT32, new Shape(2, t, e));
+        ParameterStore ps = new ParameterStore(m, false);
+        NDArray x = randn(m, rng, 2, t, e);
+        long[] pos = new long[t];
+        for (int i = 0; i < t; i++) {
+          pos[i] = 5000 + 3L * i; // gaps and an offset: masks and angles come from positions
+        }
+        for (long[] p : new long[][] {null, pos}) {
+          PairList<String, Object> params = new PairList<>();
+          if (p != null) {
+            params.add(MultiHeadAttentionBlock.Q_POSITIONS, p);
+          }
+          NDArray op = b.forward(ps, new NDList(x), false, params).head();
+          NDArray plain = b.forward(ps, new NDList(x), true, params).head();
+          double err = relErr(op, plain);
+          assertTrue(err < TOL, "T=" + t + " positions " + (p != null) + ": rel err " + err + ", seed " + seed);
+        }
+      }
+    }
+  }
+
+  @Test
+  void plainAttentionMatchesReference() {
+    long seed = OpChecks.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    Tensor q = OpChecks.random(rng, 1, 4, 33, 32, 1.5), k = OpChecks.random(rng, 1, 2, 33, 32, 1.5);
+    Tensor v = OpChecks.random(rng, 1, 2, 33, 32, 1);
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true).withWindow(9).withSoftcap(4f);
+    try (NDManager m = manager.newSubManager()) {
+      NDList r = PlainAttention.forward(OpChecks.nd(m, q, AttentionOp.Layout.BHTD),
+          OpChecks.nd(m, k, AttentionOp.Layout.BHTD), OpChecks.nd(m, v, AttentionOp.Layout.BHTD), null, null, opt, null);
+      float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), AttentionOp.Layout.BHTD);
+      String err = OpChecks.check(st[0], st[1], q, k, v, null, null, opt);
+      assertNull(err, "seed " + seed + ": " + err);
+    }
+  }
+
+  @Test
+  void transformerLayerTrainsSavesAndLoads(@TempDir Path dir) throws Exception {
+    long seed = OpChecks.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int e = 64, t = 80;
+    try (NDManager m = manager.newSubManager(); Model model = Model.newInstance("layer", Device.cpu(), "PyTorch")) {
+      TransformerLayer layer = TransformerLayer.decoder(e, 4, 2, 128);
+      model.setBlock(layer);
+      NDArray x = randn(m, rng, 2, t, e);
+      // Gradients flow on the training path (plain ops).
+      try (Trainer trainer = model.newTrainer(new DefaultTrainingConfig(Loss.l2Loss()))) {
+        trainer.initialize(new Shape(2, t, e));
+        try (GradientCollector gc = trainer.newGradientCollector()) {
+          NDArray y = trainer.forward(new NDList(x)).head();
+          gc.backward(y.square().sum());
+        }
+        NDArray g = layer.getAttention().getQueryProjection().getParameters().get("weight").getArray().getGradient();
+        float[] gv = g.toFloatArray();
+        double norm = 0;
+        for (float f : gv) {
+          assertTrue(Float.isFinite(f), "gradient not finite, seed " + seed);
+          norm += f * (double) f;
+        }
+        assertTrue(norm > 0, "query projection gradient is zero, seed " + seed);
+      }
+      ParameterStore ps = new ParameterStore(m, false);
+      NDArray before = layer.forward(ps, new NDList(x), false).head();
+      NDArray plain = layer.forward(ps, new NDList(x), true).head();
+      assertTrue(relErr(before, plain) < TOL, "inference path vs training path, seed " + seed);
+      model.save(dir, "layer");
+      assertTrue(Files.exists(dir.resolve("layer-0000.params")), "params file");
+      Criteria<NDList, NDList> criteria = Criteria.builder().setTypes(NDList.class, NDList.class).optModelPath(dir)
+          .optModelName("layer").optEngine("PyTorch").optBlock(TransformerLayer.decoder(e, 4, 2, 128)).build();
+      try (ZooModel<NDList, NDList> loaded = criteria.loadModel(); Predictor<NDList, NDList> p = loaded.newPredictor()) {
+        NDArray after = p.predict(new NDList(x)).head();
+        float[] a = before.toFloatArray(), b = after.toFloatArray();
+        assertEquals(a.length, b.length);
+        for (int i = 0; i < a.length; i++) {
+          assertEquals(a[i], b[i], 1e-6f * (1 + Math.abs(a[i])), "output " + i + " after load, seed " + seed);
+        }
+      }
+    }
+  }
+
+  @Test
+  void badInputsAndConfigurationsAreRejected() {
+    assertThrows(IllegalStateException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(30)
+        .setHeadCount(4).build());
+    assertThrows(IllegalStateException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(32)
+        .setHeadCount(4).optKvHeadCount(3).build());
+    assertThrows(IllegalStateException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(12)
+        .setHeadCount(4).optRotary(10000).build());
+    try (NDManager m = manager.newSubManager()) {
+      MultiHeadAttentionBlock b = MultiHeadAttentionBlock.builder().setEmbeddingSize(32).setHeadCount(4).build();
+      b.initialize(m, DataType.FLOAT32, new Shape(1, 8, 32));
+      ParameterStore ps = new ParameterStore(m, false);
+      IllegalArgumentException ex = assertThrows(IllegalArgumentException.class,
+          () -> b.forward(ps, new NDList(m.zeros(new Shape(1, 8, 16))), false));
+      assertTrue(ex.getMessage().contains("[B, T, 32]"), ex.getMessage());
+      PairList<String, Object> params = new PairList<>();
+      params.add(new Pair<>(MultiHeadAttentionBlock.Q_POSITIONS, new long[3]));
+      ex = assertThrows(IllegalArgumentException.class,
+          () -> b.forward(ps, new NDList(m.zeros(new Shape(1, 8, 32))), false, params));
+      assertTrue(ex.getMessage().contains("positions"), ex.getMessage());
+    }
+  }
+}
