@@ -148,7 +148,7 @@ public final class AttentionOp {
    * {@link #LIBTORCH_MIN_QUERY_ROWS} and docs/BENCHMARKS.md): libtorch's fused attention when it can
    * compute the call exactly as asked (see {@link #libtorchSupports}) and there are at least 64 query
    * rows; our Java kernel for decoding-like calls (few query rows), custom positions, windows, softcap,
-   * causal with Tq != Tk, and whenever libtorch did not load.
+   * and whenever libtorch did not load.
    */
   public Path choose(NDArray q, NDArray k, NDArray v, long[] qPos, long[] kPos, AttentionOptions opt,
       Layout layout) {
@@ -164,7 +164,8 @@ public final class AttentionOp {
 
   /**
    * Whether libtorch's fused attention computes this call exactly: no window, no softcap, default
-   * positions (0..T-1; its causal mask is top-left aligned, so causal also needs Tq == Tk), Tk > 0.
+   * positions (0..T-1; its causal mask is top-left aligned, which is ours for those positions), and
+   * at least one query and one key.
    * Any scale is fine (q is pre-scaled), GQA is expanded inside the module.
    */
   public static boolean libtorchSupports(NDArray q, NDArray k, NDArray v, long[] qPos, long[] kPos,
@@ -182,9 +183,8 @@ public final class AttentionOp {
     if (!isIota(qPos) || !isIota(kPos)) {
       return "it takes no positions (only 0..T-1)";
     }
-    if (opt.causal() && d.tq != d.tk) {
-      return "its causal mask is top-left aligned: causal needs Tq == Tk (got " + d.tq + " and " + d.tk + ")";
-    }
+    // Its causal mask is top-left aligned (query i sees keys j <= i), which is exactly our mask for
+    // the default positions 0..Tq-1 and 0..Tk-1, whatever Tq and Tk are.
     if (d.tk == 0 || d.tq == 0) {
       return "it needs at least one query and one key";
     }
@@ -484,8 +484,19 @@ public final class AttentionOp {
     }
   }
 
+  /**
+   * One copy into a float[]: {@code toByteBuffer(true)} is a direct view of a contiguous CPU tensor
+   * (a strided one is made contiguous first), and the bulk get is a memcpy. ({@code toFloatArray()}
+   * would copy twice.)
+   */
   private static float[] toFloats(NDArray a) {
-    return a.toFloatArray(); // copies to contiguous if strided
+    if (a.getDataType() != DataType.FLOAT32) {
+      return a.toFloatArray();
+    }
+    java.nio.ByteBuffer bytes = a.toByteBuffer(true);
+    float[] out = new float[Math.toIntExact(a.size())];
+    bytes.order(java.nio.ByteOrder.nativeOrder()).asFloatBuffer().get(out);
+    return out;
   }
 
   /** The kernel's state (rows b*T+t, [rows, H, D]) as NDList(o, lse) in the layout, on the manager. */

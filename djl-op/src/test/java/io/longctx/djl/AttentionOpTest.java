@@ -122,6 +122,28 @@ class AttentionOpTest {
   }
 
   @Test
+  void causalWithFewerQueriesThanKeysAtDefaultPositionsOnBothPaths() {
+    // Default positions: query i sees keys 0..i (libtorch's top-left mask is the same mask).
+    long seed = OpChecks.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    Tensor q = OpChecks.random(rng, 1, 4, 70, 64, 1.5), k = OpChecks.random(rng, 1, 2, 200, 64, 1.5);
+    Tensor v = OpChecks.random(rng, 1, 2, 200, 64, 1);
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+    for (Layout layout : Layout.values()) {
+      try (NDManager m = manager.newSubManager()) {
+        NDArray qa = OpChecks.nd(m, q, layout), ka = OpChecks.nd(m, k, layout), va = OpChecks.nd(m, v, layout);
+        assertEquals(Path.LIBTORCH, OP.choose(qa, ka, va, null, null, opt, layout));
+        for (Path p : new Path[] {Path.JAVA, Path.LIBTORCH}) {
+          NDList r = OP.forward(qa, ka, va, null, null, opt, layout, p);
+          float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), layout);
+          String err = OpChecks.check(st[0], st[1], q, k, v, null, null, opt);
+          assertNull(err, layout + " path " + p + ", seed " + seed + ": " + err);
+        }
+      }
+    }
+  }
+
+  @Test
   void float16InputsAreWidened() {
     long seed = OpChecks.seed();
     SplittableRandom rng = new SplittableRandom(seed);

@@ -3,11 +3,20 @@ package io.longctx.examples;
 import ai.djl.ndarray.NDArray;
 import ai.djl.ndarray.NDList;
 import ai.djl.ndarray.types.Shape;
+import io.longctx.djl.AttentionOp;
 import io.longctx.djl.LibtorchSdpa;
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.CpuAttention;
 import io.longctx.kernels.Tensor;
 import io.longctx.kernels.UnifiedMax;
+import java.io.BufferedReader;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.io.UncheckedIOException;
+import java.lang.management.ManagementFactory;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -25,6 +34,20 @@ import java.util.function.Supplier;
  *   forward: GFLOP/s with FLOPs = 4*B*H*Tq*Tk*D (halved for causal square)
  *   decode:  GB/s of K and V read, beside a plain copy of the same bytes in the same run
  * </pre>
+ *
+ * <p>Implementations: {@code java} (our Java kernel on float[]), {@code op} (the DJL operator
+ * {@link AttentionOp} on NDArrays, through its per-call dispatch; its JSON line names the
+ * {@code path} chosen), {@code libtorch-sdpa} (the anchor), {@code djl-plain} (plain DJL ops as
+ * DJL's ScaledDotProductAttentionBlock computes attention: matMul, scale, mask, softmax, matMul,
+ * materializing the [B, H, Tq, Tk] scores; in-place scale and mask, so two T x T matrices at the
+ * peak), and for decode {@code java-unified-max} and {@code copy}.
+ *
+ * <p>Peak memory ({@code --memory}): each implementation runs alone in a fresh JVM (same class
+ * path and flags, {@code --only IMPL --iters 1 --warmup 0}); the child reads {@code VmRSS} from
+ * /proc/self/status after its inputs are built and {@code VmHWM} (peak resident set, JVM heap and
+ * native memory alike) after the call, and reports {@code peak_extra_mb = VmHWM - VmRSS(before)}:
+ * the memory the call itself needed beyond its inputs. A child that fails (out of memory) is
+ * reported with {@code "error"}.
  */
 public final class KernelBench {
 
@@ -33,7 +56,9 @@ public final class KernelBench {
   static final String USAGE = String.join("\n",
       "usage: KernelBench [--op forward|decode|all] [--t T] [--tk TK] [--heads H] [--kv-heads HKV] [--dim D]",
       "                   [--causal] [--iters N] [--warmup N] [--block-q BQ] [--block-k BK] [--split L]",
-      "                   [--no-anchor]",
+      "                   [--no-anchor] [--no-plain] [--only IMPL] [--memory]",
+      "  impls: java, op, libtorch-sdpa, djl-plain (forward); also java-unified-max, copy (decode)",
+      "  --memory: peak memory per impl, each alone in a fresh JVM (VmHWM - VmRSS before the call)",
       "  forward defaults: T=4096, H=HKV=8, D=128, causal and non-causal when --op all",
       "  decode defaults:  TK=65536, 1 query row, H=32, HKV=8, D=128");
 
@@ -43,6 +68,9 @@ public final class KernelBench {
     int blockQ = 32, blockK = 128, split = CpuAttention.DEFAULT_SPLIT_LEN;
     Boolean causal = null;
     boolean anchor = true;
+    boolean plain = true;
+    boolean memory = false;
+    String only = null;
     for (int i = 0; i < args.length; i++) {
       String a = args[i];
       switch (a) {
@@ -54,6 +82,9 @@ public final class KernelBench {
         case "--dim" -> dim = Integer.parseInt(args[++i]);
         case "--causal" -> causal = true;
         case "--no-anchor" -> anchor = false;
+        case "--no-plain" -> plain = false;
+        case "--only" -> only = args[++i];
+        case "--memory" -> memory = true;
         case "--iters" -> iters = Integer.parseInt(args[++i]);
         case "--warmup" -> warmup = Integer.parseInt(args[++i]);
         case "--block-q" -> blockQ = Integer.parseInt(args[++i]);
@@ -69,32 +100,62 @@ public final class KernelBench {
         }
       }
     }
+    if (memory) {
+      memory(args, op, causal);
+      return;
+    }
     CpuAttention kernels = new CpuAttention(blockQ, blockK);
-    try (LibtorchSdpa sdpa = anchor ? LibtorchSdpa.open() : null) {
-      run(op, t, tk, heads, kvHeads, dim, iters, warmup, split, causal, kernels, sdpa);
+    // The operator, and djl-plain, need the engine; the anchor module is opened only when asked for.
+    boolean needEngine = anchor || plain || only == null || !only.equals("java");
+    try (LibtorchSdpa sdpa = needEngine ? LibtorchSdpa.open() : null) {
+      run(op, t, tk, heads, kvHeads, dim, iters, warmup, split, causal, kernels, sdpa, anchor, plain, only);
     }
   }
 
+  /** A named implementation: {@code call} runs it once. */
+  record Impl(String name, Supplier<?> call) {}
+
   private static void run(String op, int t, int tk, int heads, int kvHeads, int dim, int iters, int warmup, int split,
-      Boolean causal, CpuAttention kernels, LibtorchSdpa sdpa) {
+      Boolean causal, CpuAttention kernels, LibtorchSdpa engine, boolean anchor, boolean plain, String only) {
     SplittableRandom rng = new SplittableRandom(42);
+    AttentionOp attentionOp = new AttentionOp(kernels);
     if (op.equals("forward") || op.equals("all")) {
       int h = heads > 0 ? heads : 8, hkv = kvHeads > 0 ? kvHeads : h;
       Tensor q = random(rng, 1, h, t, dim);
       Tensor k = random(rng, 1, hkv, tk > 0 ? tk : t, dim);
       Tensor v = random(rng, 1, hkv, tk > 0 ? tk : t, dim);
-      NDArray[] nd = sdpa != null ? toNd(sdpa, q, k, v) : null;
+      NDArray[] nd = engine != null ? toNd(engine, q, k, v) : null;
       for (boolean c : causal != null ? new boolean[] {true} : new boolean[] {false, true}) {
         AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(c);
         double flops = 4.0 * h * t * k.tokens() * dim * (c ? 0.5 : 1.0);
-        List<Supplier<?>> impls = new ArrayList<>(List.of(() -> kernels.forward(q, k, v, null, null, opt)));
-        if (sdpa != null) {
-          impls.add(() -> sdpaCall(sdpa, nd, c));
+        List<Impl> impls = new ArrayList<>();
+        impls.add(new Impl("java", () -> kernels.forward(q, k, v, null, null, opt)));
+        if (engine != null) {
+          impls.add(new Impl("op", () -> opCall(attentionOp, nd, opt)));
+          if (anchor) {
+            impls.add(new Impl("libtorch-sdpa", () -> sdpaCall(engine, nd, c)));
+          }
+          if (plain) {
+            NDArray mask = c ? causalMask(engine, t, k.tokens()) : null;
+            impls.add(new Impl("djl-plain", () -> plainCall(nd, mask, h / hkv)));
+          }
         }
-        double[] ms = medianMs(warmup, iters, impls);
-        print("java", "forward", t, k.tokens(), h, hkv, dim, c, ms[0], gflops(flops, ms[0]) + ratio(ms, 0, sdpa != null ? 1 : -1));
-        if (sdpa != null) {
-          print("libtorch-sdpa", "forward", t, k.tokens(), h, hkv, dim, c, ms[1], gflops(flops, ms[1]));
+        impls = select(impls, only);
+        long rssBefore = rssKb("VmRSS");
+        double[] ms = medianMs(warmup, iters, calls(impls));
+        int anchorAt = indexOf(impls, "libtorch-sdpa");
+        String path = engine != null ? attentionOp.choose(nd[0], nd[1], nd[2], null, null, opt,
+            AttentionOp.Layout.BHTD).name().toLowerCase(Locale.ROOT) : "";
+        for (int i = 0; i < impls.size(); i++) {
+          String name = impls.get(i).name();
+          String extra = name.equals("libtorch-sdpa") ? "" : ratio(ms, i, anchorAt);
+          if (name.equals("op")) {
+            extra += ", \"path\": \"" + path + "\"";
+          }
+          if (only != null) {
+            extra += memoryFigures(rssBefore);
+          }
+          print(name, "forward", t, k.tokens(), h, hkv, dim, c, ms[i], gflops(flops, ms[i]) + extra);
         }
       }
       closeAll(nd);
@@ -112,26 +173,198 @@ public final class KernelBench {
       int splitLen = split;
       UnifiedMax um = UnifiedMax.calibrate(q, k, opt);
       float[] dst = new float[k.data().length];
-      List<Supplier<?>> impls = new ArrayList<>(List.of(
-          () -> kernels.decode(q, k, v, qPos, null, opt, splitLen),
-          () -> kernels.decodeUnifiedMax(q, k, v, qPos, null, opt, splitLen, um),
-          () -> {
+      NDArray[] nd = engine != null ? toNd(engine, q, k, v) : null;
+      List<Impl> impls = new ArrayList<>(List.of(
+          new Impl("java", () -> kernels.decode(q, k, v, qPos, null, opt, splitLen)),
+          new Impl("java-unified-max", () -> kernels.decodeUnifiedMax(q, k, v, qPos, null, opt, splitLen, um)),
+          new Impl("copy", () -> {
             System.arraycopy(k.data(), 0, dst, 0, dst.length);
             System.arraycopy(v.data(), 0, dst, 0, dst.length);
             return dst;
-          }));
-      NDArray[] nd = sdpa != null ? toNd(sdpa, q, k, v) : null;
-      if (sdpa != null) {
-        // Every query row sits after every key, so full (non-causal) attention is the same answer.
-        impls.add(() -> sdpaCall(sdpa, nd, false));
+          })));
+      if (engine != null) {
+        // The operator's decode: split-K on the Java kernel, over NDArrays.
+        impls.add(new Impl("op", () -> {
+          try (NDList r = attentionOp.decode(nd[0], nd[1], nd[2], qPos, null, opt, AttentionOp.Layout.BHTD)) {
+            return r.size();
+          }
+        }));
+        if (anchor) {
+          // Every query row sits after every key, so full (non-causal) attention is the same answer.
+          impls.add(new Impl("libtorch-sdpa", () -> sdpaCall(engine, nd, false)));
+        }
+        if (plain) {
+          impls.add(new Impl("djl-plain", () -> plainCall(nd, null, h / hkv)));
+        }
       }
-      double[] ms = medianMs(warmup, iters, impls);
-      String[] names = {"java", "java-unified-max", "copy", "libtorch-sdpa"};
+      impls = select(impls, only);
+      long rssBefore = rssKb("VmRSS");
+      double[] ms = medianMs(warmup, iters, calls(impls));
+      int anchorAt = indexOf(impls, "libtorch-sdpa"), copyAt = indexOf(impls, "copy");
       for (int i = 0; i < ms.length; i++) {
-        String extra = i < 2 ? ratio(ms, i, sdpa != null ? 3 : -1) + ", \"vs_copy\": %.2f".formatted(ms[2] / ms[i]) : "";
-        print(names[i], "decode", rows, n, h, hkv, dim, true, ms[i], "\"gbps\": %.2f".formatted(bytes / ms[i] / 1e6) + extra);
+        String name = impls.get(i).name();
+        String extra = "";
+        if (!name.equals("libtorch-sdpa") && !name.equals("copy")) {
+          extra = ratio(ms, i, anchorAt) + (copyAt >= 0 ? ", \"vs_copy\": %.2f".formatted(ms[copyAt] / ms[i]) : "");
+        }
+        if (only != null) {
+          extra += memoryFigures(rssBefore);
+        }
+        print(name, "decode", rows, n, h, hkv, dim, true, ms[i], "\"gbps\": %.2f".formatted(bytes / ms[i] / 1e6) + extra);
       }
       closeAll(nd);
+    }
+  }
+
+  private static List<Impl> select(List<Impl> impls, String only) {
+    if (only == null) {
+      return impls;
+    }
+    List<Impl> one = impls.stream().filter(i -> i.name().equals(only)).toList();
+    if (one.isEmpty()) {
+      throw new IllegalArgumentException("--only " + only + ": no such implementation here (have "
+          + impls.stream().map(Impl::name).toList() + ")");
+    }
+    return one;
+  }
+
+  private static List<Supplier<?>> calls(List<Impl> impls) {
+    return impls.stream().<Supplier<?>>map(Impl::call).toList();
+  }
+
+  private static int indexOf(List<Impl> impls, String name) {
+    for (int i = 0; i < impls.size(); i++) {
+      if (impls.get(i).name().equals(name)) {
+        return i;
+      }
+    }
+    return -1;
+  }
+
+  static Object opCall(AttentionOp op, NDArray[] qkv, AttentionOptions opt) {
+    try (NDList r = op.forward(qkv[0], qkv[1], qkv[2], opt)) {
+      return r.size();
+    }
+  }
+
+  /**
+   * Attention as DJL's ScaledDotProductAttentionBlock computes it, on [B, H, T, D] arrays: scores =
+   * q k^T, scaled, masked (additive -inf causal mask), softmax, times v. GQA repeats k and v heads.
+   */
+  static Object plainCall(NDArray[] qkv, NDArray causalMask, int group) {
+    try (ai.djl.ndarray.NDManager scope = qkv[0].getManager().newSubManager()) {
+      NDArray q = qkv[0], k = qkv[1], v = qkv[2];
+      if (group > 1) {
+        k = k.repeat(1, group);
+        v = v.repeat(1, group);
+        k.attach(scope);
+        v.attach(scope);
+      }
+      NDArray kt = k.transpose(0, 1, 3, 2);
+      kt.attach(scope);
+      NDArray s = q.matMul(kt);
+      s.attach(scope);
+      s.muli((float) (1.0 / Math.sqrt(q.getShape().get(3))));
+      if (causalMask != null) {
+        s.addi(causalMask);
+      }
+      NDArray p = s.softmax(3);
+      p.attach(scope);
+      s.close(); // DJL's block keeps it alive until the call ends; freeing it early only lowers our peak
+      NDArray o = p.matMul(v);
+      o.attach(scope);
+      return o.getShape();
+    }
+  }
+
+  static NDArray causalMask(LibtorchSdpa engine, int tq, int tk) {
+    float[] m = new float[Math.multiplyExact(tq, tk)];
+    for (int i = 0; i < tq; i++) {
+      Arrays.fill(m, i * tk + i + 1, (i + 1) * tk, Float.NEGATIVE_INFINITY);
+    }
+    return engine.manager().create(m, new Shape(1, 1, tq, tk));
+  }
+
+  /** Memory figures of a child run (--only): resident set before the call and its peak. */
+  static String memoryFigures(long rssBeforeKb) {
+    long hwm = rssKb("VmHWM");
+    return String.format(Locale.ROOT, ", \"rss_before_mb\": %.1f, \"peak_rss_mb\": %.1f, \"peak_extra_mb\": %.1f",
+        rssBeforeKb / 1024.0, hwm / 1024.0, (hwm - rssBeforeKb) / 1024.0);
+  }
+
+  /** A field of /proc/self/status in kB (VmRSS, VmHWM), or -1 where there is none. */
+  static long rssKb(String field) {
+    try {
+      for (String line : Files.readAllLines(Paths.get("/proc/self/status"), StandardCharsets.US_ASCII)) {
+        if (line.startsWith(field + ":")) {
+          return Long.parseLong(line.replaceAll("[^0-9]", ""));
+        }
+      }
+    } catch (IOException | RuntimeException e) {
+      return -1;
+    }
+    return -1;
+  }
+
+  /** --memory: every implementation alone in a fresh JVM, one call each, its peak memory reported. */
+  static void memory(String[] args, String op, Boolean causal) {
+    List<String> base = new ArrayList<>();
+    base.add(ProcessHandle.current().info().command().orElse("java"));
+    base.addAll(ManagementFactory.getRuntimeMXBean().getInputArguments());
+    base.add("-cp");
+    base.add(System.getProperty("java.class.path"));
+    base.add(KernelBench.class.getName());
+    List<String> rest = new ArrayList<>();
+    for (int i = 0; i < args.length; i++) {
+      switch (args[i]) {
+        case "--memory", "--causal" -> { }
+        case "--iters", "--warmup", "--only", "--op" -> i++;
+        default -> rest.add(args[i]);
+      }
+    }
+    List<String> ops = op.equals("all") ? List.of("forward", "decode") : List.of(op);
+    for (String o : ops) {
+      List<String> names = new ArrayList<>(List.of("java", "op", "libtorch-sdpa", "djl-plain"));
+      if (o.equals("decode")) {
+        names.add(1, "java-unified-max");
+      }
+      for (boolean c : o.equals("forward") && causal == null ? new boolean[] {false, true} : new boolean[] {true}) {
+        for (String name : names) {
+          List<String> cmd = new ArrayList<>(base);
+          cmd.addAll(rest);
+          cmd.addAll(List.of("--op", o, "--only", name, "--iters", "1", "--warmup", "0"));
+          if (c) {
+            cmd.add("--causal");
+          }
+          runChild(cmd, name, o, c);
+        }
+      }
+    }
+  }
+
+  private static void runChild(List<String> cmd, String name, String op, boolean causal) {
+    try {
+      Process p = new ProcessBuilder(cmd).redirectErrorStream(true).start();
+      List<String> lines = new ArrayList<>();
+      try (BufferedReader r = new BufferedReader(new InputStreamReader(p.getInputStream(), StandardCharsets.UTF_8))) {
+        for (String line; (line = r.readLine()) != null; ) {
+          lines.add(line);
+        }
+      }
+      int rc = p.waitFor();
+      List<String> json = lines.stream().filter(l -> l.startsWith("{\"impl\"")).toList();
+      if (rc == 0 && !json.isEmpty()) {
+        json.forEach(System.out::println);
+      } else {
+        String last = lines.isEmpty() ? "" : lines.get(lines.size() - 1).replace("\"", "'");
+        System.out.println(String.format(Locale.ROOT,
+            "{\"impl\": \"%s\", \"op\": \"%s\", \"causal\": %b, \"error\": \"exit %d: %s\"}", name, op, causal,
+            rc, last.length() > 200 ? last.substring(0, 200) : last));
+      }
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
     }
   }
 
