@@ -1,0 +1,97 @@
+package io.longctx.spark;
+
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+
+/** A small --name value / --flag parser shared by the commands. */
+final class Args {
+  final Map<String, String> values = new LinkedHashMap<>();
+  final List<String> confs = new ArrayList<>();
+  boolean help;
+
+  static Args parse(String[] argv, List<String> valued, List<String> flags) {
+    Args a = new Args();
+    for (int i = 0; i < argv.length; i++) {
+      String s = argv[i];
+      String name = s, inline = null;
+      int eq = s.indexOf('=');
+      if (s.startsWith("--") && eq > 0) {
+        name = s.substring(0, eq);
+        inline = s.substring(eq + 1);
+      }
+      if (name.equals("-h") || name.equals("--help")) {
+        a.help = true;
+      } else if (flags.contains(name)) {
+        if (inline != null) {
+          throw new IllegalArgumentException(name + " takes no value");
+        }
+        a.values.put(name, "true");
+      } else if (valued.contains(name) || name.equals("--conf") || name.equals("--master")) {
+        String v = inline;
+        if (v == null) {
+          if (i + 1 >= argv.length) {
+            throw new IllegalArgumentException(name + " needs a value");
+          }
+          v = argv[++i];
+        }
+        if (name.equals("--conf")) {
+          if (v.indexOf('=') <= 0) {
+            throw new IllegalArgumentException("--conf needs key=value, got " + v);
+          }
+          a.confs.add(v);
+        } else {
+          a.values.put(name, v);
+        }
+      } else {
+        throw new IllegalArgumentException("unknown option " + s + " (see --help)");
+      }
+    }
+    return a;
+  }
+
+  String get(String name) {
+    return values.get(name);
+  }
+
+  boolean flag(String name) {
+    return values.containsKey(name);
+  }
+
+  int intValue(String name, int dflt) {
+    String v = values.get(name);
+    if (v == null) {
+      return dflt;
+    }
+    try {
+      return Integer.parseInt(v.trim());
+    } catch (NumberFormatException e) {
+      throw new IllegalArgumentException(name + " needs an integer, got " + v);
+    }
+  }
+
+  long longValue(String name, long dflt) {
+    String v = values.get(name);
+    if (v == null) {
+      return dflt;
+    }
+    try {
+      return Long.parseLong(v.trim());
+    } catch (NumberFormatException e) {
+      throw new IllegalArgumentException(name + " needs an integer, got " + v);
+    }
+  }
+
+  double doubleValue(String name, double dflt) {
+    String v = values.get(name);
+    if (v == null) {
+      return dflt;
+    }
+    try {
+      return Double.parseDouble(v.trim());
+    } catch (NumberFormatException e) {
+      throw new IllegalArgumentException(name + " needs a number, got " + v);
+    }
+  }
+}

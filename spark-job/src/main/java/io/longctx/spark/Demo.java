@@ -1,0 +1,131 @@
+package io.longctx.spark;
+
+import io.longctx.kernels.AttentionOptions;
+import io.longctx.kernels.ReferenceAttention;
+import io.longctx.kernels.Tensor;
+import java.io.PrintStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.List;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.SparkSession;
+
+/**
+ * {@code longctx demo}: generates a small corpus (3 documents of 100,000, 60,000 and 20,000
+ * tokens, 8 query heads over 2 kv heads, dim 64, causal), scores it, checks a sample of queries
+ * against the float64 reference computed in this process from the regenerated keys, and prints a
+ * results table and the summary. Returns false when a checked query is off.
+ */
+public final class Demo {
+  private Demo() {}
+
+  public static boolean run(SparkSession spark, Path dir, int longest, int sample, PrintStream out) throws Exception {
+    Generator g = new Generator();
+    g.docs = 3;
+    g.tokens = longest;
+    g.minTokens = Math.max(1, longest / 5);
+    g.heads = 8;
+    g.kvHeads = 2;
+    g.dim = 64;
+    g.queriesPerDoc = 4;
+    g.seed = 20261122L;
+    Files.createDirectories(dir);
+    out.printf("longctx demo: generating %d documents (%d..%d tokens, heads %d, kv heads %d, dim %d) in %s%n", g.docs,
+        g.docLength(g.docs - 1), g.docLength(0), g.heads, g.kvHeads, g.dim, dir);
+    g.write(spark, dir.toString(), true);
+
+    ScoreOptions o = new ScoreOptions();
+    o.keys = dir.resolve(g.keysName()).toString();
+    o.queries = dir.resolve(g.queriesName()).toString();
+    o.output = dir.resolve("scores.parquet").toString();
+    o.overwrite = true;
+    o.causal = true;
+    o.dim = g.dim;
+    o.chunkLen = 8192;
+    ScoreJob.Summary summary = ScoreJob.run(spark, o);
+
+    List<Row> rows = new ArrayList<>(spark.read().parquet(o.output).collectAsList());
+    rows.sort(Comparator.comparing((Row r) -> r.<String>getAs("query_id")));
+    AttentionOptions attn = o.attention();
+    out.printf("%n%-20s %8s %8s %12s %12s %12s  %s%n", "query_id", "pos", "n_keys", "lse[head 0]", "o rel err",
+        "lse abs err", "check");
+    boolean ok = true;
+    int checked = 0;
+    for (Row r : rows) {
+      String qid = r.getAs("query_id");
+      int doc = Integer.parseInt(qid.substring(4, 9));
+      int j = Integer.parseInt(qid.substring(qid.indexOf("/q-") + 3));
+      Token q = g.query(doc, j);
+      float[] o1 = toFloats(r.getList(r.fieldIndex("o")));
+      float[] l1 = toFloats(r.getList(r.fieldIndex("lse")));
+      long nKeys = r.getAs("n_keys");
+      String oErr = "", lErr = "", verdict = "(not checked)";
+      if (checked < sample) {
+        checked++;
+        double[] err = check(g, doc, q, o1, l1, attn);
+        boolean good = err[0] <= 1e-5 && err[1] <= 1e-5;
+        ok &= good;
+        oErr = String.format("%.2e", err[0]);
+        lErr = String.format("%.2e", err[1]);
+        verdict = good ? "ok (float64 reference)" : "MISMATCH";
+      }
+      out.printf("%-20s %8s %8d %12.5f %12s %12s  %s%n", qid, q.getPos() == null ? "-" : q.getPos(), nKeys, l1[0], oErr,
+          lErr, verdict);
+    }
+    out.println();
+    out.print(summary);
+    out.println(ok ? "demo: all checked queries match the float64 reference" : "demo: MISMATCH against the reference");
+    return ok;
+  }
+
+  static float[] toFloats(List<Object> l) {
+    float[] x = new float[l.size()];
+    for (int i = 0; i < x.length; i++) {
+      x[i] = ((Number) l.get(i)).floatValue();
+    }
+    return x;
+  }
+
+  /** {relative L2 error of o, max |lse err| / (1 + |lse|)} against the float64 reference. */
+  static double[] check(Generator g, int doc, Token q, float[] o, float[] lse, AttentionOptions attn) {
+    int n = (int) g.docLength(doc), d = g.dim, hk = g.kvHeads, h = g.heads;
+    float[] k = new float[hk * n * d];
+    float[] v = new float[k.length];
+    long[] kPos = new long[n];
+    for (int t = 0; t < n; t++) {
+      Token key = g.key(doc, t);
+      kPos[t] = t;
+      for (int x = 0; x < hk; x++) {
+        System.arraycopy(key.getK(), x * d, k, (x * n + t) * d, d);
+        System.arraycopy(key.getV(), x * d, v, (x * n + t) * d, d);
+      }
+    }
+    float[] qq = new float[h * d];
+    System.arraycopy(q.getQ(), 0, qq, 0, qq.length); // [H, 1, D] == [H*D]
+    AttentionOptions a = q.getPos() == null ? attn.withCausal(false).withWindow(0) : attn;
+    ReferenceAttention.Result ref = ReferenceAttention.compute(new Tensor(qq, 1, h, 1, d), new Tensor(k, 1, hk, n, d),
+        new Tensor(v, 1, hk, n, d), new long[] {q.getPos() == null ? 0 : q.getPos()}, kPos, a);
+    return errors(o, lse, ref.o(), ref.lse());
+  }
+
+  /** {relative L2 error of o, max |lse err| / (1 + |lse|)}; -inf lse must match exactly (and o = 0). */
+  public static double[] errors(float[] o, float[] lse, double[] refO, double[] refL) {
+    double num = 0, den = 0;
+    for (int i = 0; i < o.length; i++) {
+      num += (o[i] - refO[i]) * (o[i] - refO[i]);
+      den += refO[i] * refO[i];
+    }
+    double le = 0;
+    for (int i = 0; i < lse.length; i++) {
+      if (refL[i] == Double.NEGATIVE_INFINITY || lse[i] == Float.NEGATIVE_INFINITY) {
+        le = Math.max(le, refL[i] == lse[i] ? 0 : Double.POSITIVE_INFINITY);
+      } else {
+        le = Math.max(le, Math.abs(lse[i] - refL[i]) / (1 + Math.abs(refL[i])));
+      }
+    }
+    double oe = den == 0 ? Math.sqrt(num) : Math.sqrt(num / den);
+    return new double[] {oe, le};
+  }
+}

@@ -1,0 +1,116 @@
+package io.longctx.spark;
+
+import static org.apache.spark.sql.functions.col;
+
+import java.io.Serializable;
+import java.util.SplittableRandom;
+import org.apache.spark.api.java.function.MapFunction;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.SaveMode;
+import org.apache.spark.sql.SparkSession;
+
+/**
+ * Synthetic corpus ({@code longctx gen}): documents doc-00000.. with dense positions 0..len-1,
+ * lengths spaced evenly from --tokens down to --min-tokens; k, v, q standard normal from a
+ * generator seeded by (seed, doc, pos), so any row can be regenerated alone. Queries:
+ * doc-i/q-j; every 4th has no pos (attends the whole document), the others a random position.
+ * Generated in parallel by Spark: no process ever holds a whole document.
+ */
+public final class Generator implements Serializable {
+  private static final long serialVersionUID = 1L;
+
+  public int docs = 3;
+  public long tokens = 4096;
+  public long minTokens = -1;
+  public int heads = 8;
+  public int kvHeads = 2;
+  public int dim = 64;
+  public int queriesPerDoc = 4;
+  public long seed = 42;
+  public boolean prefill;
+  public String format = "parquet";
+  public int partitions;
+
+  public long docLength(int i) {
+    long min = minTokens < 0 ? tokens : minTokens;
+    return docs == 1 ? tokens : tokens - (tokens - min) * i / (docs - 1);
+  }
+
+  public static String docId(int i) {
+    return String.format("doc-%05d", i);
+  }
+
+  /** Output file names inside DIR. */
+  public String keysName() {
+    return format.equals("json") ? "keys.jsonl" : "keys.parquet";
+  }
+
+  public String queriesName() {
+    return format.equals("json") ? "queries.jsonl" : "queries.parquet";
+  }
+
+  static float[] normal(long seed, long doc, long pos, int which, int n) {
+    SplittableRandom r = new SplittableRandom(seed * 0x9E3779B97F4A7C15L ^ (doc * 0xBF58476D1CE4E5B9L)
+        ^ (pos * 0x94D049BB133111EBL) ^ which);
+    float[] x = new float[n];
+    for (int i = 0; i < n; i++) {
+      x[i] = (float) r.nextGaussian();
+    }
+    return x;
+  }
+
+  /** The key row (doc, pos) exactly as written. */
+  public Token key(int doc, long pos) {
+    Token t = new Token();
+    t.setDocId(docId(doc));
+    t.setPos(pos);
+    t.setK(normal(seed, doc, pos, 1, kvHeads * dim));
+    t.setV(normal(seed, doc, pos, 2, kvHeads * dim));
+    if (prefill) {
+      t.setQ(normal(seed, doc, pos, 3, heads * dim));
+    }
+    return t;
+  }
+
+  /** Query j of document doc exactly as written. */
+  public Token query(int doc, int j) {
+    Token t = new Token();
+    t.setDocId(docId(doc));
+    t.setQueryId(docId(doc) + "/q-" + j);
+    long len = docLength(doc);
+    SplittableRandom r = new SplittableRandom(seed * 31 + doc * 1_000_003L + j);
+    t.setPos(j % 4 == 3 ? null : r.nextLong(len));
+    t.setQ(normal(seed, doc, -1 - j, 4, heads * dim));
+    return t;
+  }
+
+  public void write(SparkSession spark, String dir, boolean overwrite) {
+    long[] starts = new long[docs + 1];
+    for (int i = 0; i < docs; i++) {
+      starts[i + 1] = starts[i] + docLength(i);
+    }
+    long total = starts[docs];
+    int parts = partitions > 0 ? partitions
+        : (int) Math.max(spark.sparkContext().defaultParallelism(), Math.min(4096, total * (kvHeads * 2L + (prefill ? heads : 0)) * dim / (4L << 20)));
+    Generator g = this;
+    Dataset<Token> keys = spark.range(0, total, 1, parts).map((MapFunction<Long, Token>) id -> {
+      int d = java.util.Arrays.binarySearch(starts, id);
+      d = d >= 0 ? d : -d - 2;
+      return g.key(d, id - starts[d]);
+    }, Encoders.bean(Token.class));
+    Dataset<Row> keyRows = prefill
+        ? keys.select(col("docId").as("doc_id"), col("pos"), col("k"), col("v"), col("q"))
+        : keys.select(col("docId").as("doc_id"), col("pos"), col("k"), col("v"));
+    SaveMode mode = overwrite ? SaveMode.Overwrite : SaveMode.ErrorIfExists;
+    keyRows.write().mode(mode).format(format).save(dir + "/" + keysName());
+    if (queriesPerDoc > 0) {
+      int q = queriesPerDoc;
+      Dataset<Row> queries = spark.range(0, (long) docs * q, 1, Math.max(1, Math.min(parts, docs)))
+          .map((MapFunction<Long, Token>) id -> g.query((int) (id / q), (int) (id % q)), Encoders.bean(Token.class))
+          .select(col("queryId").as("query_id"), col("docId").as("doc_id"), col("q"), col("pos"));
+      queries.write().mode(mode).format(format).save(dir + "/" + queriesName());
+    }
+  }
+}

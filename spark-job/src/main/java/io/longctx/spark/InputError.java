@@ -1,0 +1,29 @@
+package io.longctx.spark;
+
+/**
+ * Bad input: the message names the input (file or path), the document and the position where
+ * known. The launcher prints the message alone and exits with status 2.
+ */
+public final class InputError extends RuntimeException {
+  private static final long serialVersionUID = 1L;
+
+  public InputError(String message) {
+    super(message);
+  }
+
+  /** The first InputError in a cause chain (Spark wraps task failures), or null. */
+  public static InputError find(Throwable t) {
+    for (int i = 0; t != null && i < 50; i++, t = t.getCause()) {
+      if (t instanceof InputError e) {
+        return e;
+      }
+      for (Throwable s : t.getSuppressed()) {
+        InputError e = find(s);
+        if (e != null) {
+          return e;
+        }
+      }
+    }
+    return null;
+  }
+}

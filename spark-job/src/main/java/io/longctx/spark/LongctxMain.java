@@ -1,0 +1,247 @@
+package io.longctx.spark;
+
+import java.io.PrintStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.List;
+import java.util.Locale;
+import org.apache.spark.sql.SparkSession;
+
+/**
+ * Entry point of the Spark application: {@code score}, {@code demo}, {@code gen}. Exit status 0 on
+ * success, 2 on bad input or bad usage (message on stderr), 1 on any other failure.
+ * Runs under bin/longctx (embedded local[*]) or under SparkSubmit (the -app.jar).
+ */
+public final class LongctxMain {
+
+  static final String COMMON_HELP = """
+      Spark:
+        --master URL          Spark master (default: spark.master if set, e.g. by SparkSubmit, else local[*])
+        --conf KEY=VALUE      Spark property; repeatable (after conf/spark-defaults.conf)
+        -h, --help            this text
+      """;
+
+  public static final String SCORE_HELP = """
+      usage: longctx score --keys KEYS --queries QUERIES --output OUT [options]
+             longctx score --mode prefill --keys KEYS --output OUT [options]
+
+      Exact attention of queries over very long documents, chunked across Spark executors; partial
+      states are LSE-merged per query in chunk order (bit-reproducible under any partitioning).
+
+      Inputs (Parquet or JSON Lines; a path may be a file or a directory of part files):
+        KEYS      one row per token: doc_id string, pos long, k array<float> (kv-heads*dim),
+                  v array<float> (kv-heads*dim); in prefill mode also q array<float> (heads*dim)
+        QUERIES   query_id string, doc_id string, q array<float> (heads*dim), optional pos long
+      Output OUT (same format): decode: query_id, doc_id, o, lse, n_keys; prefill: doc_id, pos, o, lse,
+      n_keys. o array<float> (heads*dim), lse array<float> (heads, natural log; -Infinity and o = 0
+      where no key was visible), n_keys long (keys attended). Written to a hidden sibling directory
+      and renamed to OUT at the end: after a failure there is no OUT.
+
+      Options:
+        --keys PATH           key tokens (required)
+        --queries PATH        queries (decode mode, required there)
+        --output PATH         output directory (required; must not exist unless --overwrite)
+        --overwrite           replace an existing OUT
+        --format F            parquet | json, input and output (default: from the KEYS extension
+                              .json/.jsonl/.ndjson -> json, else parquet)
+        --mode M              decode (default): QUERIES against documents; prefill: every KEYS token
+                              is a causal query over its own document
+        --heads H             query heads    } give at least one of these three; the others are
+        --kv-heads HKV        key/value heads} inferred from the array lengths and checked
+        --dim D               head dim       } (heads % kv-heads == 0; GQA head h reads kv head h/(H/HKV))
+        --scale S             score scale (default 1/sqrt(dim))
+        --softcap C           score = C*tanh(score/C) (default 0: off)
+        --causal              a query with pos p attends keys with pos <= p
+        --window W            a query with pos p attends keys with pos in (p-W, p] (implies the causal bound)
+                              Queries without pos always attend the whole document.
+        --chunk-len N         keys per chunk, by position: chunk c = pos in [c*N, (c+1)*N) (default 4096)
+        --query-block N       decode queries of one document computed together (default 64)
+        --partitions N        Spark shuffle partitions (default: spark.sql.shuffle.partitions)
+
+      Queries for a document that has no keys are an error (exit 2), naming the query and document.
+      A summary (documents, tokens, chunks, chunk pairs computed/skipped, backend, wall time,
+      tokens/s) goes to stderr at the end.
+      """ + COMMON_HELP;
+
+  public static final String GEN_HELP = """
+      usage: longctx gen --docs N --tokens T --heads H --kv-heads HKV --dim D --queries-per-doc Q --output DIR
+
+      Writes a synthetic corpus: DIR/keys.parquet and DIR/queries.parquet (.jsonl with --format json).
+      Documents doc-00000.. with positions 0..len-1; k, v, q standard normal, seeded per (seed, doc, pos).
+      Every 4th query has no pos (attends the whole document).
+
+      Options:
+        --docs N              documents (default 3)
+        --tokens T            tokens of the longest (first) document (default 4096)
+        --min-tokens M        lengths spaced evenly from T down to M (default T: all equal)
+        --heads H, --kv-heads HKV, --dim D   shapes (default 8, 2, 64)
+        --queries-per-doc Q   queries per document (default 4; 0: no QUERIES file)
+        --prefill             also write q (heads*dim) on every KEYS row, for --mode prefill
+        --seed S              random seed (default 42)
+        --format F            parquet (default) | json
+        --partitions N        write parallelism (default: by size)
+        --overwrite           replace existing files
+        --output DIR          output directory (required)
+      """ + COMMON_HELP;
+
+  public static final String DEMO_HELP = """
+      usage: longctx demo [--tokens N] [--sample S] [--dir DIR]
+
+      Generates 3 documents (the longest --tokens, default 100000; 8 heads over 2 kv heads, dim 64),
+      scores 12 queries causally on the embedded Spark (local[*] unless --master), checks --sample
+      queries (default 6) against a float64 reference computed in this process, and prints a results
+      table and the summary. Exit 1 if a checked query does not match.
+
+        --dir DIR             where to write the corpus and scores (default: a new temp directory)
+      """ + COMMON_HELP;
+
+  public static final String MAIN_HELP = """
+      usage: longctx-spark COMMAND [options]
+        score   exact long-context attention scoring (score --help)
+        gen     generate a synthetic corpus (gen --help)
+        demo    generate, score and check a small corpus (demo --help)
+      """;
+
+  public static void main(String[] args) {
+    System.exit(run(args, System.out, System.err));
+  }
+
+  public static int run(String[] args, PrintStream out, PrintStream err) {
+    if (args.length == 0 || args[0].equals("-h") || args[0].equals("--help") || args[0].equals("help")) {
+      out.print(MAIN_HELP);
+      return args.length == 0 ? 2 : 0;
+    }
+    String cmd = args[0];
+    String[] rest = java.util.Arrays.copyOfRange(args, 1, args.length);
+    try {
+      return switch (cmd) {
+        case "score" -> score(rest, out, err);
+        case "gen" -> gen(rest, out, err);
+        case "demo" -> demo(rest, out, err);
+        default -> {
+          err.println("longctx: unknown command '" + cmd + "'");
+          err.print(MAIN_HELP);
+          yield 2;
+        }
+      };
+    } catch (IllegalArgumentException e) {
+      InputError ie = InputError.find(e);
+      err.println("longctx " + cmd + ": error: " + (ie != null ? ie.getMessage() : e.getMessage()));
+      return 2;
+    } catch (Throwable e) {
+      InputError ie = InputError.find(e);
+      if (ie != null) {
+        err.println("longctx " + cmd + ": error: " + ie.getMessage());
+        return 2;
+      }
+      err.println("longctx " + cmd + ": failed: " + e);
+      e.printStackTrace(err);
+      return 1;
+    }
+  }
+
+  static int score(String[] argv, PrintStream out, PrintStream err) {
+    Args a = Args.parse(argv, List.of("--keys", "--queries", "--output", "--format", "--heads", "--kv-heads", "--dim",
+        "--scale", "--softcap", "--window", "--chunk-len", "--query-block", "--partitions", "--mode"),
+        List.of("--causal", "--overwrite"));
+    if (a.help) {
+      out.print(SCORE_HELP);
+      return 0;
+    }
+    ScoreOptions o = new ScoreOptions();
+    o.keys = a.get("--keys");
+    o.queries = a.get("--queries");
+    o.output = a.get("--output");
+    o.format = a.get("--format") == null ? null : a.get("--format").toLowerCase(Locale.ROOT);
+    o.heads = a.intValue("--heads", 0);
+    o.kvHeads = a.intValue("--kv-heads", 0);
+    o.dim = a.intValue("--dim", 0);
+    o.scale = a.doubleValue("--scale", Double.NaN);
+    o.softcap = (float) a.doubleValue("--softcap", 0);
+    o.causal = a.flag("--causal");
+    o.window = a.longValue("--window", 0);
+    o.chunkLen = a.intValue("--chunk-len", o.chunkLen);
+    o.queryBlock = a.intValue("--query-block", o.queryBlock);
+    o.partitions = a.intValue("--partitions", 0);
+    o.overwrite = a.flag("--overwrite");
+    String mode = a.get("--mode");
+    if (mode != null) {
+      switch (mode.toLowerCase(Locale.ROOT)) {
+        case "decode" -> o.mode = ScoreOptions.Mode.DECODE;
+        case "prefill" -> o.mode = ScoreOptions.Mode.PREFILL;
+        default -> throw new IllegalArgumentException("--mode must be decode or prefill, got " + mode);
+      }
+    }
+    o.check();
+    SparkSession spark = Sessions.create("longctx score", a.get("--master"), a.confs);
+    try {
+      ScoreJob.Summary s = ScoreJob.run(spark, o);
+      err.print(s);
+      return 0;
+    } finally {
+      spark.stop();
+    }
+  }
+
+  static int gen(String[] argv, PrintStream out, PrintStream err) {
+    Args a = Args.parse(argv, List.of("--docs", "--tokens", "--min-tokens", "--heads", "--kv-heads", "--dim",
+        "--queries-per-doc", "--seed", "--format", "--partitions", "--output"), List.of("--prefill", "--overwrite"));
+    if (a.help) {
+      out.print(GEN_HELP);
+      return 0;
+    }
+    Generator g = new Generator();
+    g.docs = a.intValue("--docs", g.docs);
+    g.tokens = a.longValue("--tokens", g.tokens);
+    g.minTokens = a.longValue("--min-tokens", -1);
+    g.heads = a.intValue("--heads", g.heads);
+    g.kvHeads = a.intValue("--kv-heads", g.kvHeads);
+    g.dim = a.intValue("--dim", g.dim);
+    g.queriesPerDoc = a.intValue("--queries-per-doc", g.queriesPerDoc);
+    g.seed = a.longValue("--seed", g.seed);
+    g.prefill = a.flag("--prefill");
+    g.format = a.get("--format") == null ? "parquet" : a.get("--format").toLowerCase(Locale.ROOT);
+    g.partitions = a.intValue("--partitions", 0);
+    String dir = a.get("--output");
+    if (dir == null) {
+      throw new IllegalArgumentException("--output DIR is required");
+    }
+    if (g.docs < 1 || g.tokens < 1 || g.heads < 1 || g.kvHeads < 1 || g.dim < 1 || g.heads % g.kvHeads != 0
+        || g.queriesPerDoc < 0 || !(g.format.equals("parquet") || g.format.equals("json"))) {
+      throw new IllegalArgumentException("gen needs docs, tokens, heads, kv-heads, dim >= 1, heads % kv-heads == 0, "
+          + "queries-per-doc >= 0 and format parquet|json");
+    }
+    SparkSession spark = Sessions.create("longctx gen", a.get("--master"), a.confs);
+    try {
+      long t0 = System.nanoTime();
+      g.write(spark, dir, a.flag("--overwrite"));
+      long total = 0;
+      for (int i = 0; i < g.docs; i++) {
+        total += g.docLength(i);
+      }
+      err.printf(Locale.ROOT, "longctx gen: %d documents, %d tokens, %d queries -> %s/%s%s (%.1f s)%n", g.docs, total,
+          (long) g.docs * g.queriesPerDoc, dir, g.keysName(), g.queriesPerDoc > 0 ? ", " + g.queriesName() : "",
+          (System.nanoTime() - t0) / 1e9);
+      return 0;
+    } finally {
+      spark.stop();
+    }
+  }
+
+  static int demo(String[] argv, PrintStream out, PrintStream err) throws Exception {
+    Args a = Args.parse(argv, List.of("--tokens", "--sample", "--dir"), List.of());
+    if (a.help) {
+      out.print(DEMO_HELP);
+      return 0;
+    }
+    Path dir = a.get("--dir") != null ? Path.of(a.get("--dir")) : Files.createTempDirectory("longctx-demo-");
+    SparkSession spark = Sessions.create("longctx demo", a.get("--master"), a.confs);
+    try {
+      return Demo.run(spark, dir, a.intValue("--tokens", 100_000), a.intValue("--sample", 6), out) ? 0 : 1;
+    } finally {
+      spark.stop();
+    }
+  }
+
+  private LongctxMain() {}
+}

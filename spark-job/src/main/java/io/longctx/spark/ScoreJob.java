@@ -1,0 +1,629 @@
+package io.longctx.spark;
+
+import static org.apache.spark.sql.functions.col;
+import static org.apache.spark.sql.functions.lit;
+
+import io.longctx.kernels.AttentionOptions;
+import io.longctx.kernels.AttentionState;
+import io.longctx.kernels.CpuAttention;
+import io.longctx.kernels.Tensor;
+import java.io.IOException;
+import java.io.Serializable;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Comparator;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.UUID;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.api.java.function.CoGroupFunction;
+import org.apache.spark.api.java.function.FlatMapFunction;
+import org.apache.spark.api.java.function.FlatMapGroupsFunction;
+import org.apache.spark.api.java.function.MapFunction;
+import org.apache.spark.api.java.function.MapGroupsFunction;
+import org.apache.spark.broadcast.Broadcast;
+import org.apache.spark.sql.Column;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.expressions.UserDefinedFunction;
+import org.apache.spark.sql.functions;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.storage.StorageLevel;
+
+/**
+ * The scoring job. Stages:
+ *
+ * <ol>
+ *   <li>Read and validate KEYS (and QUERIES): shapes, finite values, nulls; the error names the
+ *       file, the document and the position.
+ *   <li>Chunk: key chunk c of a document holds the keys with positions in
+ *       [c * chunkLen, (c + 1) * chunkLen), sorted by position (for dense positions 0..T-1 this is
+ *       rank / chunkLen). Duplicate (doc_id, pos) land in one chunk and are reported there.
+ *       No task ever holds more than one chunk of a document.
+ *   <li>Query blocks: decode queries of a document sorted by (has pos, pos, query_id) and cut into
+ *       blocks of --query-block; prefill blocks are the chunks themselves. Queries without pos
+ *       attend the whole document: their blocks run unmasked.
+ *   <li>Pairs: planned on the driver from (doc, index, min pos, max pos) of every chunk and block;
+ *       pairs invisible by position range are skipped (counted). Each visible (block, chunk) pair
+ *       runs {@link CpuAttention#forward} on that chunk only, with absolute positions, and gives
+ *       one partial state per query row.
+ *   <li>Reduce: {@link LseMerge} (SQL {@code lse_merge}) per query: partials merged in chunk-index
+ *       order with {@link AttentionState#mergeAll}, so the bits do not depend on partitioning.
+ *   <li>Write to a hidden sibling directory, then rename to OUT.
+ * </ol>
+ */
+public final class ScoreJob {
+
+  public static final String BACKEND = "cpu (Java Vector API kernels, io.longctx.kernels.CpuAttention)";
+
+  private ScoreJob() {}
+
+  /** What a run did; printed on stderr by the launcher. */
+  public record Summary(long documents, long tokens, long queries, long chunks, long pairsComputed,
+      long pairsSkipped, String backend, double wallSeconds, String output) {
+
+    public double tokensPerSecond() {
+      return wallSeconds > 0 ? tokens / wallSeconds : 0;
+    }
+
+    @Override
+    public String toString() {
+      return String.format(java.util.Locale.ROOT,
+          "longctx score summary%n  documents      %d%n  tokens         %d%n  queries        %d%n  chunks         %d%n"
+              + "  chunk pairs    %d computed, %d skipped%n  backend        %s%n  wall time      %.2f s%n"
+              + "  tokens/s       %.0f%n  output         %s%n",
+          documents, tokens, queries, chunks, pairsComputed, pairsSkipped, backend, wallSeconds, tokensPerSecond(),
+          output);
+    }
+  }
+
+  /** AttentionOptions is not Serializable: tasks carry this and rebuild it. */
+  record AttnSpec(double scale, float softcap, boolean causal, long window) implements Serializable {
+    AttnSpec(AttentionOptions o) {
+      this(o.scale(), o.softcap(), o.causal(), o.window());
+    }
+
+    AttentionOptions get() {
+      return new AttentionOptions(scale, softcap, causal, window);
+    }
+  }
+
+  /** Resolved tensor shape of the job. */
+  record Shape(int heads, int kvHeads, int dim) implements Serializable {}
+
+  public static Summary run(SparkSession spark, ScoreOptions opt) {
+    long t0 = System.nanoTime();
+    opt.check();
+    try {
+      return runChecked(spark, opt, t0);
+    } catch (RuntimeException e) {
+      InputError ie = InputError.find(e);
+      if (ie != null && ie != e) {
+        throw new InputError(ie.getMessage());
+      }
+      throw e;
+    } catch (IOException e) {
+      throw new java.io.UncheckedIOException(e);
+    }
+  }
+
+  private static Summary runChecked(SparkSession spark, ScoreOptions opt, long t0) throws IOException {
+    boolean prefill = opt.mode == ScoreOptions.Mode.PREFILL;
+    String fmt = opt.resolvedFormat();
+    if (opt.partitions > 0) {
+      spark.conf().set("spark.sql.shuffle.partitions", opt.partitions);
+    }
+    AttentionOptions attn = prefill ? opt.attention().withCausal(true) : opt.attention();
+    final AttnSpec spec = new AttnSpec(attn);
+    Configuration hconf = spark.sparkContext().hadoopConfiguration();
+
+    Path out = new Path(opt.output);
+    FileSystem fs = out.getFileSystem(hconf);
+    out = fs.makeQualified(out);
+    if (fs.exists(out) && !opt.overwrite) {
+      throw new InputError("output " + out + " exists: refusing to overwrite it (pass --overwrite to replace it)");
+    }
+    requireExists(fs, hconf, opt.keys, "KEYS");
+    if (!prefill) {
+      requireExists(fs, hconf, opt.queries, "QUERIES");
+    }
+
+    Dataset<Token> keyRows = read(spark, fmt, opt.keys, true, prefill);
+    Dataset<Token> queryRows = prefill ? null : read(spark, fmt, opt.queries, false, true);
+    Shape shape = resolveShape(opt, keyRows, queryRows, prefill);
+
+    // Validate before the shuffle (the file name is known here), then chunk.
+    final String keysPath = opt.keys;
+    final int chunkLen = opt.chunkLen;
+    final Shape sh = shape;
+    Dataset<Token> validKeys = keyRows.map((MapFunction<Token, Token>) t -> validateKey(t, sh, prefill),
+        Encoders.bean(Token.class));
+    Dataset<Chunk> chunks = validKeys
+        .groupByKey((MapFunction<Token, String>) t -> t.getDocId() + '\u0000' + Math.floorDiv(t.getPos(), chunkLen),
+            Encoders.STRING())
+        .mapGroups((MapGroupsFunction<String, Token, Chunk>) (key, it) -> buildChunk(it, sh, chunkLen, prefill, keysPath),
+            Encoders.bean(Chunk.class))
+        .persist(StorageLevel.MEMORY_AND_DISK());
+
+    Dataset<QueryBlock> blocks;
+    if (prefill) {
+      blocks = chunks.map((MapFunction<Chunk, QueryBlock>) ScoreJob::prefillBlock, Encoders.bean(QueryBlock.class));
+    } else {
+      final String queriesPath = opt.queries;
+      final int qb = opt.queryBlock;
+      blocks = queryRows
+          .map((MapFunction<Token, Token>) t -> validateQuery(t, sh), Encoders.bean(Token.class))
+          .groupByKey((MapFunction<Token, String>) Token::getDocId, Encoders.STRING())
+          .flatMapGroups((FlatMapGroupsFunction<String, Token, QueryBlock>) (doc, it) -> buildBlocks(doc, it, sh, qb,
+              queriesPath), Encoders.bean(QueryBlock.class))
+          .persist(StorageLevel.MEMORY_AND_DISK());
+    }
+
+    try {
+      List<RangeMeta> chunkMeta = chunks.map((MapFunction<Chunk, RangeMeta>) ScoreJob::chunkMeta,
+          Encoders.bean(RangeMeta.class)).collectAsList();
+      List<RangeMeta> blockMeta = blocks.map((MapFunction<QueryBlock, RangeMeta>) ScoreJob::blockMeta,
+          Encoders.bean(RangeMeta.class)).collectAsList();
+      if (chunkMeta.isEmpty()) {
+        throw new InputError("KEYS " + opt.keys + ": no key rows");
+      }
+
+      // Plan the pairs on the driver: small metadata, one row per chunk and per block.
+      Map<String, List<RangeMeta>> chunksByDoc = new HashMap<>();
+      long tokens = 0;
+      for (RangeMeta c : chunkMeta) {
+        chunksByDoc.computeIfAbsent(c.getDocId(), d -> new ArrayList<>()).add(c);
+        tokens += c.getCount();
+      }
+      HashMap<String, long[]> plan = new HashMap<>();
+      long computed = 0, skipped = 0, queries = 0;
+      for (RangeMeta b : blockMeta) {
+        queries += b.getCount();
+        List<RangeMeta> cs = chunksByDoc.get(b.getDocId());
+        if (cs == null) {
+          throw new InputError("QUERIES " + opt.queries + ": query '" + b.getSample() + "' refers to document '"
+              + b.getDocId() + "', which has no keys in KEYS " + opt.keys);
+        }
+        long[] visible = cs.stream().filter(c -> pairVisible(b, c, attn)).mapToLong(RangeMeta::getIndex).sorted()
+            .toArray();
+        computed += visible.length;
+        skipped += cs.size() - visible.length;
+        plan.put(b.getDocId() + '\u0000' + b.getIndex(), visible);
+      }
+      Broadcast<HashMap<String, long[]>> planB = JavaSparkContext.fromSparkContext(spark.sparkContext()).broadcast(plan);
+
+      Dataset<QueryBlock> pairs = blocks.flatMap((FlatMapFunction<QueryBlock, QueryBlock>) b -> {
+        long[] cs = planB.value().get(b.getDocId() + '\u0000' + b.getBlock());
+        List<QueryBlock> r = new ArrayList<>(Math.max(1, cs.length));
+        for (long c : cs) {
+          r.add(b.withChunk(c));
+        }
+        if (r.isEmpty()) {
+          r.add(b.withChunk(-1)); // no visible chunk: the block still yields (empty) states
+        }
+        return r.iterator();
+      }, Encoders.bean(QueryBlock.class));
+      Dataset<Chunk> kv = prefill
+          ? chunks.map((MapFunction<Chunk, Chunk>) c -> { c.setQ(null); return c; }, Encoders.bean(Chunk.class))
+          : chunks;
+
+      Dataset<Partial> partials = pairs
+          .groupByKey((MapFunction<QueryBlock, String>) b -> b.getDocId() + '\u0000' + b.getChunk(), Encoders.STRING())
+          .cogroup(kv.groupByKey((MapFunction<Chunk, String>) c -> c.getDocId() + '\u0000' + c.getChunk(),
+                  Encoders.STRING()),
+              (CoGroupFunction<String, QueryBlock, Chunk, Partial>) (key, bs, cs) -> computePairs(bs, cs, sh,
+                  spec.get()),
+              Encoders.bean(Partial.class));
+
+      UserDefinedFunction lseMerge = LseMerge.register(spark);
+      Dataset<Row> merged = partials.toDF()
+          .groupBy(col("docId"), col("queryId"), col("pos"))
+          .agg(lseMerge.apply(col("chunk"), col("keyCount"), col("lse"), col("o")).as("m"));
+      Column[] outCols = prefill
+          ? new Column[] {col("docId").as("doc_id"), col("pos").as("pos")}
+          : new Column[] {col("queryId").as("query_id"), col("docId").as("doc_id")};
+      Dataset<Row> result = merged.select(concat(outCols, col("m.o").as("o"), col("m.lse").as("lse"),
+          col("m.keyCount").as("n_keys")));
+
+      Path tmp = new Path(out.getParent(), "." + out.getName() + "-tmp-" + UUID.randomUUID());
+      try {
+        result.write().format(fmt).save(tmp.toString());
+        if (fs.exists(out)) {
+          if (!opt.overwrite) {
+            throw new InputError("output " + out + " appeared while the job ran: not overwriting it");
+          }
+          fs.delete(out, true);
+        }
+        if (!fs.rename(tmp, out)) {
+          throw new IOException("could not rename " + tmp + " to " + out);
+        }
+      } finally {
+        if (fs.exists(tmp)) {
+          fs.delete(tmp, true);
+        }
+      }
+      double wall = (System.nanoTime() - t0) / 1e9;
+      return new Summary(chunksByDoc.size(), tokens, queries, chunkMeta.size(), computed, skipped, BACKEND, wall,
+          out.toString());
+    } finally {
+      chunks.unpersist();
+      if (!prefill) {
+        blocks.unpersist();
+      }
+    }
+  }
+
+  private static Column[] concat(Column[] a, Column... b) {
+    Column[] r = Arrays.copyOf(a, a.length + b.length);
+    System.arraycopy(b, 0, r, a.length, b.length);
+    return r;
+  }
+
+  private static void requireExists(FileSystem fs, Configuration hconf, String path, String what) throws IOException {
+    Path p = new Path(path);
+    FileSystem pfs = p.getFileSystem(hconf);
+    if (!path.contains("*") && !pfs.exists(p)) {
+      throw new InputError(what + " " + path + ": no such file or directory");
+    }
+  }
+
+  // ---------------------------------------------------------------- reading and validation
+
+  static StructType keysSchema(boolean withQ) {
+    StructType s = new StructType()
+        .add("doc_id", DataTypes.StringType)
+        .add("pos", DataTypes.LongType)
+        .add("k", DataTypes.createArrayType(DataTypes.FloatType))
+        .add("v", DataTypes.createArrayType(DataTypes.FloatType));
+    return withQ ? s.add("q", DataTypes.createArrayType(DataTypes.FloatType)) : s;
+  }
+
+  static StructType queriesSchema() {
+    return new StructType()
+        .add("query_id", DataTypes.StringType)
+        .add("doc_id", DataTypes.StringType)
+        .add("q", DataTypes.createArrayType(DataTypes.FloatType))
+        .add("pos", DataTypes.LongType);
+  }
+
+  /** Reads KEYS (isKeys) or QUERIES into Token rows; missing required columns are an error. */
+  static Dataset<Token> read(SparkSession spark, String fmt, String path, boolean isKeys, boolean withQ) {
+    String what = isKeys ? "KEYS" : "QUERIES";
+    Dataset<Row> df;
+    if (fmt.equals("json")) {
+      // An explicit schema: no inference pass; an absent field reads as null and is reported per row.
+      df = spark.read().schema(isKeys ? keysSchema(withQ) : queriesSchema()).option("mode", "FAILFAST").json(path);
+    } else {
+      df = spark.read().format(fmt).load(path);
+    }
+    Set<String> have = new HashSet<>(Arrays.asList(df.columns()));
+    List<String> need = new ArrayList<>(isKeys ? List.of("doc_id", "pos", "k", "v") : List.of("query_id", "doc_id", "q"));
+    if (isKeys && withQ) {
+      need.add("q");
+    }
+    List<String> missing = need.stream().filter(c -> !have.contains(c)).toList();
+    if (!missing.isEmpty()) {
+      throw new InputError(what + " " + path + ": missing column" + (missing.size() > 1 ? "s " : " ")
+          + String.join(", ", missing) + " (has " + String.join(", ", df.columns()) + "; expected "
+          + (isKeys ? "doc_id string, pos long, k array<float>, v array<float>" + (withQ ? ", q array<float>" : "")
+              : "query_id string, doc_id string, q array<float>, optional pos long") + ")");
+    }
+    Column floats = lit(null).cast(DataTypes.createArrayType(DataTypes.FloatType));
+    Dataset<Row> sel = df.select(
+        isKeys ? lit(null).cast("string").as("queryId") : col("query_id").cast("string").as("queryId"),
+        col("doc_id").cast("string").as("docId"),
+        (have.contains("pos") ? col("pos").cast("long") : lit(null).cast("long")).as("pos"),
+        (isKeys ? col("k").cast("array<float>") : floats).as("k"),
+        (isKeys ? col("v").cast("array<float>") : floats).as("v"),
+        (withQ ? col("q").cast("array<float>") : floats).as("q"),
+        functions.input_file_name().as("file"));
+    return sel.as(Encoders.bean(Token.class));
+  }
+
+  static Shape resolveShape(ScoreOptions opt, Dataset<Token> keys, Dataset<Token> queries, boolean prefill) {
+    List<Token> firstK = keys.filter((org.apache.spark.api.java.function.FilterFunction<Token>) t -> t.getK() != null
+        && (!prefill || t.getQ() != null)).limit(1).collectAsList();
+    if (firstK.isEmpty()) {
+      throw new InputError("KEYS " + opt.keys + ": no key rows with k" + (prefill ? " and q" : ""));
+    }
+    Token k0 = firstK.get(0);
+    Token q0 = k0;
+    if (!prefill) {
+      List<Token> firstQ = queries.filter((org.apache.spark.api.java.function.FilterFunction<Token>) t -> t.getQ() != null)
+          .limit(1).collectAsList();
+      if (firstQ.isEmpty()) {
+        throw new InputError("QUERIES " + opt.queries + ": no query rows with q");
+      }
+      q0 = firstQ.get(0);
+    }
+    int kLen = k0.getK().length, qLen = q0.getQ().length;
+    int heads = opt.heads, kvHeads = opt.kvHeads, dim = opt.dim;
+    if (dim == 0) {
+      if (heads > 0) {
+        dim = qLen / heads;
+      } else if (kvHeads > 0) {
+        dim = kLen / kvHeads;
+      } else {
+        throw new InputError("cannot infer the shape from array lengths alone (k: " + kLen + " floats in KEYS "
+            + k0.getFile() + ", q: " + qLen + " floats in " + q0.getFile() + "): give --dim, --heads or --kv-heads");
+      }
+    }
+    if (dim < 1) {
+      throw new InputError("head dim resolves to " + dim + " (k: " + kLen + " floats, q: " + qLen + " floats)");
+    }
+    if (heads == 0) {
+      heads = qLen / dim;
+    }
+    if (kvHeads == 0) {
+      kvHeads = kLen / dim;
+    }
+    String where = " (first rows: KEYS " + k0.getFile() + " doc '" + k0.getDocId() + "' pos " + k0.getPos() + ", "
+        + (prefill ? "" : "QUERIES " + q0.getFile() + " query '" + q0.getQueryId() + "', ") + "k " + kLen + " floats, q "
+        + qLen + " floats)";
+    if (heads < 1 || kvHeads < 1 || heads * dim != qLen || kvHeads * dim != kLen) {
+      throw new InputError("shape heads=" + heads + " kv-heads=" + kvHeads + " dim=" + dim
+          + " does not match the data: q needs heads*dim floats, k and v kv-heads*dim" + where);
+    }
+    if (heads % kvHeads != 0) {
+      throw new InputError("heads (" + heads + ") must be a multiple of kv-heads (" + kvHeads + ")" + where);
+    }
+    if (dim > CpuAttention.MAX_DIM) {
+      throw new InputError("head dim " + dim + " is above the kernels' maximum " + CpuAttention.MAX_DIM + where);
+    }
+    return new Shape(heads, kvHeads, dim);
+  }
+
+  static Token validateKey(Token t, Shape s, boolean prefill) {
+    String file = t.getFile();
+    if (t.getDocId() == null) {
+      throw new InputError("KEYS file " + file + ": a row has no doc_id (pos " + t.getPos() + ")");
+    }
+    String where = "KEYS file " + file + ", doc '" + t.getDocId() + "', pos " + t.getPos();
+    if (t.getPos() == null) {
+      throw new InputError(where + ": column 'pos' is missing or null");
+    }
+    if (t.getPos() < 0) {
+      throw new InputError(where + ": negative position");
+    }
+    checkVector(t.getK(), "k", s.kvHeads() * s.dim(), "kv-heads*dim", where);
+    checkVector(t.getV(), "v", s.kvHeads() * s.dim(), "kv-heads*dim", where);
+    if (prefill) {
+      checkVector(t.getQ(), "q", s.heads() * s.dim(), "heads*dim", where);
+    }
+    t.setFile(null);
+    return t;
+  }
+
+  static Token validateQuery(Token t, Shape s) {
+    String file = t.getFile();
+    String where = "QUERIES file " + file + ", query '" + t.getQueryId() + "', doc '" + t.getDocId() + "', pos "
+        + (t.getPos() == null ? "(none)" : t.getPos());
+    if (t.getQueryId() == null) {
+      throw new InputError(where + ": column 'query_id' is missing or null");
+    }
+    if (t.getDocId() == null) {
+      throw new InputError(where + ": column 'doc_id' is missing or null");
+    }
+    if (t.getPos() != null && t.getPos() < 0) {
+      throw new InputError(where + ": negative position");
+    }
+    checkVector(t.getQ(), "q", s.heads() * s.dim(), "heads*dim", where);
+    t.setFile(null);
+    return t;
+  }
+
+  private static void checkVector(float[] x, String name, int len, String lenName, String where) {
+    if (x == null) {
+      throw new InputError(where + ": column '" + name + "' is missing or null");
+    }
+    if (x.length != len) {
+      throw new InputError(where + ": " + name + " has " + x.length + " floats, expected " + len + " (" + lenName + ")");
+    }
+    for (int i = 0; i < x.length; i++) {
+      if (!Float.isFinite(x[i])) {
+        throw new InputError(where + ": " + name + "[" + i + "] is " + x[i] + " (vectors must be finite)");
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- chunks and blocks
+
+  static Chunk buildChunk(Iterator<Token> it, Shape s, int chunkLen, boolean prefill, String keysPath) {
+    List<Token> toks = new ArrayList<>();
+    it.forEachRemaining(toks::add);
+    toks.sort(Comparator.comparingLong(Token::getPos));
+    int n = toks.size(), d = s.dim();
+    long[] pos = new long[n];
+    float[] k = new float[s.kvHeads() * n * d];
+    float[] v = new float[k.length];
+    float[] q = prefill ? new float[s.heads() * n * d] : null;
+    for (int t = 0; t < n; t++) {
+      Token x = toks.get(t);
+      pos[t] = x.getPos();
+      if (t > 0 && pos[t] == pos[t - 1]) {
+        throw new InputError("KEYS " + keysPath + ": duplicate key for doc '" + x.getDocId() + "' at pos " + pos[t]
+            + " ((doc_id, pos) must be unique)");
+      }
+      for (int h = 0; h < s.kvHeads(); h++) {
+        System.arraycopy(x.getK(), h * d, k, (h * n + t) * d, d);
+        System.arraycopy(x.getV(), h * d, v, (h * n + t) * d, d);
+      }
+      if (prefill) {
+        for (int h = 0; h < s.heads(); h++) {
+          System.arraycopy(x.getQ(), h * d, q, (h * n + t) * d, d);
+        }
+      }
+    }
+    Chunk c = new Chunk();
+    c.setDocId(toks.get(0).getDocId());
+    c.setChunk(Math.floorDiv(pos[0], chunkLen));
+    c.setKPos(pos);
+    c.setK(k);
+    c.setV(v);
+    c.setQ(q);
+    return c;
+  }
+
+  static QueryBlock prefillBlock(Chunk c) {
+    QueryBlock b = new QueryBlock();
+    b.setDocId(c.getDocId());
+    b.setBlock(c.getChunk());
+    b.setHasPos(true);
+    b.setQPos(c.getKPos());
+    b.setQ(c.getQ());
+    return b;
+  }
+
+  static Iterator<QueryBlock> buildBlocks(String doc, Iterator<Token> it, Shape s, int blockLen, String path) {
+    List<Token> qs = new ArrayList<>();
+    it.forEachRemaining(qs::add);
+    qs.sort(Comparator.comparing((Token t) -> t.getPos() == null)
+        .thenComparing(t -> t.getPos() == null ? 0L : t.getPos())
+        .thenComparing(Token::getQueryId));
+    Set<String> seen = new HashSet<>();
+    for (Token t : qs) {
+      if (!seen.add(t.getQueryId())) {
+        throw new InputError("QUERIES " + path + ": duplicate query_id '" + t.getQueryId() + "' in doc '" + doc + "'");
+      }
+    }
+    List<QueryBlock> out = new ArrayList<>();
+    int d = s.dim(), h = s.heads();
+    int i = 0;
+    while (i < qs.size()) {
+      boolean hasPos = qs.get(i).getPos() != null;
+      int j = i;
+      while (j < qs.size() && j - i < blockLen && (qs.get(j).getPos() != null) == hasPos) {
+        j++;
+      }
+      int n = j - i;
+      String[] ids = new String[n];
+      long[] pos = new long[n];
+      float[] q = new float[h * n * d];
+      for (int t = 0; t < n; t++) {
+        Token x = qs.get(i + t);
+        ids[t] = x.getQueryId();
+        pos[t] = hasPos ? x.getPos() : 0L;
+        for (int hh = 0; hh < h; hh++) {
+          System.arraycopy(x.getQ(), hh * d, q, (hh * n + t) * d, d);
+        }
+      }
+      QueryBlock b = new QueryBlock();
+      b.setDocId(doc);
+      b.setBlock(out.size());
+      b.setHasPos(hasPos);
+      b.setIds(ids);
+      b.setQPos(pos);
+      b.setQ(q);
+      out.add(b);
+      i = j;
+    }
+    return out.iterator();
+  }
+
+  static RangeMeta chunkMeta(Chunk c) {
+    RangeMeta m = new RangeMeta();
+    long[] p = c.getKPos();
+    m.setDocId(c.getDocId());
+    m.setIndex(c.getChunk());
+    m.setMin(p[0]);
+    m.setMax(p[p.length - 1]);
+    m.setCount(p.length);
+    m.setHasPos(true);
+    return m;
+  }
+
+  static RangeMeta blockMeta(QueryBlock b) {
+    RangeMeta m = new RangeMeta();
+    long[] p = b.getQPos();
+    m.setDocId(b.getDocId());
+    m.setIndex(b.getBlock());
+    m.setMin(Arrays.stream(p).min().orElse(0));
+    m.setMax(Arrays.stream(p).max().orElse(0));
+    m.setCount(p.length);
+    m.setHasPos(b.getHasPos());
+    m.setSample(b.getIds() == null ? null : b.getIds()[0]);
+    return m;
+  }
+
+  /** Whether any query of the block may see any key of the chunk (by position ranges). */
+  static boolean pairVisible(RangeMeta block, RangeMeta chunk, AttentionOptions attn) {
+    if (!block.getHasPos() || !attn.masked()) {
+      return true;
+    }
+    if (chunk.getMin() > block.getMax()) {
+      return false; // every key is after every query
+    }
+    return attn.window() <= 0 || chunk.getMax() > block.getMin() - attn.window();
+  }
+
+  // ---------------------------------------------------------------- the kernel on one pair
+
+  static Iterator<Partial> computePairs(Iterator<QueryBlock> blocks, Iterator<Chunk> chunks, Shape s,
+      AttentionOptions attn) {
+    Chunk c = chunks.hasNext() ? chunks.next() : null;
+    List<Partial> out = new ArrayList<>();
+    while (blocks.hasNext()) {
+      QueryBlock b = blocks.next();
+      int n = b.getQPos().length, h = s.heads(), d = s.dim(), w = h * d;
+      AttentionOptions o = b.getHasPos() ? attn : attn.withCausal(false).withWindow(0);
+      float[] so, sl;
+      if (c == null) {
+        so = new float[n * w];
+        sl = new float[n * h];
+        Arrays.fill(sl, Float.NEGATIVE_INFINITY);
+      } else {
+        int tk = c.getKPos().length;
+        AttentionState st = CpuAttention.DEFAULT.forward(new Tensor(b.getQ(), 1, h, n, d),
+            new Tensor(c.getK(), 1, s.kvHeads(), tk, d), new Tensor(c.getV(), 1, s.kvHeads(), tk, d), b.getQPos(),
+            c.getKPos(), o);
+        so = st.o();
+        sl = st.lse();
+      }
+      for (int t = 0; t < n; t++) {
+        Partial p = new Partial();
+        p.setDocId(b.getDocId());
+        p.setQueryId(b.getIds() == null ? null : b.getIds()[t]);
+        p.setPos(b.getHasPos() ? b.getQPos()[t] : null);
+        p.setChunk(b.getChunk());
+        p.setKeyCount(c == null ? 0 : visibleKeys(c.getKPos(), b.getQPos()[t], o));
+        p.setLse(Arrays.copyOfRange(sl, t * h, (t + 1) * h));
+        p.setO(Arrays.copyOfRange(so, t * w, (t + 1) * w));
+        out.add(p);
+      }
+    }
+    return out.iterator();
+  }
+
+  /** Keys of the sorted position list that a query at qPos sees. */
+  static long visibleKeys(long[] kPos, long qPos, AttentionOptions o) {
+    if (!o.masked()) {
+      return kPos.length;
+    }
+    int hi = upperBound(kPos, qPos); // keys with pos <= qPos
+    int lo = o.window() > 0 ? upperBound(kPos, qPos - o.window()) : 0; // keys with pos <= qPos - window
+    return Math.max(0, hi - lo);
+  }
+
+  private static int upperBound(long[] a, long x) {
+    int lo = 0, hi = a.length;
+    while (lo < hi) {
+      int m = (lo + hi) >>> 1;
+      if (a[m] <= x) {
+        lo = m + 1;
+      } else {
+        hi = m;
+      }
+    }
+    return lo;
+  }
+}

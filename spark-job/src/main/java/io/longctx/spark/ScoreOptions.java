@@ -1,0 +1,75 @@
+package io.longctx.spark;
+
+import io.longctx.kernels.AttentionOptions;
+import java.io.Serializable;
+
+/** Options of {@code longctx score}; see {@link LongctxMain#SCORE_HELP}. */
+public final class ScoreOptions implements Serializable {
+  private static final long serialVersionUID = 1L;
+
+  public enum Mode { DECODE, PREFILL }
+
+  public String keys;
+  public String queries;
+  public String output;
+  /** parquet or json; null: from the KEYS path's extension, else parquet. */
+  public String format;
+  public int heads;
+  public int kvHeads;
+  public int dim;
+  public double scale = Double.NaN;
+  public float softcap;
+  public boolean causal;
+  public long window;
+  public int chunkLen = 4096;
+  public int queryBlock = 64;
+  /** Shuffle partitions; 0: Spark's setting. */
+  public int partitions;
+  public Mode mode = Mode.DECODE;
+  public boolean overwrite;
+
+  public AttentionOptions attention() {
+    return new AttentionOptions(scale, softcap, causal, window);
+  }
+
+  /** The format used for reading and writing. */
+  public String resolvedFormat() {
+    if (format != null) {
+      return format;
+    }
+    String p = keys == null ? "" : keys.toLowerCase(java.util.Locale.ROOT).replaceAll("/+$", "");
+    if (p.endsWith(".json") || p.endsWith(".jsonl") || p.endsWith(".ndjson") || p.endsWith(".json.gz")
+        || p.endsWith(".jsonl.gz")) {
+      return "json";
+    }
+    return "parquet";
+  }
+
+  public void check() {
+    if (keys == null) {
+      throw new IllegalArgumentException("--keys is required");
+    }
+    if (output == null) {
+      throw new IllegalArgumentException("--output is required");
+    }
+    if (mode == Mode.DECODE && queries == null) {
+      throw new IllegalArgumentException("--queries is required in decode mode");
+    }
+    if (mode == Mode.PREFILL && queries != null) {
+      throw new IllegalArgumentException("--queries is not used in prefill mode (KEYS rows carry q)");
+    }
+    if (format != null && !format.equals("parquet") && !format.equals("json")) {
+      throw new IllegalArgumentException("--format must be parquet or json, got " + format);
+    }
+    if (chunkLen < 1) {
+      throw new IllegalArgumentException("--chunk-len must be >= 1, got " + chunkLen);
+    }
+    if (queryBlock < 1) {
+      throw new IllegalArgumentException("--query-block must be >= 1, got " + queryBlock);
+    }
+    if (heads < 0 || kvHeads < 0 || dim < 0 || partitions < 0) {
+      throw new IllegalArgumentException("--heads, --kv-heads, --dim and --partitions must be positive");
+    }
+    attention(); // validates scale, softcap, window
+  }
+}

@@ -1,0 +1,71 @@
+package io.longctx.spark;
+
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import org.apache.spark.SparkConf;
+import org.apache.spark.sql.SparkSession;
+
+/**
+ * Builds the SparkSession. Precedence, lowest first: built-in defaults (loopback binding, console
+ * progress bar), the file named by system property {@code longctx.conf} or env {@code LONGCTX_CONF}
+ * (spark-defaults.conf syntax; bin/longctx passes conf/spark-defaults.conf), Spark properties
+ * already set (SparkSubmit's --conf), then --master / --conf on the command line.
+ * Master: --master, else spark.master if set (SparkSubmit), else local[*].
+ */
+public final class Sessions {
+  private Sessions() {}
+
+  public static SparkSession create(String appName, String master, List<String> confs) {
+    Map<String, String> conf = new LinkedHashMap<>();
+    conf.put("spark.driver.host", "127.0.0.1");
+    conf.put("spark.driver.bindAddress", "127.0.0.1");
+    conf.put("spark.ui.showConsoleProgress", "true");
+    String file = System.getProperty("longctx.conf", System.getenv("LONGCTX_CONF"));
+    if (file != null && !file.isEmpty()) {
+      conf.putAll(readDefaults(Path.of(file)));
+    }
+    SparkConf already = new SparkConf(true); // spark.* system properties, e.g. from SparkSubmit
+    for (scala.Tuple2<String, String> kv : already.getAll()) {
+      conf.put(kv._1(), kv._2());
+    }
+    for (String kv : confs) {
+      int eq = kv.indexOf('=');
+      conf.put(kv.substring(0, eq).trim(), kv.substring(eq + 1).trim());
+    }
+    if (master != null) {
+      conf.put("spark.master", master);
+    }
+    conf.putIfAbsent("spark.master", "local[*]");
+    SparkSession.Builder b = SparkSession.builder().appName(appName);
+    conf.forEach(b::config);
+    return b.getOrCreate();
+  }
+
+  /** spark-defaults.conf syntax: "key value" or "key=value" per line, # comments. */
+  static Map<String, String> readDefaults(Path p) {
+    Map<String, String> m = new LinkedHashMap<>();
+    if (!Files.isRegularFile(p)) {
+      return m;
+    }
+    try {
+      for (String line : Files.readAllLines(p)) {
+        String s = line.strip();
+        if (s.isEmpty() || s.startsWith("#")) {
+          continue;
+        }
+        String[] kv = s.split("[\\s=]+", 2);
+        if (kv.length == 2) {
+          m.put(kv[0], kv[1].strip());
+        }
+      }
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+    return m;
+  }
+}
