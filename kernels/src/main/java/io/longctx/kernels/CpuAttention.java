@@ -20,7 +20,7 @@ import java.util.stream.IntStream;
  * follow {@link AttentionOptions}. Work runs on the common fork-join pool, parallel over
  * (batch, head, query block) or (batch, kv head, split). Instances are immutable and thread-safe.
  */
-public final class CpuAttention {
+public final class CpuAttention implements AttentionBackend {
 
   /** Head dims above this are rejected (workspaces are sized by it). */
   public static final int MAX_DIM = 1024;
@@ -48,6 +48,11 @@ public final class CpuAttention {
     this.blockK = blockK;
   }
 
+  @Override
+  public String name() {
+    return "cpu";
+  }
+
   /** SIMD lanes one inner-loop call covers: query blocks are multiples of this. */
   public static int laneGroup() {
     return TileMath.GROUP;
@@ -60,6 +65,7 @@ public final class CpuAttention {
    * Attention of q [B, H, Tq, D] over k, v [B, Hkv, Tk, D]. Returns the state with rows
    * b * Tq + t. Rows that see no key get (0, -inf).
    */
+  @Override
   public AttentionState forward(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
     Problem p = new Problem(q, k, v, qPos, kPos, opt);
     float[] o = poisoned(p.rows * p.heads * p.dim);

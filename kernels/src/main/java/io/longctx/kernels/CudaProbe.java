@@ -1,0 +1,102 @@
+package io.longctx.kernels;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.logging.Logger;
+import jcuda.driver.CUresult;
+import jcuda.driver.JCudaDriver;
+
+/**
+ * Finds out once whether the CUDA path can run here: JCuda's driver binding loads (it needs
+ * libcuda.so.1), {@code cuInit} succeeds, a device exists, and the fatbin was built into the jar.
+ * The first touch of JCudaDriver on a machine without libcuda throws UnsatisfiedLinkError and
+ * NoClassDefFoundError ever after, so the answer is remembered, never asked again.
+ */
+public final class CudaProbe {
+
+  /** Where nvcc's fatbin lives on the class path. */
+  static final String FATBIN = "/io/longctx/kernels/cuda/longctx.fatbin";
+
+  private static final Logger LOG = Logger.getLogger(CudaProbe.class.getName());
+  private static final AtomicBoolean LOGGED = new AtomicBoolean();
+  private static volatile Status status;
+
+  private CudaProbe() {}
+
+  /** Whether CUDA is usable, why not, and which device. */
+  public record Status(boolean available, String reason, String device) {}
+
+  public static Status status() {
+    Status s = status;
+    if (s == null) {
+      synchronized (CudaProbe.class) {
+        if (status == null) {
+          status = probe();
+        }
+        s = status;
+      }
+    }
+    return s;
+  }
+
+  static void logFallbackOnce(Status s) {
+    if (LOGGED.compareAndSet(false, true)) {
+      LOG.info("longctx: CUDA unavailable (" + s.reason() + "); using the CPU kernels");
+    }
+  }
+
+  private static Status probe() {
+    if (CudaProbe.class.getResource(FATBIN) == null) {
+      return new Status(false, "the CUDA fatbin " + FATBIN + " is not in the jar (built without nvcc)", null);
+    }
+    try {
+      JCudaDriver.setExceptionsEnabled(false);
+      int rc = JCudaDriver.cuInit(0);
+      if (rc != CUresult.CUDA_SUCCESS) {
+        return new Status(false, "cuInit failed: " + CUresult.stringFor(rc), null);
+      }
+      int[] count = new int[1];
+      rc = JCudaDriver.cuDeviceGetCount(count);
+      if (rc != CUresult.CUDA_SUCCESS) {
+        return new Status(false, "cuDeviceGetCount failed: " + CUresult.stringFor(rc), null);
+      }
+      if (count[0] == 0) {
+        return new Status(false, "no CUDA device", null);
+      }
+      jcuda.driver.CUdevice dev = new jcuda.driver.CUdevice();
+      byte[] name = new byte[256];
+      if (JCudaDriver.cuDeviceGet(dev, 0) != CUresult.CUDA_SUCCESS
+          || JCudaDriver.cuDeviceGetName(name, name.length, dev) != CUresult.CUDA_SUCCESS) {
+        return new Status(false, "cannot query CUDA device 0", null);
+      }
+      int len = 0;
+      while (len < name.length && name[len] != 0) {
+        len++;
+      }
+      return new Status(true, "ok", new String(name, 0, len, java.nio.charset.StandardCharsets.US_ASCII));
+    } catch (LinkageError e) {
+      return new Status(false, "the CUDA driver cannot be loaded: " + loaderCause(e), null);
+    }
+  }
+
+  /** JCuda's message is many lines of nested traces; keep the line that says what was missing. */
+  private static String loaderCause(LinkageError e) {
+    String msg = String.valueOf(e.getMessage());
+    java.util.regex.Matcher m = java.util.regex.Pattern.compile("libcuda[^,\\n]*").matcher(msg);
+    return m.find() ? m.group().trim() : msg.lines().findFirst().orElse(e.getClass().getName());
+  }
+
+  static byte[] fatbin() {
+    try (InputStream in = CudaProbe.class.getResourceAsStream(FATBIN)) {
+      if (in == null) {
+        throw new IllegalStateException("the CUDA fatbin " + FATBIN + " is not on the class path");
+      }
+      byte[] bytes = in.readAllBytes();
+      byte[] z = java.util.Arrays.copyOf(bytes, bytes.length + 1); // cuModuleLoadData wants NUL-safe data
+      return z;
+    } catch (IOException e) {
+      throw new IllegalStateException("cannot read the CUDA fatbin " + FATBIN, e);
+    }
+  }
+}
