@@ -1,0 +1,74 @@
+package io.longctx.kernels;
+
+/**
+ * The accuracy rule of DESIGN.md, for tests and the GPU check: a kernel's error against the
+ * float64 reference must be at most 2x the error of the naive float32 algorithm against that
+ * reference, plus a small epsilon. Errors are the relative L2 error of o and the max absolute error
+ * of lse (its epsilon scaled by the lse magnitude); -inf must match -inf exactly.
+ */
+public final class Tolerance {
+
+  static final double EPS_O = 1e-6;
+  static final double EPS_LSE = 1e-6;
+
+  private Tolerance() {}
+
+  /** Relative L2 error of o and max |lse error|. */
+  public record Errors(double o, double lse) {
+    @Override
+    public String toString() {
+      return String.format(java.util.Locale.ROOT, "o rel-L2 %.3g, lse max-abs %.3g", o, lse);
+    }
+  }
+
+  public static Errors errors(float[] o, float[] lse, ReferenceAttention.Result ref) {
+    double num = 0, den = 0, lseErr = 0;
+    for (int i = 0; i < o.length; i++) {
+      double e = o[i] - ref.o()[i];
+      num += e * e;
+      den += ref.o()[i] * ref.o()[i];
+    }
+    for (int i = 0; i < lse.length; i++) {
+      double r = ref.lse()[i];
+      if (r == Double.NEGATIVE_INFINITY || lse[i] == Float.NEGATIVE_INFINITY || Float.isNaN(lse[i])) {
+        if (r != lse[i]) {
+          return new Errors(Double.POSITIVE_INFINITY, Double.POSITIVE_INFINITY);
+        }
+        continue;
+      }
+      lseErr = Math.max(lseErr, Math.abs(lse[i] - r));
+    }
+    double o2 = den == 0 ? Math.sqrt(num) : Math.sqrt(num / den);
+    return new Errors(Double.isNaN(o2) ? Double.POSITIVE_INFINITY : o2, lseErr);
+  }
+
+  /** Null when {@code got} meets the rule, else a message with both errors and the bounds. */
+  public static String violation(AttentionState got, ReferenceAttention.Result ref, ReferenceAttention.Result naive32) {
+    Errors kernel = errors(got.o(), got.lse(), ref);
+    Errors naive = errors(toFloat(naive32.o()), toFloat(naive32.lse()), ref);
+    double tolO = 2 * naive.o() + EPS_O;
+    double tolLse = 2 * naive.lse() + EPS_LSE * (1 + maxAbs(ref.lse()));
+    if (kernel.o() <= tolO && kernel.lse() <= tolLse) {
+      return null;
+    }
+    return "kernel " + kernel + " vs naive float32 " + naive + " (tolerance o " + tolO + ", lse " + tolLse + ")";
+  }
+
+  static double maxAbs(double[] x) {
+    double m = 0;
+    for (double v : x) {
+      if (Double.isFinite(v)) {
+        m = Math.max(m, Math.abs(v));
+      }
+    }
+    return m;
+  }
+
+  private static float[] toFloat(double[] x) {
+    float[] f = new float[x.length];
+    for (int i = 0; i < x.length; i++) {
+      f[i] = (float) x[i];
+    }
+    return f;
+  }
+}
