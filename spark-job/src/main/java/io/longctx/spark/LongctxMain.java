@@ -173,13 +173,16 @@ public final class LongctxMain {
       }
     }
     o.check();
+    boolean owned = SparkSession.getDefaultSession().isEmpty();
     SparkSession spark = Sessions.create("longctx score", a.get("--master"), a.confs);
     try {
       ScoreJob.Summary s = ScoreJob.run(spark, o);
       err.print(s);
       return 0;
     } finally {
-      spark.stop();
+      if (owned) {
+        spark.stop();
+      }
     }
   }
 
@@ -211,6 +214,7 @@ public final class LongctxMain {
       throw new IllegalArgumentException("gen needs docs, tokens, heads, kv-heads, dim >= 1, heads % kv-heads == 0, "
           + "queries-per-doc >= 0 and format parquet|json");
     }
+    boolean owned = SparkSession.getDefaultSession().isEmpty();
     SparkSession spark = Sessions.create("longctx gen", a.get("--master"), a.confs);
     try {
       long t0 = System.nanoTime();
@@ -224,7 +228,9 @@ public final class LongctxMain {
           (System.nanoTime() - t0) / 1e9);
       return 0;
     } finally {
-      spark.stop();
+      if (owned) {
+        spark.stop();
+      }
     }
   }
 
@@ -235,11 +241,14 @@ public final class LongctxMain {
       return 0;
     }
     Path dir = a.get("--dir") != null ? Path.of(a.get("--dir")) : Files.createTempDirectory("longctx-demo-");
+    boolean owned = SparkSession.getDefaultSession().isEmpty();
     SparkSession spark = Sessions.create("longctx demo", a.get("--master"), a.confs);
     try {
       return Demo.run(spark, dir, a.intValue("--tokens", 100_000), a.intValue("--sample", 6), out) ? 0 : 1;
     } finally {
-      spark.stop();
+      if (owned) {
+        spark.stop();
+      }
     }
   }
 

@@ -37,6 +37,9 @@ public final class LseMerge extends Aggregator<StatePart, LseBuffer, MergedState
 
   /** Registers {@code lse_merge} with the session's SQL functions; returns it. */
   public static UserDefinedFunction register(SparkSession spark) {
+    if (spark.catalog().functionExists(SQL_NAME)) {
+      return udaf();
+    }
     return spark.udf().register(SQL_NAME, udaf());
   }
 

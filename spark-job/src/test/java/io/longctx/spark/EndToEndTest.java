@@ -1,0 +1,204 @@
+package io.longctx.spark;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.longctx.kernels.AttentionOptions;
+import io.longctx.kernels.ReferenceAttention;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Map;
+import org.apache.spark.sql.SparkSession;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/**
+ * local[2] end to end against the float64 reference: GQA, causal, sliding window, queries without
+ * pos and queries that see no key; bit-identical output under different --partitions; <= 1e-6
+ * relative change under different --chunk-len; prefill.
+ */
+class EndToEndTest {
+  static final double O_TOL = 1e-5, LSE_TOL = 1e-5;
+
+  @TempDir
+  Path tmp;
+
+  final SparkSession spark = TestSpark.get();
+
+  static TestData corpus(long seed) {
+    // GQA 6 heads over 2 kv heads, awkward dim 40; documents of 1, 339 and 799 keys, one with gaps
+    // and an offset start (so a query before it sees nothing under a causal mask).
+    return new TestData(seed, 6, 2, 40).doc("solo", 1, 5, 1).doc("short", 339, 20, 1).doc("gappy", 799, 1000, 3)
+        .randomQueries(5);
+  }
+
+  ScoreOptions options(Path keys, Path queries, String out) {
+    ScoreOptions o = new ScoreOptions();
+    o.keys = keys.toString();
+    o.queries = queries == null ? null : queries.toString();
+    o.output = tmp.resolve(out).toString();
+    o.dim = 40;
+    o.chunkLen = 64;
+    o.queryBlock = 4;
+    return o;
+  }
+
+  void checkAgainstReference(TestData data, Map<String, Outputs.Result> got, AttentionOptions attn, long seed) {
+    assertEquals(data.queries.size(), got.size(), "one output row per query (seed " + seed + ")");
+    int empty = 0;
+    for (TestData.Query q : data.queries) {
+      Outputs.Result r = got.get(q.id());
+      ReferenceAttention.Result ref = data.reference(q.doc(), q.q(), q.pos(), attn);
+      double[] err = Demo.errors(r.o(), r.lse(), ref.o(), ref.lse());
+      String what = "query " + q.id() + " doc " + q.doc() + " pos " + q.pos() + " " + attn + " (seed " + seed + ")";
+      assertTrue(err[0] <= O_TOL, "o rel err " + err[0] + " for " + what);
+      assertTrue(err[1] <= LSE_TOL, "lse err " + err[1] + " for " + what);
+      assertEquals(data.visibleCount(q.doc(), q.pos(), attn), r.nKeys(), "n_keys for " + what);
+      if (r.lse()[0] == Float.NEGATIVE_INFINITY) {
+        empty++;
+        for (float x : r.o()) {
+          assertEquals(0f, x, "o of a query that saw no key must be 0: " + what);
+        }
+      }
+    }
+    if (attn.masked()) {
+      assertTrue(empty >= 3, "expected queries that see no key (seed " + seed + ")");
+    }
+  }
+
+  @Test
+  void decodeMatchesReferenceUnmaskedCausalAndWindow() throws Exception {
+    long seed = System.nanoTime();
+    TestData data = corpus(seed);
+    Path keys = data.writeKeys(spark, tmp, "parquet", false);
+    Path queries = data.writeQueries(spark, tmp, "parquet");
+    int run = 0;
+    for (AttentionOptions attn : new AttentionOptions[] {AttentionOptions.DEFAULT,
+        AttentionOptions.DEFAULT.withCausal(true), AttentionOptions.DEFAULT.withCausal(true).withWindow(50),
+        AttentionOptions.DEFAULT.withWindow(7).withSoftcap(5f).withScale(0.3)}) {
+      ScoreOptions o = options(keys, queries, "out" + run++);
+      o.causal = attn.causal();
+      o.window = attn.window();
+      o.softcap = attn.softcap();
+      o.scale = attn.scale();
+      ScoreJob.Summary s = ScoreJob.run(spark, o);
+      assertEquals(3, s.documents());
+      assertEquals(1 + 339 + 799, s.tokens());
+      assertEquals(1 + 6 + 39, s.chunks(), "chunks by position: 1 + 6 (pos 20..358) + 39 (pos 1000..3394)");
+      if (attn.masked()) {
+        assertTrue(s.pairsSkipped() > 0, "masked runs skip invisible pairs: " + s);
+      }
+      checkAgainstReference(data, Outputs.read(spark, Path.of(o.output), "parquet", false), attn, seed);
+    }
+  }
+
+  @Test
+  void prefillJsonMatchesReference() throws Exception {
+    long seed = System.nanoTime();
+    TestData data = new TestData(seed, 4, 1, 32).doc("a", 200, 0, 1).doc("b", 77, 10, 2);
+    Path keys = data.writeKeys(spark, tmp, "json", true);
+    ScoreOptions o = options(keys, null, "prefill.jsonl");
+    o.mode = ScoreOptions.Mode.PREFILL;
+    o.dim = 0;
+    o.heads = 4; // kv-heads and dim inferred from the array lengths
+    o.window = 40;
+    o.chunkLen = 32;
+    ScoreJob.Summary s = ScoreJob.run(spark, o);
+    assertEquals("json", o.resolvedFormat());
+    assertEquals(277, s.queries());
+    Map<String, Outputs.Result> got = Outputs.read(spark, Path.of(o.output), "json", true);
+    assertEquals(277, got.size());
+    AttentionOptions attn = AttentionOptions.DEFAULT.withCausal(true).withWindow(40);
+    for (Map.Entry<String, java.util.List<TestData.Key>> e : data.docs.entrySet()) {
+      for (TestData.Key k : e.getValue()) {
+        Outputs.Result r = got.get(e.getKey() + "@" + k.pos());
+        ReferenceAttention.Result ref = data.reference(e.getKey(), k.q(), k.pos(), attn);
+        double[] err = Demo.errors(r.o(), r.lse(), ref.o(), ref.lse());
+        String what = "token " + e.getKey() + "@" + k.pos() + " (seed " + seed + ")";
+        assertTrue(err[0] <= O_TOL && err[1] <= LSE_TOL, "errors " + err[0] + ", " + err[1] + " for " + what);
+        assertEquals(data.visibleCount(e.getKey(), k.pos(), attn), r.nKeys(), what);
+      }
+    }
+  }
+
+  @Test
+  void partitionsDoNotChangeABitAndChunkLenOnlyRounding() throws Exception {
+    long seed = System.nanoTime();
+    TestData data = corpus(seed);
+    Path keys = data.writeKeys(spark, tmp, "parquet", false);
+    Path queries = data.writeQueries(spark, tmp, "parquet");
+    Map<String, Outputs.Result> base = null;
+    for (int parts : new int[] {1, 7}) {
+      ScoreOptions o = options(keys, queries, "p" + parts);
+      o.causal = true;
+      o.partitions = parts;
+      ScoreJob.run(spark, o);
+      Map<String, Outputs.Result> got = Outputs.read(spark, Path.of(o.output), "parquet", false);
+      if (base == null) {
+        base = got;
+        continue;
+      }
+      for (Map.Entry<String, Outputs.Result> e : base.entrySet()) {
+        Outputs.Result g = got.get(e.getKey());
+        assertArrayEquals(bits(e.getValue().o()), bits(g.o()), "o bits of " + e.getKey() + " (seed " + seed + ")");
+        assertArrayEquals(bits(e.getValue().lse()), bits(g.lse()), "lse bits of " + e.getKey() + " (seed " + seed + ")");
+      }
+    }
+    for (int chunkLen : new int[] {37, 1000}) {
+      ScoreOptions o = options(keys, queries, "c" + chunkLen);
+      o.causal = true;
+      o.chunkLen = chunkLen;
+      ScoreJob.run(spark, o);
+      Map<String, Outputs.Result> got = Outputs.read(spark, Path.of(o.output), "parquet", false);
+      for (Map.Entry<String, Outputs.Result> e : base.entrySet()) {
+        Outputs.Result a = e.getValue(), b = got.get(e.getKey());
+        assertEquals(a.nKeys(), b.nKeys());
+        double num = 0, den = 0;
+        for (int i = 0; i < a.o().length; i++) {
+          num += Math.pow(a.o()[i] - b.o()[i], 2);
+          den += Math.pow(a.o()[i], 2);
+        }
+        assertTrue(den == 0 ? num == 0 : Math.sqrt(num / den) <= 1e-6,
+            "o of " + e.getKey() + " changed by " + Math.sqrt(num / den) + " at chunk-len " + chunkLen + " (seed " + seed + ")");
+        for (int h = 0; h < a.lse().length; h++) {
+          float x = a.lse()[h], y = b.lse()[h];
+          assertTrue(x == y || Math.abs(x - y) <= 1e-6 * Math.max(1, Math.abs(x)),
+              "lse of " + e.getKey() + ": " + x + " vs " + y + " at chunk-len " + chunkLen + " (seed " + seed + ")");
+        }
+      }
+    }
+  }
+
+  @Test
+  void commandLineWritesOutputAndRefusesToOverwrite() throws Exception {
+    TestData data = new TestData(7, 2, 2, 16).doc("d", 50, 3, 1).randomQueries(2);
+    Path keys = data.writeKeys(spark, tmp, "json", false);
+    Path queries = data.writeQueries(spark, tmp, "json");
+    Path out = tmp.resolve("cli-out");
+    String[] args = {"score", "--keys", keys.toString(), "--queries", queries.toString(), "--output", out.toString(),
+        "--kv-heads", "2", "--causal", "--chunk-len", "16"};
+    java.io.ByteArrayOutputStream err = new java.io.ByteArrayOutputStream();
+    assertEquals(0, LongctxMain.run(args, System.out, new java.io.PrintStream(err, true)), err.toString());
+    assertTrue(err.toString().contains("chunk pairs"), err.toString());
+    assertTrue(Files.isDirectory(out));
+    assertEquals(4, Outputs.read(spark, out, "json", false).size());
+    err.reset();
+    assertEquals(2, LongctxMain.run(args, System.out, new java.io.PrintStream(err, true)));
+    assertTrue(err.toString().contains("exists"), err.toString());
+    String[] again = java.util.Arrays.copyOf(args, args.length + 1);
+    again[args.length] = "--overwrite";
+    assertEquals(0, LongctxMain.run(again, System.out, System.err));
+    try (var s = Files.list(tmp)) {
+      assertTrue(s.noneMatch(p -> p.getFileName().toString().contains("-tmp-")), "no temp output left behind");
+    }
+  }
+
+  static int[] bits(float[] x) {
+    int[] b = new int[x.length];
+    for (int i = 0; i < x.length; i++) {
+      b[i] = Float.floatToRawIntBits(x[i]);
+    }
+    return b;
+  }
+}
