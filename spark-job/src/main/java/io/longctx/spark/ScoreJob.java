@@ -334,7 +334,13 @@ public final class ScoreJob {
     List<Token> firstK = keys.filter((org.apache.spark.api.java.function.FilterFunction<Token>) t -> t.getK() != null
         && (!prefill || t.getQ() != null)).limit(1).collectAsList();
     if (firstK.isEmpty()) {
-      throw new InputError("KEYS " + opt.keys + ": no key rows with k" + (prefill ? " and q" : ""));
+      List<Token> any = keys.limit(1).collectAsList();
+      if (any.isEmpty()) {
+        throw new InputError("KEYS " + opt.keys + ": no key rows");
+      }
+      Token t = any.get(0);
+      throw new InputError("KEYS file " + t.getFile() + ", doc '" + t.getDocId() + "', pos " + t.getPos() + ": column '"
+          + (t.getK() == null ? "k" : "q") + "' is missing or null (and in every other row)");
     }
     Token k0 = firstK.get(0);
     Token q0 = k0;
@@ -342,7 +348,13 @@ public final class ScoreJob {
       List<Token> firstQ = queries.filter((org.apache.spark.api.java.function.FilterFunction<Token>) t -> t.getQ() != null)
           .limit(1).collectAsList();
       if (firstQ.isEmpty()) {
-        throw new InputError("QUERIES " + opt.queries + ": no query rows with q");
+        List<Token> any = queries.limit(1).collectAsList();
+        if (any.isEmpty()) {
+          throw new InputError("QUERIES " + opt.queries + ": no query rows");
+        }
+        Token t = any.get(0);
+        throw new InputError("QUERIES file " + t.getFile() + ", query '" + t.getQueryId() + "', doc '" + t.getDocId()
+            + "', pos " + (t.getPos() == null ? "(none)" : t.getPos()) + ": column 'q' is missing or null (and in every other row)");
       }
       q0 = firstQ.get(0);
     }

@@ -1,0 +1,174 @@
+package io.longctx.spark;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.ByteArrayOutputStream;
+import java.io.PrintStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/**
+ * Every bad-input class gives exit status 2 and a message naming the file, the document and the
+ * position; no output (and no temp directory) is left behind.
+ */
+class BadInputTest {
+  @TempDir
+  Path tmp;
+
+  final SparkSession spark = TestSpark.get();
+
+  TestData good() {
+    return new TestData(11, 2, 1, 8).doc("alpha", 30, 0, 1).doc("beta", 20, 100, 1).query("q1", "alpha", 10L)
+        .query("q2", "beta", null);
+  }
+
+  /** Runs score; asserts exit 2, no output, and that stderr contains every fragment. */
+  String fails(Path keys, Path queries, String... fragments) throws Exception {
+    Path out = tmp.resolve("out");
+    List<String> args = new ArrayList<>(List.of("score", "--keys", keys.toString(), "--output", out.toString(),
+        "--dim", "8", "--causal", "--chunk-len", "8"));
+    if (queries != null) {
+      args.addAll(List.of("--queries", queries.toString()));
+    } else {
+      args.addAll(List.of("--mode", "prefill"));
+    }
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    int rc = LongctxMain.run(args.toArray(String[]::new), System.out, new PrintStream(err, true));
+    String msg = err.toString();
+    assertEquals(2, rc, msg);
+    for (String f : fragments) {
+      assertTrue(msg.contains(f), "message should contain '" + f + "': " + msg);
+    }
+    assertFalse(Files.exists(out), "no output after a failure");
+    try (var s = Files.list(tmp)) {
+      assertTrue(s.noneMatch(p -> p.getFileName().toString().contains("-tmp-")), "no temp output left behind");
+    }
+    return msg;
+  }
+
+  Path keysWith(TestData d, String doc, long pos, String col, Object value, boolean withQ) {
+    List<Row> rows = new ArrayList<>();
+    for (Row r : d.keyRows(withQ)) {
+      if (r.getString(0).equals(doc) && r.getLong(1) == pos) {
+        Object[] x = new Object[r.length()];
+        for (int i = 0; i < x.length; i++) {
+          x[i] = r.get(i);
+        }
+        x[TestData.keysSchema(withQ).fieldIndex(col)] = value;
+        r = RowFactory.create(x);
+      }
+      rows.add(r);
+    }
+    Path p = tmp.resolve("bad-keys.parquet");
+    TestData.write(spark, rows, TestData.keysSchema(withQ), "parquet", p, 2);
+    return p;
+  }
+
+  @Test
+  void wrongArrayLength() throws Exception {
+    TestData d = good();
+    Path keys = keysWith(d, "alpha", 17, "k", TestData.boxed(new float[7]), false);
+    fails(keys, d.writeQueries(spark, tmp, "parquet"), "bad-keys.parquet/part-", "doc 'alpha'", "pos 17",
+        "k has 7 floats, expected 8");
+  }
+
+  @Test
+  void nanAndInfinityInVectors() throws Exception {
+    TestData d = good();
+    float[] v = d.vec(8);
+    v[3] = Float.NaN;
+    Path queries = d.writeQueries(spark, tmp, "parquet");
+    fails(keysWith(d, "beta", 105, "v", TestData.boxed(v), false), queries, "bad-keys.parquet/part-", "doc 'beta'",
+        "pos 105", "v[3] is NaN");
+    // Infinity in a query (JSON input this time).
+    d.queries.set(0, new TestData.Query("q1", "alpha", 10L, new float[] {1, 2, Float.POSITIVE_INFINITY, 4, 5, 6, 7, 8, 9,
+        0, 1, 2, 3, 4, 5, 6}));
+    Path keys = d.writeKeys(spark, tmp.resolve("j"), "json", false);
+    Path qj = d.writeQueries(spark, tmp.resolve("j"), "json");
+    fails(keys, qj, "queries.jsonl/part-", "query 'q1'", "doc 'alpha'", "pos 10", "q[2] is Infinity");
+  }
+
+  @Test
+  void infinityInPrefillQuery() throws Exception {
+    TestData d = good();
+    float[] q = d.vec(16);
+    q[15] = Float.NEGATIVE_INFINITY;
+    fails(keysWith(d, "alpha", 3, "q", TestData.boxed(q), true), null, "bad-keys.parquet/part-", "doc 'alpha'", "pos 3",
+        "q[15] is -Infinity");
+  }
+
+  @Test
+  void duplicateDocAndPos() throws Exception {
+    TestData d = good();
+    List<Row> rows = d.keyRows(false);
+    rows.add(rows.get(12)); // alpha @ 12 twice
+    Path keys = tmp.resolve("dup.parquet");
+    TestData.write(spark, rows, TestData.keysSchema(false), "parquet", keys, 2);
+    fails(keys, d.writeQueries(spark, tmp, "parquet"), "dup.parquet", "duplicate key", "doc 'alpha'", "pos 12");
+  }
+
+  @Test
+  void missingColumns() throws Exception {
+    TestData d = good();
+    Path keys = tmp.resolve("no-v.parquet");
+    spark.createDataFrame(d.keyRows(false), TestData.keysSchema(false)).drop("v").write().parquet(keys.toString());
+    fails(keys, d.writeQueries(spark, tmp, "parquet"), "KEYS", "no-v.parquet", "missing column v");
+    // JSON: the field absent from a row.
+    Path qj = tmp.resolve("queries-no-q.jsonl");
+    Files.createDirectories(qj);
+    Files.writeString(qj.resolve("part-0.json"), "{\"query_id\":\"q9\",\"doc_id\":\"alpha\",\"pos\":4}\n");
+    Path kj = d.writeKeys(spark, tmp.resolve("j"), "json", false);
+    fails(kj, qj, "queries-no-q.jsonl/part-0.json", "query 'q9'", "doc 'alpha'", "pos 4", "column 'q' is missing");
+  }
+
+  @Test
+  void queriesForUnknownDocument() throws Exception {
+    TestData d = good().query("q3", "gamma", 5L);
+    fails(d.writeKeys(spark, tmp, "parquet", false), d.writeQueries(spark, tmp, "parquet"), "query 'q3'",
+        "document 'gamma'", "has no keys");
+  }
+
+  @Test
+  void shapeThatDoesNotDivide() throws Exception {
+    TestData d = good();
+    Path keys = d.writeKeys(spark, tmp, "parquet", false);
+    Path queries = d.writeQueries(spark, tmp, "parquet");
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    int rc = LongctxMain.run(new String[] {"score", "--keys", keys.toString(), "--queries", queries.toString(),
+        "--output", tmp.resolve("o").toString(), "--heads", "3"}, System.out, new PrintStream(err, true));
+    assertEquals(2, rc, err.toString());
+    assertTrue(err.toString().contains("does not match the data"), err.toString());
+  }
+
+  @Test
+  void usageErrors() {
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    PrintStream e = new PrintStream(err, true);
+    assertEquals(2, LongctxMain.run(new String[] {"score", "--keys", "k"}, System.out, e));
+    assertTrue(err.toString().contains("--output is required"), err.toString());
+    assertEquals(2, LongctxMain.run(new String[] {"score", "--bogus"}, System.out, e));
+    assertEquals(2, LongctxMain.run(new String[] {"score", "--keys", "/nonexistent/k.parquet", "--queries", "q",
+        "--output", tmp.resolve("x").toString()}, System.out, e));
+    assertTrue(err.toString().contains("/nonexistent/k.parquet: no such file"), err.toString());
+    ByteArrayOutputStream out = new ByteArrayOutputStream();
+    for (String cmd : new String[] {"score", "gen", "demo"}) {
+      assertEquals(0, LongctxMain.run(new String[] {cmd, "--help"}, new PrintStream(out, true), e));
+    }
+    assertTrue(out.toString().contains("--chunk-len") && out.toString().contains("--queries-per-doc"));
+  }
+
+  static StructType unused() {
+    return new StructType().add("x", DataTypes.LongType);
+  }
+}
