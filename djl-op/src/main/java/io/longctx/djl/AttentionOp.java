@@ -42,9 +42,10 @@ import java.util.Objects;
  * Decoding and merging always use the Java kernels. A GPU device would dispatch to the JCuda backend
  * at {@link #requireCpu}; that backend does not exist yet (issue 3), so non-CPU arrays are rejected.
  *
- * <p><b>Gradients.</b> None. This operator is inference-only: neither path records an autograd graph
- * (the Java kernel has no backward; the TorchScript module runs in inference mode). Blocks built on
- * it ({@link MultiHeadAttentionBlock}) switch to differentiable plain DJL ops when training.
+ * <p><b>Gradients.</b> This operator is inference-only: the Java kernel has no backward, and
+ * gradients through the TorchScript path are neither relied on nor tested (its results are always
+ * read as plain values). Blocks built on it ({@link MultiHeadAttentionBlock}) switch to
+ * differentiable plain DJL ops when training.
  *
  * <p>Thread-safe; {@link #cpu()} is the shared instance.
  */
@@ -71,15 +72,30 @@ public final class AttentionOp {
   private static final System.Logger LOG = System.getLogger(AttentionOp.class.getName());
 
   /**
-   * Dispatch thresholds, from the sweep in docs/BENCHMARKS.md (2-core AMD EPYC, AVX2, 2026-11-22,
-   * {@code bin/longctx bench --op forward --t T --heads 8 --kv-heads 8 --dim D [--causal]}):
-   * libtorch's fused attention beat our Java kernel on every square prefill shape measured from
-   * T = 128 to 4096 (Java at 0.55x..0.9x of it, D = 64 and 128, causal or not), while with very few
-   * query rows it is slow (one query row over 65536 keys: Java split-K ~15x faster), because its
-   * CPU kernel parallelizes over (batch, head, query block) only. So: libtorch where it applies and
-   * there are at least {@link #LIBTORCH_MIN_QUERY_ROWS} query rows per (batch, head), Java otherwise.
+   * Dispatch rule, by measurement ({@code bin/longctx bench --op forward --t TQ [--tk TK] --heads H
+   * --kv-heads HKV --dim 128 [--causal] --no-plain}, median ms, 2-core AMD EPYC (AVX2), JDK 17,
+   * 2026-11-22; the machine was shared, so single figures are noisy to ~15%):
+   *
+   * <pre>
+   *   H = Hkv = 8, Tq = Tk = 128..4096, D = 64/128, causal or not: Java kernel 0.55x..0.9x libtorch
+   *   H = Hkv = 8, Tk = 8192, non-causal, Tq = 1 / 4 / 16 / 32: Java (split-K for Tq <= 16, incl. the
+   *     NDArray copy) 42.6 / 33.4 / 53.8 / 52.5 ms vs libtorch 14.2 / 15.9 / 28.9 / 37.0 ms
+   *   H = 32, Hkv = 8 (GQA; libtorch needs repeat_interleave of k and v on every call), Tk = 8192,
+   *     non-causal, Tq = 1 / 4 / 16 / 32 / 64 / 128: Java 68 / 43 / 84 / 102 / 145 / 468 ms vs
+   *     libtorch 757 / 306 / 383 / 296 / 262 / 699 ms
+   *   H = 32, Hkv = 8, Tq = Tk = 256: Java 34.5 (non-causal) / 46.4 (causal) vs libtorch 48.0 / 50.2;
+   *     Tq = Tk = 1024: Java 338 / 261 vs libtorch 279 / 240; 4096: Java 6236 / 5767 vs 6091 / 4109
+   * </pre>
+   *
+   * So: libtorch's fused attention whenever it computes the call exactly ({@link #libtorchSupports})
+   * and the heads are not grouped; with GQA/MQA, our Java kernel below
+   * {@link #GQA_LIBTORCH_MIN_QUERY_ROWS} query rows (the crossover lies between 256 and 1024; 512 is
+   * not measured), libtorch from there on; the Java kernel for everything libtorch cannot do.
    */
-  static final int LIBTORCH_MIN_QUERY_ROWS = 64;
+  static final int GQA_LIBTORCH_MIN_QUERY_ROWS = 512;
+
+  /** At or below this many query rows the Java path uses split-K ({@link CpuAttention#decode}). */
+  static final int SPLIT_K_MAX_QUERY_ROWS = 16;
 
   private static final AttentionOp CPU = new AttentionOp(CpuAttention.DEFAULT);
 
@@ -144,10 +160,10 @@ public final class AttentionOp {
   }
 
   /**
-   * The path {@link Path#AUTO} takes for these shapes and options. The rule (figures in
-   * {@link #LIBTORCH_MIN_QUERY_ROWS} and docs/BENCHMARKS.md): libtorch's fused attention when it can
-   * compute the call exactly as asked (see {@link #libtorchSupports}) and there are at least 64 query
-   * rows; our Java kernel for decoding-like calls (few query rows), custom positions, windows, softcap,
+   * The path {@link Path#AUTO} takes for these shapes and options. The rule (figures at
+   * {@link #GQA_LIBTORCH_MIN_QUERY_ROWS}): libtorch's fused attention when it can compute the call
+   * exactly as asked (see {@link #libtorchSupports}), except GQA/MQA with fewer than 512 query rows
+   * (decoding, short prefill); our Java kernel for those and for custom positions, windows, softcap,
    * and whenever libtorch did not load.
    */
   public Path choose(NDArray q, NDArray k, NDArray v, long[] qPos, long[] kPos, AttentionOptions opt,
@@ -156,7 +172,10 @@ public final class AttentionOp {
   }
 
   private Path choose(Dims d, long[] qPos, long[] kPos, AttentionOptions opt) {
-    if (libtorchUnsupported(d, qPos, kPos, opt) != null || d.tq < LIBTORCH_MIN_QUERY_ROWS) {
+    if (libtorchUnsupported(d, qPos, kPos, opt) != null) {
+      return Path.JAVA;
+    }
+    if (d.heads != d.kvHeads && d.tq < GQA_LIBTORCH_MIN_QUERY_ROWS) {
       return Path.JAVA;
     }
     return sdpa() != null ? Path.LIBTORCH : Path.JAVA;
@@ -243,7 +262,11 @@ public final class AttentionOp {
   private NDList javaForward(NDArray q, NDArray k, NDArray v, Dims d, long[] qPos, long[] kPos,
       AttentionOptions opt, Layout layout) {
     Tensor qt = toTensor(q, layout), kt = toTensor(k, layout), vt = toTensor(v, layout);
-    AttentionState st = kernels.forward(qt, kt, vt, qPos, kPos, opt);
+    // Few query rows: the forward kernel would have only B*H*ceil(Tq/blockQ) tasks; split-K also
+    // splits the keys (the same exact attention, splits merged in a fixed order).
+    AttentionState st = d.tq <= SPLIT_K_MAX_QUERY_ROWS
+        ? kernels.decode(qt, kt, vt, qPos, kPos, opt)
+        : kernels.forward(qt, kt, vt, qPos, kPos, opt);
     return stateToNd(q.getManager(), st, d.batch, d.tq, d.heads, d.dim, layout);
   }
 
@@ -485,18 +508,13 @@ public final class AttentionOp {
   }
 
   /**
-   * One copy into a float[]: {@code toByteBuffer(true)} is a direct view of a contiguous CPU tensor
-   * (a strided one is made contiguous first), and the bulk get is a memcpy. ({@code toFloatArray()}
-   * would copy twice.)
+   * A copy into a float[] (libtorch makes strided arrays contiguous first). Not
+   * {@code toByteBuffer(true)}: in DJL 0.35.1 that gives, for a strided array, a direct buffer over a
+   * contiguous temporary that is not kept alive; our merge and chunked-decode tests read garbage from
+   * it now and then. So this costs two copies (native to byte[] to float[]).
    */
   private static float[] toFloats(NDArray a) {
-    if (a.getDataType() != DataType.FLOAT32) {
-      return a.toFloatArray();
-    }
-    java.nio.ByteBuffer bytes = a.toByteBuffer(true);
-    float[] out = new float[Math.toIntExact(a.size())];
-    bytes.order(java.nio.ByteOrder.nativeOrder()).asFloatBuffer().get(out);
-    return out;
+    return a.toFloatArray();
   }
 
   /** The kernel's state (rows b*T+t, [rows, H, D]) as NDList(o, lse) in the layout, on the manager. */

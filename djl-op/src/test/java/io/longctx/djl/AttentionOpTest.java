@@ -108,7 +108,13 @@ class AttentionOpTest {
       AttentionOptions opt = AttentionOptions.DEFAULT;
       assertEquals(Path.LIBTORCH, OP.choose(big, big, big, null, null, opt, Layout.BHTD));
       assertEquals(Path.LIBTORCH, OP.choose(big, big, big, null, null, opt.withCausal(true), Layout.BHTD));
-      assertEquals(Path.JAVA, OP.choose(one, big, big, null, null, opt, Layout.BHTD), "decode-like: Java");
+      assertEquals(Path.LIBTORCH, OP.choose(one, big, big, null, null, opt, Layout.BHTD), "one row, H == Hkv");
+      NDArray kv = m.randomNormal(new Shape(1, 2, 256, 64));
+      NDArray q8 = m.randomNormal(new Shape(1, 8, 1, 64));
+      assertEquals(Path.JAVA, OP.choose(q8, kv, kv, null, null, opt, Layout.BHTD), "GQA decode: Java");
+      NDArray q512 = m.randomNormal(new Shape(1, 8, 512, 16));
+      NDArray kv512 = m.randomNormal(new Shape(1, 2, 512, 16));
+      assertEquals(Path.LIBTORCH, OP.choose(q512, kv512, kv512, null, null, opt, Layout.BHTD), "GQA prefill");
       assertEquals(Path.JAVA, OP.choose(big, big, big, null, null, opt.withWindow(16).withCausal(true), Layout.BHTD));
       assertEquals(Path.JAVA, OP.choose(big, big, big, null, null, opt.withSoftcap(3f), Layout.BHTD));
       long[] shifted = new long[256];
@@ -126,8 +132,8 @@ class AttentionOpTest {
     // Default positions: query i sees keys 0..i (libtorch's top-left mask is the same mask).
     long seed = OpChecks.seed();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = OpChecks.random(rng, 1, 4, 70, 64, 1.5), k = OpChecks.random(rng, 1, 2, 200, 64, 1.5);
-    Tensor v = OpChecks.random(rng, 1, 2, 200, 64, 1);
+    Tensor q = OpChecks.random(rng, 1, 4, 70, 64, 1.5), k = OpChecks.random(rng, 1, 4, 200, 64, 1.5);
+    Tensor v = OpChecks.random(rng, 1, 4, 200, 64, 1);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     for (Layout layout : Layout.values()) {
       try (NDManager m = manager.newSubManager()) {
