@@ -21,26 +21,47 @@ public final class CudaAttention implements AttentionBackend {
 
   /** Largest head dim the CUDA kernels take (kMaxDim in flash_forward.cu). */
   public static final int MAX_DIM = 256;
-  private static final int ROWS_PER_BLOCK = 4; // kWarps in flash_forward.cu
-  private static final int THREADS = 32 * ROWS_PER_BLOCK;
+  /** Head dims with a tensor-core kernel (flash_forward_tc.cu), for fp16 and bf16 inputs. */
+  public static final java.util.Set<Integer> TENSOR_CORE_DIMS = java.util.Set.of(64, 128);
+  private static final int PLAIN_ROWS_PER_BLOCK = 4; // kWarps in flash_forward.cu
+  private static final int TC_ROWS_PER_BLOCK = 64; // kRows in flash_forward_tc.cu
+  private static final int THREADS = 128; // both kernels
 
   private static volatile CudaAttention instance;
 
   private final CUcontext context = new CUcontext();
-  private final CUfunction[] forwardByType = new CUfunction[DType.values().length];
+  private final java.util.Map<String, CUfunction> kernels = new java.util.HashMap<>();
   private final String device;
 
   /** Element types the kernels read; outputs are always float32. */
   public enum DType {
-    F32(4, "longctx_forward_f32"), F16(2, "longctx_forward_f16"), BF16(2, "longctx_forward_bf16");
+    F32(4, "f32"), F16(2, "f16"), BF16(2, "bf16");
 
     final int bytes;
-    final String kernel;
+    final String suffix;
 
-    DType(int bytes, String kernel) {
+    DType(int bytes, String suffix) {
       this.bytes = bytes;
-      this.kernel = kernel;
+      this.suffix = suffix;
     }
+  }
+
+  /** The kernel that runs inputs of this type and head dim: tensor cores where one exists. */
+  public static String kernelFor(DType type, int dim) {
+    return type != DType.F32 && TENSOR_CORE_DIMS.contains(dim)
+        ? "longctx_forward_tc_" + type.suffix + "_d" + dim : "longctx_forward_" + type.suffix;
+  }
+
+  /** Every kernel in the fatbins. */
+  public static java.util.List<String> kernelNames() {
+    java.util.List<String> names = new java.util.ArrayList<>();
+    for (DType t : DType.values()) {
+      names.add(kernelFor(t, 1));
+      if (t != DType.F32) {
+        TENSOR_CORE_DIMS.stream().sorted().forEach(d -> names.add(kernelFor(t, d)));
+      }
+    }
+    return names;
   }
 
   /** A CUDA error, naming the driver call that failed and its error code. */
@@ -57,12 +78,23 @@ public final class CudaAttention implements AttentionBackend {
     check("cuDeviceGet", JCudaDriver.cuDeviceGet(dev, 0));
     check("cuDevicePrimaryCtxRetain", JCudaDriver.cuDevicePrimaryCtxRetain(context, dev));
     check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
-    CUmodule module = new CUmodule();
-    check("cuModuleLoadData", JCudaDriver.cuModuleLoadData(module, CudaProbe.fatbin()));
-    for (DType t : DType.values()) {
+    java.util.List<CUmodule> modules = new java.util.ArrayList<>();
+    for (String fatbin : CudaProbe.FATBINS) {
+      CUmodule module = new CUmodule();
+      check("cuModuleLoadData(" + fatbin + ")", JCudaDriver.cuModuleLoadData(module, CudaProbe.fatbin(fatbin)));
+      modules.add(module);
+    }
+    for (String name : kernelNames()) {
       CUfunction f = new CUfunction();
-      check("cuModuleGetFunction(" + t.kernel + ")", JCudaDriver.cuModuleGetFunction(f, module, t.kernel));
-      forwardByType[t.ordinal()] = f;
+      int rc = CUresult.CUDA_ERROR_NOT_FOUND;
+      for (CUmodule m : modules) {
+        rc = JCudaDriver.cuModuleGetFunction(f, m, name);
+        if (rc == CUresult.CUDA_SUCCESS) {
+          break;
+        }
+      }
+      check("cuModuleGetFunction(" + name + ")", rc);
+      kernels.put(name, f);
     }
   }
 
@@ -198,9 +230,11 @@ public final class CudaAttention implements AttentionBackend {
         Pointer.to(new int[] {q.tokens()}), Pointer.to(new int[] {k.tokens()}), Pointer.to(new int[] {q.dim()}),
         Pointer.to(new float[] {(float) scale}), Pointer.to(new float[] {opt.softcap()}),
         Pointer.to(new int[] {opt.causal() ? 1 : 0}), Pointer.to(new long[] {opt.window()}));
+    String name = kernelFor(q.type(), q.dim());
+    int rowsPerBlock = name.contains("_tc_") ? TC_ROWS_PER_BLOCK : PLAIN_ROWS_PER_BLOCK;
     check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
-    check("cuLaunchKernel(" + q.type().kernel + ")", JCudaDriver.cuLaunchKernel(forwardByType[q.type().ordinal()],
-        (q.tokens() + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, q.heads(), q.batch(), THREADS, 1, 1, 0, stream, params, null));
+    check("cuLaunchKernel(" + name + ")", JCudaDriver.cuLaunchKernel(kernels.get(name),
+        (q.tokens() + rowsPerBlock - 1) / rowsPerBlock, q.heads(), q.batch(), THREADS, 1, 1, 0, stream, params, null));
   }
 
   private static DeviceBuffer upload(float[] host, CUstream stream) {

@@ -15,8 +15,10 @@ import jcuda.driver.JCudaDriver;
  */
 public final class CudaProbe {
 
-  /** Where nvcc's fatbin lives on the class path. */
-  static final String FATBIN = "/io/longctx/kernels/cuda/longctx.fatbin";
+  /** Where nvcc's fatbins live on the class path: one per src/main/cuda/*.cu. */
+  static final String FATBIN_DIR = "/io/longctx/kernels/cuda/";
+  /** The plain kernel (every dim, float32 inputs) and the tensor-core kernels (fp16/bf16, D 64/128). */
+  static final java.util.List<String> FATBINS = java.util.List.of("flash_forward.fatbin", "flash_forward_tc.fatbin");
 
   private static final Logger LOG = Logger.getLogger(CudaProbe.class.getName());
   private static final AtomicBoolean LOGGED = new AtomicBoolean();
@@ -47,8 +49,10 @@ public final class CudaProbe {
   }
 
   private static Status probe() {
-    if (CudaProbe.class.getResource(FATBIN) == null) {
-      return new Status(false, "the CUDA fatbin " + FATBIN + " is not in the jar (built without nvcc)", null);
+    for (String f : FATBINS) {
+      if (CudaProbe.class.getResource(FATBIN_DIR + f) == null) {
+        return new Status(false, "the CUDA fatbin " + FATBIN_DIR + f + " is not in the jar (built without nvcc)", null);
+      }
     }
     try {
       JCudaDriver.setExceptionsEnabled(false);
@@ -87,16 +91,14 @@ public final class CudaProbe {
     return m.find() ? m.group().trim() : msg.lines().findFirst().orElse(e.getClass().getName());
   }
 
-  static byte[] fatbin() {
-    try (InputStream in = CudaProbe.class.getResourceAsStream(FATBIN)) {
+  static byte[] fatbin(String name) {
+    try (InputStream in = CudaProbe.class.getResourceAsStream(FATBIN_DIR + name)) {
       if (in == null) {
-        throw new IllegalStateException("the CUDA fatbin " + FATBIN + " is not on the class path");
+        throw new IllegalStateException("the CUDA fatbin " + FATBIN_DIR + name + " is not on the class path");
       }
-      byte[] bytes = in.readAllBytes();
-      byte[] z = java.util.Arrays.copyOf(bytes, bytes.length + 1); // cuModuleLoadData wants NUL-safe data
-      return z;
+      return in.readAllBytes();
     } catch (IOException e) {
-      throw new IllegalStateException("cannot read the CUDA fatbin " + FATBIN, e);
+      throw new IllegalStateException("cannot read the CUDA fatbin " + FATBIN_DIR + name, e);
     }
   }
 }

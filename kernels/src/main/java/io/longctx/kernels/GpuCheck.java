@@ -59,7 +59,8 @@ public final class GpuCheck {
           ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qPos, null, opt);
           String bad = Tolerance.violation(got, ref, ReferenceAttention.computeFloat32(q, k, v, qPos, null, opt));
           failures += bad == null ? 0 : 1;
-          lines.add(String.format(Locale.ROOT, "| %s | [%d,%d/%d,%d,%d,%d] | %s | %s | %s |", type.kernel, sh[0], sh[1],
+          lines.add(String.format(Locale.ROOT, "| %s | [%d,%d/%d,%d,%d,%d] | %s | %s | %s |",
+              CudaAttention.kernelFor(type, sh[5]), sh[0], sh[1],
               sh[2], sh[3], sh[4], sh[5], maskName(opt), Tolerance.errors(got.o(), got.lse(), ref),
               bad == null ? "pass" : "FAIL: " + bad));
         }
@@ -74,7 +75,8 @@ public final class GpuCheck {
           int b = 1, h = 16, d = 128;
           double ms = time(cuda, type, b, h, t, d, AttentionOptions.DEFAULT.withCausal(causal), rng);
           double flops = 4.0 * b * h * t * (double) t * d * (causal ? 0.5 : 1.0);
-          lines.add(String.format(Locale.ROOT, "| %s | %d | %d | %d | %d | %b | %.3f | %.1f |", type.kernel, b, h, t, d,
+          lines.add(String.format(Locale.ROOT, "| %s | %d | %d | %d | %d | %b | %.3f | %.1f |",
+              CudaAttention.kernelFor(type, d), b, h, t, d,
               causal, ms, flops / ms / 1e9));
         }
       }

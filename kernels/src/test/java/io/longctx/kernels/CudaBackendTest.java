@@ -37,22 +37,28 @@ class CudaBackendTest {
   }
 
   @Test
-  void fatbinIsBuiltIntoTheClassesWithEveryKernel() throws IOException {
-    assumeTrue(nvccOnPath(), "nvcc is not on PATH: the build skipped the fatbin (with a warning)");
-    byte[] fatbin;
-    try (InputStream in = CudaProbe.class.getResourceAsStream(CudaProbe.FATBIN)) {
-      assertNotNull(in, "fatbin resource " + CudaProbe.FATBIN);
-      fatbin = in.readAllBytes();
+  void fatbinsAreBuiltIntoTheClassesWithEveryKernel() throws IOException {
+    assumeTrue(nvccOnPath(), "nvcc is not on PATH: the build skipped the fatbins (with a warning)");
+    StringBuilder all = new StringBuilder();
+    for (String name : CudaProbe.FATBINS) {
+      byte[] fatbin;
+      try (InputStream in = CudaProbe.class.getResourceAsStream(CudaProbe.FATBIN_DIR + name)) {
+        assertNotNull(in, "fatbin resource " + name);
+        fatbin = in.readAllBytes();
+      }
+      // Fatbin magic 0xBA55ED50, little endian.
+      assertEquals(0x50, fatbin[0] & 0xff, name);
+      assertEquals(0xED, fatbin[1] & 0xff, name);
+      assertEquals(0x55, fatbin[2] & 0xff, name);
+      assertEquals(0xBA, fatbin[3] & 0xff, name);
+      all.append(new String(fatbin, java.nio.charset.StandardCharsets.ISO_8859_1));
     }
-    // Fatbin magic 0xBA55ED50, little endian.
-    assertEquals(0x50, fatbin[0] & 0xff);
-    assertEquals(0xED, fatbin[1] & 0xff);
-    assertEquals(0x55, fatbin[2] & 0xff);
-    assertEquals(0xBA, fatbin[3] & 0xff);
-    String text = new String(fatbin, java.nio.charset.StandardCharsets.ISO_8859_1);
-    for (CudaAttention.DType t : CudaAttention.DType.values()) {
-      assertTrue(text.contains(t.kernel), "fatbin lacks kernel " + t.kernel);
+    for (String kernel : CudaAttention.kernelNames()) {
+      assertTrue(all.indexOf(kernel) >= 0, "no fatbin holds kernel " + kernel);
     }
+    assertEquals("longctx_forward_tc_bf16_d128", CudaAttention.kernelFor(CudaAttention.DType.BF16, 128));
+    assertEquals("longctx_forward_f16", CudaAttention.kernelFor(CudaAttention.DType.F16, 96));
+    assertEquals("longctx_forward_f32", CudaAttention.kernelFor(CudaAttention.DType.F32, 128));
   }
 
   @Test

@@ -1,0 +1,293 @@
+// longctx CUDA attention forward on tensor cores (FlashAttention-2 style), fp16 and bf16 inputs,
+// float32 accumulation and float32 (o, lse) outputs, head dims 64 and 128. Same contract as
+// flash_forward.cu (layouts, masks by absolute positions, GQA, softcap, natural-log lse, -inf for
+// rows that see no key); other dims and float32 inputs use that kernel.
+//
+// Block: 4 warps, 64 query rows (16 per warp); key tiles of 64 in shared memory (rows padded by 8
+// elements so ldmatrix is free of bank conflicts). Per tile and warp:
+//   S (16 x 64)  = Q (16 x D) K^T           mma.sync m16n8k16, Q fragments kept in registers
+//   online softmax in base 2 (scale * log2 e folded in), rows reduced across the 4-thread quad
+//   O (16 x D)  += P (16 x 64) V            P reused from S's accumulators as A fragments,
+//                                           V read with ldmatrix.trans
+// Each (query block, key tile) pair is classified once from position ranges: skipped, fully
+// visible (no mask work) or partial (per-element mask by positions).
+//
+// Not yet run on a GPU (docs/CUDA.md): bin/gpu-check checks every variant against the float64
+// reference on the first GPU machine.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kRows = 64;     // query rows per block
+constexpr int kKeys = 64;     // keys per tile
+constexpr int kThreads = 128;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// c (16x8 f32) += a (16x16) * b (16x8), element type T.
+template <typename T>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats packed as one register of T pairs (the low half holds x).
+template <typename T>
+__device__ __forceinline__ uint32_t pack(float x, float y);
+
+template <>
+__device__ __forceinline__ uint32_t pack<__half>(float x, float y) {
+  __half2 h = __floats2half2_rn(x, y);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+template <>
+__device__ __forceinline__ uint32_t pack<__nv_bfloat16>(float x, float y) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ bool visible(long long qp, long long kp, int causal, long long window) {
+  if ((causal || window > 0) && kp > qp) return false;
+  return window <= 0 || kp > qp - window;
+}
+
+// Copies rows [row0, row0 + 64) of a [rows, D] matrix into shared memory (row stride D + 8);
+// rows at or past `valid` are zero.
+template <typename T, int D>
+__device__ __forceinline__ void load_tile(T* smem, const T* g, int row0, int valid) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+    int r = idx / kChunks, c = idx % kChunks;
+    T* dst = smem + r * (D + 8) + c * 8;
+    if (row0 + r < valid) {
+      cp_async16(dst, g + (long long)(row0 + r) * D + c * 8);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+enum Visibility { kNone = 0, kPartial = 1, kAll = 2 };
+
+template <typename T, int D>
+__device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                 const long long* __restrict__ q_pos, const long long* __restrict__ k_pos,
+                                 float* __restrict__ o, float* __restrict__ lse, int heads, int kv_heads, int tq,
+                                 int tk, float scale, float softcap, int causal, long long window) {
+  constexpr int kStride = D + 8;
+  __shared__ __align__(16) T ks[kKeys * kStride];  // holds the Q tile first
+  __shared__ __align__(16) T vs[kKeys * kStride];
+  __shared__ long long kp_s[kKeys];
+  __shared__ long long qp_s[kRows];
+  __shared__ long long range_s[4];  // query min, max; key min, max
+  __shared__ int vis_s;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kRows;
+  const int kvh = h / (heads / kv_heads);
+  const T* qg = q + ((long long)b * heads + h) * tq * D;
+  const T* kg = k + ((long long)b * kv_heads + kvh) * tk * D;
+  const T* vg = v + ((long long)b * kv_heads + kvh) * tk * D;
+  const bool masked = causal || window > 0;
+
+  // Q tile -> registers (this warp's 16 rows, D/16 fragments).
+  load_tile<T, D>(ks, qg, q0, tq);
+  for (int i = threadIdx.x; i < kRows; i += kThreads) qp_s[i] = q0 + i < tq ? q_pos[q0 + i] : 0;
+  cp_async_wait_all();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    long long lo = LLONG_MAX, hi = LLONG_MIN;
+    for (int i = 0; i < kRows && q0 + i < tq; i++) {
+      lo = min(lo, qp_s[i]);
+      hi = max(hi, qp_s[i]);
+    }
+    range_s[0] = lo;
+    range_s[1] = hi;
+  }
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kc = 0; kc < D / 16; kc++) {
+    ldmatrix_x4(qf[kc], &ks[(warp * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride + kc * 16 + lane / 16 * 8]);
+  }
+  const long long my_qp[2] = {qp_s[warp * 16 + g], qp_s[warp * 16 + g + 8]};
+  __syncthreads();  // Q's shared memory becomes the K tile
+
+  float acc[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
+  float row_sum[2] = {0.f, 0.f};  // this thread's share; the quad sums at the end
+  const float s_scale = softcap > 0.f ? scale / softcap : scale * kLog2e;
+
+  for (int j0 = 0; j0 < tk; j0 += kKeys) {
+    for (int i = threadIdx.x; i < kKeys; i += kThreads) kp_s[i] = j0 + i < tk ? k_pos[j0 + i] : 0;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int vis = kAll;
+      if (masked) {
+        long long lo = LLONG_MAX, hi = LLONG_MIN;
+        for (int i = 0; i < kKeys && j0 + i < tk; i++) {
+          lo = min(lo, kp_s[i]);
+          hi = max(hi, kp_s[i]);
+        }
+        long long qlo = range_s[0], qhi = range_s[1];
+        if (lo > qhi || (window > 0 && hi <= qlo - window)) vis = kNone;
+        else if (!(hi <= qlo && (window <= 0 || lo > qhi - window))) vis = kPartial;
+      }
+      vis_s = vis;
+    }
+    __syncthreads();
+    const int vis = vis_s;
+    if (vis == kNone) continue;  // block-uniform
+    load_tile<T, D>(ks, kg, j0, tk);
+    load_tile<T, D>(vs, vg, j0, tk);
+    cp_async_wait_all();
+    __syncthreads();
+
+    // S = Q K^T for this warp's 16 rows and the tile's 64 keys (8 blocks of 8 keys).
+    float s[kKeys / 8][4];
+#pragma unroll
+    for (int i = 0; i < kKeys / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) {
+#pragma unroll
+      for (int nb = 0; nb < kKeys / 16; nb++) {
+        uint32_t kf[4];
+        ldmatrix_x4(kf, &ks[(nb * 16 + lane / 16 * 8 + lane % 8) * kStride + kc * 16 + (lane / 8) % 2 * 8]);
+        mma<T>(s[2 * nb], qf[kc], kf[0], kf[1]);
+        mma<T>(s[2 * nb + 1], qf[kc], kf[2], kf[3]);
+      }
+    }
+
+    // Scores to base-2 logits; masked and out-of-range keys become -inf.
+    // Element i of s[nb] is row g + 8 * (i / 2), key nb * 8 + 2 * t4 + i % 2.
+#pragma unroll
+    for (int nb = 0; nb < kKeys / 8; nb++) {
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        int key = nb * 8 + 2 * t4 + i % 2;
+        float x = s[nb][i] * s_scale;
+        if (softcap > 0.f) x = softcap * tanhf(x) * kLog2e;
+        bool keep = j0 + key < tk && (vis == kAll || visible(my_qp[i / 2], kp_s[key], causal, window));
+        s[nb][i] = keep ? x : -CUDART_INF_F;
+      }
+    }
+
+    // Online softmax per row (two rows per thread), max over the 4-thread quad.
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      float mx = -CUDART_INF_F;
+#pragma unroll
+      for (int nb = 0; nb < kKeys / 8; nb++) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      float m_new = fmaxf(row_max[r], mx);
+      float m_use = m_new == -CUDART_INF_F ? 0.f : m_new;  // no key yet: exp2(-inf) = 0, never NaN
+      float alpha = exp2f(row_max[r] - m_use);
+      float sum = 0.f;
+#pragma unroll
+      for (int nb = 0; nb < kKeys / 8; nb++) {
+        s[nb][2 * r] = exp2f(s[nb][2 * r] - m_use);
+        s[nb][2 * r + 1] = exp2f(s[nb][2 * r + 1] - m_use);
+        sum += s[nb][2 * r] + s[nb][2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * alpha + sum;
+      row_max[r] = m_new;
+#pragma unroll
+      for (int nd = 0; nd < D / 8; nd++) {
+        acc[nd][2 * r] *= alpha;
+        acc[nd][2 * r + 1] *= alpha;
+      }
+    }
+
+    // O += P V, 16 keys per step; P's accumulators are already laid out as A fragments.
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; kk++) {
+      uint32_t pa[4] = {pack<T>(s[2 * kk][0], s[2 * kk][1]), pack<T>(s[2 * kk][2], s[2 * kk][3]),
+                        pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int nd = 0; nd < D / 16; nd++) {
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, &vs[(kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride + nd * 16 + lane / 16 * 8]);
+        mma<T>(acc[2 * nd], pa, vf[0], vf[1]);
+        mma<T>(acc[2 * nd + 1], pa, vf[2], vf[3]);
+      }
+    }
+    __syncthreads();  // the next tile overwrites ks, vs and kp_s
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int t = q0 + warp * 16 + g + 8 * r;
+    if (t >= tq) continue;
+    const long long out = ((long long)b * tq + t) * heads + h;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++) {
+      int d = nd * 8 + 2 * t4;
+      *reinterpret_cast<float2*>(&o[out * D + d]) = make_float2(acc[nd][2 * r] * inv, acc[nd][2 * r + 1] * inv);
+    }
+    if (t4 == 0) lse[out] = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -CUDART_INF_F;
+  }
+}
+
+}  // namespace
+
+// Entry points: grid (ceil(Tq / 64), H, B), block 128 threads, static shared memory only.
+#define LONGCTX_FORWARD_TC(NAME, T, D)                                                                   \
+  extern "C" __global__ void __launch_bounds__(kThreads)                                                 \
+  NAME(const T* q, const T* k, const T* v, const long long* q_pos, const long long* k_pos, float* o,      \
+       float* lse, int heads, int kv_heads, int tq, int tk, int dim, float scale, float softcap,         \
+       int causal, long long window) {                                                                   \
+    flash_forward_tc<T, D>(q, k, v, q_pos, k_pos, o, lse, heads, kv_heads, tq, tk, scale, softcap, causal, \
+                           window);                                                                      \
+  }
+
+LONGCTX_FORWARD_TC(longctx_forward_tc_f16_d64, __half, 64)
+LONGCTX_FORWARD_TC(longctx_forward_tc_f16_d128, __half, 128)
+LONGCTX_FORWARD_TC(longctx_forward_tc_bf16_d64, __nv_bfloat16, 64)
+LONGCTX_FORWARD_TC(longctx_forward_tc_bf16_d128, __nv_bfloat16, 128)
