@@ -404,9 +404,6 @@ public final class ScoreJob {
     if (t.getPos() == null) {
       throw new InputError(where + ": column 'pos' is missing or null");
     }
-    if (t.getPos() < 0) {
-      throw new InputError(where + ": negative position");
-    }
     checkVector(t.getK(), "k", s.kvHeads() * s.dim(), "kv-heads*dim", where);
     checkVector(t.getV(), "v", s.kvHeads() * s.dim(), "kv-heads*dim", where);
     if (prefill) {
@@ -425,9 +422,6 @@ public final class ScoreJob {
     }
     if (t.getDocId() == null) {
       throw new InputError(where + ": column 'doc_id' is missing or null");
-    }
-    if (t.getPos() != null && t.getPos() < 0) {
-      throw new InputError(where + ": negative position");
     }
     checkVector(t.getQ(), "q", s.heads() * s.dim(), "heads*dim", where);
     t.setFile(null);
