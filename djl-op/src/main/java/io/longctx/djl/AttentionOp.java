@@ -507,12 +507,7 @@ public final class AttentionOp {
     }
   }
 
-  /**
-   * A copy into a float[] (libtorch makes strided arrays contiguous first). Not
-   * {@code toByteBuffer(true)}: in DJL 0.35.1 that gives, for a strided array, a direct buffer over a
-   * contiguous temporary that is not kept alive; our merge and chunked-decode tests read garbage from
-   * it now and then. So this costs two copies (native to byte[] to float[]).
-   */
+  /** A copy into a float[] (strided arrays are made contiguous first). */
   private static float[] toFloats(NDArray a) {
     return a.toFloatArray();
   }
@@ -523,9 +518,10 @@ public final class AttentionOp {
     NDArray o = m.create(st.o(), new Shape(batch, t, heads, dim));
     NDArray lse = m.create(st.lse(), new Shape(batch, t, heads));
     if (layout == Layout.BHTD) {
-      // Strided views of the [B, T, H, *] storage (closing the base handles keeps the storage).
-      NDArray o2 = o.transpose(0, 2, 1, 3);
-      NDArray l2 = lse.transpose(0, 2, 1);
+      // Copies, not views: create(float[]) wraps a direct buffer that only the base array keeps alive,
+      // so a view outliving a closed base would read freed memory (seen as rare wrong merges).
+      NDArray o2 = o.transpose(0, 2, 1, 3).duplicate();
+      NDArray l2 = lse.transpose(0, 2, 1).duplicate();
       o.close();
       lse.close();
       o = o2;
