@@ -507,9 +507,18 @@ public final class AttentionOp {
     }
   }
 
-  /** A copy into a float[] (strided arrays are made contiguous first). */
+  /**
+   * One copy into a float[]: for float32, {@code toByteBuffer(true)} is a direct view of the tensor's
+   * memory (DJL first makes a strided array contiguous, into a temporary attached to the array's
+   * manager) and the bulk get is a memcpy; {@code toFloatArray()} would copy twice.
+   */
   private static float[] toFloats(NDArray a) {
-    return a.toFloatArray();
+    if (a.getDataType() != DataType.FLOAT32) {
+      return a.toFloatArray();
+    }
+    float[] out = new float[Math.toIntExact(a.size())];
+    a.toByteBuffer(true).order(java.nio.ByteOrder.nativeOrder()).asFloatBuffer().get(out);
+    return out;
   }
 
   /** The kernel's state (rows b*T+t, [rows, H, D]) as NDList(o, lse) in the layout, on the manager. */
