@@ -100,6 +100,7 @@ public final class LongctxMain {
         score   exact long-context attention scoring (score --help)
         gen     generate a synthetic corpus (gen --help)
         demo    generate, score and check a small corpus (demo --help)
+        spark-bench   Spark overhead of a prefill: job wall time over kernel-only time (spark-bench --help)
       """;
 
   public static void main(String[] args) {
@@ -118,6 +119,7 @@ public final class LongctxMain {
         case "score" -> score(rest, out, err);
         case "gen" -> gen(rest, out, err);
         case "demo" -> demo(rest, out, err);
+        case "spark-bench" -> OverheadBench.run(rest, out);
         default -> {
           err.println("longctx: unknown command '" + cmd + "'");
           err.print(MAIN_HELP);
