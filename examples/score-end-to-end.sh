@@ -34,7 +34,8 @@ cat "$work"/scores.jsonl/part-*.json | head -6 | python3 -c '
 import json, sys
 for line in sys.stdin:
     r = json.loads(line)
-    print(f"{r[\"query_id\"]:<18} {r[\"doc_id\"]:<10} n_keys={r[\"n_keys\"]:<6} lse[0]={r[\"lse\"][0]}  o[:3]={[round(x, 4) for x in r[\"o\"][:3]]}")
-' 2>/dev/null || head -c 600 "$(ls "$work"/scores.jsonl/part-*.json | head -1)"
+    print("{:<18} {:<10} n_keys={:<6} lse[0]={}  o[:3]={}".format(
+        r["query_id"], r["doc_id"], r["n_keys"], r["lse"][0], [round(x, 4) for x in r["o"][:3]]))
+'
 echo
 echo "outputs: $work/scores.jsonl (JSON Lines), $work/prefill-scores.parquet (Parquet)"
