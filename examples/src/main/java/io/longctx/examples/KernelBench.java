@@ -125,7 +125,10 @@ public final class KernelBench {
       Tensor k = random(rng, 1, hkv, tk > 0 ? tk : t, dim);
       Tensor v = random(rng, 1, hkv, tk > 0 ? tk : t, dim);
       NDArray[] nd = engine != null ? toNd(engine, q, k, v) : null;
-      for (boolean c : causal != null ? new boolean[] {true} : new boolean[] {false, true}) {
+      // A --memory child (--only) runs exactly one configuration: causal with --causal, else non-causal.
+      boolean[] modes = causal != null ? new boolean[] {true} : only != null ? new boolean[] {false}
+          : new boolean[] {false, true};
+      for (boolean c : modes) {
         AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(c);
         double flops = 4.0 * h * t * k.tokens() * dim * (c ? 0.5 : 1.0);
         List<Impl> impls = new ArrayList<>();
@@ -135,7 +138,8 @@ public final class KernelBench {
           if (anchor) {
             impls.add(new Impl("libtorch-sdpa", () -> sdpaCall(engine, nd, c)));
           }
-          if (plain) {
+          if (plain && (only == null || only.equals("djl-plain"))) {
+            // The T x T causal mask is an input of djl-plain only (built before the call is measured).
             NDArray mask = c ? causalMask(engine, t, k.tokens()) : null;
             impls.add(new Impl("djl-plain", () -> plainCall(nd, mask, h / hkv)));
           }
