@@ -1,6 +1,7 @@
 package io.longctx.kernels;
 
 import jdk.incubator.vector.FloatVector;
+import jdk.incubator.vector.VectorOperators;
 import jdk.incubator.vector.VectorSpecies;
 
 /**
@@ -25,6 +26,50 @@ final class TileMath {
   static final int GROUP = 2 * VL;
 
   private TileMath() {}
+
+  // exp and tanh from IEEE add, mul, fma, compare and bit operations only: the Vector API's own
+  // EXP/TANH call SVML stubs in C2 but scalar Math in the interpreter and C1, and the bits differ,
+  // so a task re-run on a fresh JVM (a Spark retry) could change the output. These give the same
+  // bits in every JIT tier and on every x86 machine, at about the stubs' speed.
+  private static final float EXP_HI = 88f; // exp(88) < Float.MAX_VALUE
+  private static final float EXP_LO = -87.3f; // below this exp underflows: 0
+  private static final float LOG2E = 1.44269504088896341f;
+  private static final float LN2_HI = 0.693359375f; // ln 2 = LN2_HI + LN2_LO, LN2_HI exact in few bits
+  private static final float LN2_LO = -2.12194440e-4f;
+  private static final float ROUND = 12582912f; // 1.5 * 2^23: adding it rounds to an integer
+
+  /** e^x, about 1 ulp (Cody-Waite reduction, degree-6 polynomial); -inf and x < -87.3 give 0. */
+  static FloatVector exp(FloatVector x) {
+    FloatVector xc = x.min(EXP_HI).max(EXP_LO);
+    FloatVector t = xc.mul(LOG2E).add(ROUND); // float bits of t hold n = round(x / ln 2)
+    FloatVector n = t.sub(ROUND);
+    FloatVector r = n.mul(-LN2_HI).add(xc);
+    r = n.mul(-LN2_LO).add(r);
+    FloatVector p = r.mul(1.9875691500e-4f).add(1.3981999507e-3f);
+    p = p.mul(r).add(8.3334519073e-3f);
+    p = p.mul(r).add(4.1665795894e-2f);
+    p = p.mul(r).add(1.6666665459e-1f);
+    p = p.mul(r).add(5.0000001201e-1f);
+    p = p.mul(r.mul(r)).add(r).add(1f);
+    FloatVector twoN = t.reinterpretAsInts().add(127 - 0x4B400000).lanewise(VectorOperators.LSHL, 23)
+        .reinterpretAsFloats();
+    return p.mul(twoN).blend(0f, x.lt(EXP_LO));
+  }
+
+  /** tanh(x), a few ulp: an odd polynomial below |x| = 0.625, else 1 - 2 / (e^2|x| + 1). */
+  static FloatVector tanh(FloatVector x) {
+    FloatVector a = x.abs();
+    FloatVector z = x.mul(x);
+    FloatVector small = z.mul(-5.70498872745e-3f).add(2.06390887954e-2f);
+    small = small.mul(z).add(-5.37397155531e-2f);
+    small = small.mul(z).add(1.33314422036e-1f);
+    small = small.mul(z).add(-3.33332819422e-1f);
+    small = small.mul(z).mul(x).add(x);
+    FloatVector e = exp(a.mul(2f));
+    FloatVector large = FloatVector.broadcast(SPECIES, 1f).sub(FloatVector.broadcast(SPECIES, 2f).div(e.add(1f)));
+    large = large.blend(large.neg(), x.lt(0f));
+    return small.blend(large, a.compare(VectorOperators.GE, 0.625f));
+  }
 
   /**
    * S[x][lanes] = sum_k K[x][k] * Qt[k][lanes] for lanes in [0, lanes): A rows are contiguous

@@ -163,7 +163,7 @@ final class TileWorker {
   private void softcap(float cap, int n, int lanes) {
     for (int c = 0; c < lanes; c += VL) {
       for (int j = 0, at = c; j < n; j++, at += blockQ) {
-        FloatVector.fromArray(SPECIES, s, at).lanewise(VectorOperators.TANH).mul(cap).intoArray(s, at);
+        TileMath.tanh(FloatVector.fromArray(SPECIES, s, at)).mul(cap).intoArray(s, at);
       }
     }
   }
@@ -233,10 +233,10 @@ final class TileWorker {
       // A row that has seen no key yet keeps max = -inf; subtract 0 then so exp gives 0, not NaN.
       VectorMask<Float> none = mNew.eq(negInf);
       FloatVector mUse = mNew.blend(0f, none);
-      FloatVector a = mOld.sub(mUse).lanewise(VectorOperators.EXP);
+      FloatVector a = TileMath.exp(mOld.sub(mUse));
       FloatVector total = FloatVector.zero(SPECIES);
       for (int j = 0, at = c; j < n; j++, at += blockQ) {
-        FloatVector e = FloatVector.fromArray(SPECIES, s, at).sub(mUse).lanewise(VectorOperators.EXP);
+        FloatVector e = TileMath.exp(FloatVector.fromArray(SPECIES, s, at).sub(mUse));
         e.intoArray(s, at);
         total = total.add(e);
       }
@@ -289,7 +289,7 @@ final class TileWorker {
         }
         o[out * d + c] = x;
       }
-      lse[out] = (float) (max[i] + Math.log(l));
+      lse[out] = (float) (max[i] + StrictMath.log(l)); // StrictMath: same bits on every JVM
     }
     return flaggedRows;
   }

@@ -1,0 +1,39 @@
+package io.longctx.kernels;
+
+import java.util.Arrays;
+import java.util.SplittableRandom;
+
+/**
+ * Prints a digest of the kernels' output bits on fixed inputs; {@link JitDeterminismTest} runs it in
+ * a child JVM whose JIT never reaches C2 (the Vector API then runs its plain-Java fallbacks).
+ */
+public final class KernelBitsMain {
+  private KernelBitsMain() {}
+
+  static String digest() {
+    SplittableRandom rng = new SplittableRandom(20261122);
+    Tensor q = Accuracy.random(rng, 1, 4, 150, 64, 1.5);
+    Tensor k = Accuracy.random(rng, 1, 2, 700, 64, 1.5);
+    Tensor v = Accuracy.random(rng, 1, 2, 700, 64, 1);
+    long[] qp = new long[150];
+    for (int t = 0; t < qp.length; t++) {
+      qp[t] = 550 + t;
+    }
+    AttentionOptions capped = AttentionOptions.DEFAULT.withCausal(true).withSoftcap(3f);
+    AttentionOptions window = AttentionOptions.DEFAULT.withCausal(true).withWindow(200);
+    int h = 1;
+    for (AttentionState s : new AttentionState[] {
+        CpuAttention.DEFAULT.forward(q, k, v, qp, null, capped),
+        CpuAttention.DEFAULT.forward(q, k, v, qp, null, window),
+        CpuAttention.DEFAULT.decode(q, k, v, qp, null, window, 128).state(),
+        CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, capped, 128, UnifiedMax.of(1f)).state()}) {
+      h = 31 * h + Arrays.hashCode(s.o());
+      h = 31 * h + Arrays.hashCode(s.lse());
+    }
+    return Integer.toHexString(h);
+  }
+
+  public static void main(String[] args) {
+    System.out.println("digest=" + digest());
+  }
+}
