@@ -149,6 +149,14 @@ class ForwardAccuracyTest {
     }
   }
 
+  /**
+   * Logits of magnitude ~1e4: nothing overflows and the result is as exact as float32 allows. At
+   * |s| ~ 1e4 a logit's own float32 rounding is ~5e-4, so both this kernel's and the naive
+   * algorithm's errors come from a few rows whose top logits nearly tie, and their ratio is a
+   * heavy-tailed random variable (measured over 30 seeds with 8 heads x 257 rows: median 1.0,
+   * worst 2.6; with 2 x 129 rows it reached 11, which made the factor-2 rule flaky here). So this
+   * test uses many rows and allows 4x the naive error; the sweep keeps the factor 2.
+   */
   @Test
   void logitsNearTenThousandDoNotOverflow() {
     long seed = Accuracy.seed();
@@ -156,16 +164,28 @@ class ForwardAccuracyTest {
     // |q.k| * scale ~ 1e4: amplitude a gives scores of order a^2 * sqrt(D).
     int d = 64;
     double amplitude = Math.sqrt(1e4 / Math.sqrt(d)) * 1.3;
-    Tensor q = Accuracy.random(rng, 1, 2, 129, d, amplitude);
-    Tensor k = Accuracy.random(rng, 1, 2, 300, d, amplitude);
-    Tensor v = Accuracy.random(rng, 1, 2, 300, d, 1);
+    Tensor q = Accuracy.random(rng, 1, 8, 257, d, amplitude);
+    Tensor k = Accuracy.random(rng, 1, 8, 300, d, amplitude);
+    Tensor v = Accuracy.random(rng, 1, 8, 300, d, 1);
     for (AttentionOptions opt : new AttentionOptions[] {AttentionOptions.DEFAULT, AttentionOptions.DEFAULT.withCausal(true)}) {
       AttentionState got = CpuAttention.DEFAULT.forward(q, k, v, null, null, opt);
       ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, null, null, opt);
       assertTrue(Accuracy.maxAbs(ref.lse()) > 5e3, "test must reach large logits, got max |lse| " + Accuracy.maxAbs(ref.lse()));
-      String err = Accuracy.check(got, ref, ReferenceAttention.computeFloat32(q, k, v, null, null, opt));
-      assertNull(err, "seed " + seed + ": " + err);
+      Tolerance.Errors kernel = Tolerance.errors(got.o(), got.lse(), ref);
+      Tolerance.Errors naive = Tolerance.errors(toFloat(ReferenceAttention.computeFloat32(q, k, v, null, null, opt).o()),
+          toFloat(ReferenceAttention.computeFloat32(q, k, v, null, null, opt).lse()), ref);
+      String msg = "seed " + seed + ": kernel " + kernel + " vs naive float32 " + naive;
+      assertTrue(kernel.o() <= 4 * naive.o() + 1e-6, msg);
+      assertTrue(kernel.lse() <= 4 * naive.lse() + 4 * Math.ulp((float) Accuracy.maxAbs(ref.lse())), msg);
     }
+  }
+
+  static float[] toFloat(double[] x) {
+    float[] f = new float[x.length];
+    for (int i = 0; i < x.length; i++) {
+      f[i] = (float) x[i];
+    }
+    return f;
   }
 
   @Test
