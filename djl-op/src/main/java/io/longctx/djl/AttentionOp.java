@@ -9,6 +9,8 @@ import ai.djl.ndarray.types.Shape;
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.AttentionState;
 import io.longctx.kernels.CpuAttention;
+import io.longctx.kernels.CudaAttention;
+import io.longctx.kernels.CudaProbe;
 import io.longctx.kernels.Tensor;
 import java.util.ArrayList;
 import java.util.List;
@@ -39,8 +41,11 @@ import java.util.Objects;
  * {@link LibtorchSdpa}; zero-copy, the arrays are passed as they are) or our Java kernel
  * ({@link CpuAttention}; the kernel reads {@code float[]}, so q, k, v are copied once into the JVM
  * and o, lse once out, O(T*D) each). Memory is O(T*D) on both paths; no T x T matrix is formed.
- * Decoding and merging always use the Java kernels. A GPU device would dispatch to the JCuda backend
- * at {@link #requireCpu}; that backend does not exist yet (issue 3), so non-CPU arrays are rejected.
+ * Decoding and merging always use the Java kernels. Where a CUDA device is present (the kernels'
+ * {@link CudaProbe}), forward calls go to the JCuda backend ({@link Path#CUDA}) from host arrays:
+ * DJL gives no CUDA data pointer, so arrays stay on the CPU device here (non-CPU arrays are
+ * rejected at {@link #requireCpu}) and the backend copies them over. That path has not run on a GPU
+ * yet (docs/CUDA.md).
  *
  * <p><b>Gradients.</b> This operator is inference-only: the Java kernel has no backward, and
  * gradients through the TorchScript path are neither relied on nor tested (its results are always
@@ -66,7 +71,9 @@ public final class AttentionOp {
     /** Our Java kernel ({@link CpuAttention}). */
     JAVA,
     /** libtorch's fused CPU attention ({@link LibtorchSdpa}). */
-    LIBTORCH
+    LIBTORCH,
+    /** The CUDA kernels through JCuda ({@link CudaAttention}); AUTO takes it where a GPU is present. */
+    CUDA
   }
 
   private static final System.Logger LOG = System.getLogger(AttentionOp.class.getName());
@@ -156,6 +163,11 @@ public final class AttentionOp {
       }
       return libtorchForward(s, q, k, v, d, opt, layout);
     }
+    if (chosen == Path.CUDA) {
+      AttentionState st = CudaAttention.instance().forward(toTensor(q, layout), toTensor(k, layout),
+          toTensor(v, layout), qPos, kPos, opt);
+      return stateToNd(q.getManager(), st, d.batch, d.tq, d.heads, d.dim, layout);
+    }
     return javaForward(q, k, v, d, qPos, kPos, opt, layout);
   }
 
@@ -172,6 +184,9 @@ public final class AttentionOp {
   }
 
   private Path choose(Dims d, long[] qPos, long[] kPos, AttentionOptions opt) {
+    if (d.dim <= CudaAttention.MAX_DIM && CudaProbe.status().available()) {
+      return Path.CUDA;
+    }
     if (libtorchUnsupported(d, qPos, kPos, opt) != null) {
       return Path.JAVA;
     }

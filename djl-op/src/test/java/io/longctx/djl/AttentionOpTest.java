@@ -86,6 +86,9 @@ class AttentionOpTest {
       if (AttentionOp.libtorchSupports(qa, ka, va, qPos, null, opt, layout)) {
         paths.add(Path.LIBTORCH);
       }
+      if (io.longctx.kernels.CudaProbe.status().available()) {
+        paths.add(Path.CUDA); // only where a GPU is present
+      }
       for (Path p : paths) {
         NDList r = OP.forward(qa, ka, va, qPos, null, opt, layout, p);
         Shape want = layout == Layout.BHTD ? new Shape(b, h, tq, d) : new Shape(b, tq, h, d);
@@ -102,6 +105,8 @@ class AttentionOpTest {
 
   @Test
   void dispatchFollowsTheRule() {
+    org.junit.jupiter.api.Assumptions.assumeFalse(io.longctx.kernels.CudaProbe.status().available(),
+        "a GPU is present: AUTO takes the CUDA path");
     try (NDManager m = manager.newSubManager()) {
       NDArray big = m.randomNormal(new Shape(1, 4, 256, 64));
       NDArray one = m.randomNormal(new Shape(1, 4, 1, 64));
@@ -124,6 +129,9 @@ class AttentionOpTest {
       assertEquals(Path.JAVA, OP.choose(big, big, big, shifted, shifted, opt.withCausal(true), Layout.BHTD));
       assertThrows(IllegalArgumentException.class,
           () -> OP.forward(big, big, big, null, null, opt.withSoftcap(3f), Layout.BHTD, Path.LIBTORCH));
+      IllegalStateException noGpu = assertThrows(IllegalStateException.class,
+          () -> OP.forward(big, big, big, null, null, opt, Layout.BHTD, Path.CUDA));
+      assertTrue(noGpu.getMessage().contains("CUDA is unavailable"), noGpu.getMessage());
     }
   }
 
