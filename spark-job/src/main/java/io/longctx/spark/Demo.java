@@ -52,7 +52,8 @@ public final class Demo {
     out.printf("%n%-20s %8s %8s %12s %12s %12s  %s%n", "query_id", "pos", "n_keys", "lse[head 0]", "o rel err",
         "lse abs err", "check");
     boolean ok = true;
-    int checked = 0;
+    int checked = 0, index = 0;
+    int every = Math.max(1, rows.size() / Math.max(1, sample)); // spread the sample over the documents
     for (Row r : rows) {
       String qid = r.getAs("query_id");
       int doc = Integer.parseInt(qid.substring(4, 9));
@@ -62,7 +63,7 @@ public final class Demo {
       float[] l1 = toFloats(r.getList(r.fieldIndex("lse")));
       long nKeys = r.getAs("n_keys");
       String oErr = "", lErr = "", verdict = "(not checked)";
-      if (checked < sample) {
+      if (checked < sample && index++ % every == 0) {
         checked++;
         double[] err = check(g, doc, q, o1, l1, attn);
         boolean good = err[0] <= 1e-5 && err[1] <= 1e-5;

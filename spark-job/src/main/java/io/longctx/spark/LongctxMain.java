@@ -92,7 +92,7 @@ public final class LongctxMain {
       queries (default 6) against a float64 reference computed in this process, and prints a results
       table and the summary. Exit 1 if a checked query does not match.
 
-        --dir DIR             where to write the corpus and scores (default: a new temp directory)
+        --dir DIR             where to write the corpus and scores (default: a temp directory, deleted at the end)
       """ + COMMON_HELP;
 
   public static final String MAIN_HELP = """
@@ -242,7 +242,8 @@ public final class LongctxMain {
       out.print(DEMO_HELP);
       return 0;
     }
-    Path dir = a.get("--dir") != null ? Path.of(a.get("--dir")) : Files.createTempDirectory("longctx-demo-");
+    boolean temp = a.get("--dir") == null;
+    Path dir = temp ? Files.createTempDirectory("longctx-demo-") : Path.of(a.get("--dir"));
     boolean owned = SparkSession.getDefaultSession().isEmpty();
     SparkSession spark = Sessions.create("longctx demo", a.get("--master"), a.confs);
     try {
@@ -250,6 +251,11 @@ public final class LongctxMain {
     } finally {
       if (owned) {
         spark.stop();
+      }
+      if (temp) { // the generated corpus is ~200 MB: do not leave it in /tmp
+        try (var walk = Files.walk(dir)) {
+          walk.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
+        }
       }
     }
   }
