@@ -99,7 +99,7 @@ class LocalClusterTest {
       List<String> f = new ArrayList<>();
       for (String a : java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()) {
         if (a.startsWith("--add-opens") || a.startsWith("--add-modules") || a.startsWith("-XX:+IgnoreUnrecognized")
-            || a.startsWith("-Dio.netty") || a.equals("-XX:+UnlockExperimentalVMOptions") || a.equals("-XX:-UseVectorStubs")) {
+            || a.startsWith("-Dio.netty")) {
           f.add(a);
         }
       }
