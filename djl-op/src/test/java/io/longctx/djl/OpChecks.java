@@ -5,6 +5,7 @@ import ai.djl.ndarray.NDManager;
 import ai.djl.ndarray.types.Shape;
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.ReferenceAttention;
+import io.longctx.kernels.Tolerance;
 import io.longctx.kernels.Tensor;
 import java.util.SplittableRandom;
 
@@ -14,7 +15,6 @@ import java.util.SplittableRandom;
  */
 final class OpChecks {
 
-  static final double EPS = 1e-6;
 
   private OpChecks() {}
 
@@ -49,52 +49,6 @@ final class OpChecks {
       AttentionOptions opt) {
     ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qPos, kPos, opt);
     ReferenceAttention.Result naive = ReferenceAttention.computeFloat32(q, k, v, qPos, kPos, opt);
-    double[] got = errors(o, lse, ref);
-    float[] no = new float[naive.o().length];
-    float[] nl = new float[naive.lse().length];
-    for (int i = 0; i < no.length; i++) {
-      no[i] = (float) naive.o()[i];
-    }
-    for (int i = 0; i < nl.length; i++) {
-      nl[i] = (float) naive.lse()[i];
-    }
-    double[] base = errors(no, nl, ref);
-    double maxLse = 0;
-    for (double l : ref.lse()) {
-      if (Double.isFinite(l)) {
-        maxLse = Math.max(maxLse, Math.abs(l));
-      }
-    }
-    double tolO = 2 * base[0] + EPS, tolL = 2 * base[1] + EPS * (1 + maxLse);
-    if (got[0] <= tolO && got[1] <= tolL) {
-      return null;
-    }
-    return String.format("o rel-L2 %.3g (tol %.3g), lse max-abs %.3g (tol %.3g)", got[0], tolO, got[1], tolL);
-  }
-
-  private static double[] errors(float[] o, float[] lse, ReferenceAttention.Result ref) {
-    if (o.length != ref.o().length || lse.length != ref.lse().length) {
-      return new double[] {Double.POSITIVE_INFINITY, Double.POSITIVE_INFINITY};
-    }
-    double num = 0, den = 0, le = 0;
-    for (int i = 0; i < o.length; i++) {
-      double e = o[i] - ref.o()[i];
-      num += e * e;
-      den += ref.o()[i] * ref.o()[i];
-    }
-    for (int i = 0; i < lse.length; i++) {
-      double r = ref.lse()[i];
-      if (r == Double.NEGATIVE_INFINITY || lse[i] == Float.NEGATIVE_INFINITY) {
-        if (r != lse[i]) {
-          return new double[] {Double.POSITIVE_INFINITY, Double.POSITIVE_INFINITY};
-        }
-        continue;
-      }
-      double e = Math.abs(lse[i] - r);
-      le = e > le || Double.isNaN(e) ? e : le;
-    }
-    double err = den == 0 ? Math.sqrt(num) : Math.sqrt(num / den);
-    return new double[] {Double.isNaN(err) ? Double.POSITIVE_INFINITY : err,
-        Double.isNaN(le) ? Double.POSITIVE_INFINITY : le};
+    return Tolerance.violation(o, lse, ref, naive);
   }
 }

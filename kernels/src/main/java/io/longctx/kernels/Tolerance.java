@@ -22,6 +22,9 @@ public final class Tolerance {
   }
 
   public static Errors errors(float[] o, float[] lse, ReferenceAttention.Result ref) {
+    if (o.length != ref.o().length || lse.length != ref.lse().length) {
+      return new Errors(Double.POSITIVE_INFINITY, Double.POSITIVE_INFINITY);
+    }
     double num = 0, den = 0, lseErr = 0;
     for (int i = 0; i < o.length; i++) {
       double e = o[i] - ref.o()[i];
@@ -44,7 +47,13 @@ public final class Tolerance {
 
   /** Null when {@code got} meets the rule, else a message with both errors and the bounds. */
   public static String violation(AttentionState got, ReferenceAttention.Result ref, ReferenceAttention.Result naive32) {
-    Errors kernel = errors(got.o(), got.lse(), ref);
+    return violation(got.o(), got.lse(), ref, naive32);
+  }
+
+  /** The same on raw arrays in attention-state order (they may hold NaN: that is a violation). */
+  public static String violation(float[] o, float[] lse, ReferenceAttention.Result ref,
+      ReferenceAttention.Result naive32) {
+    Errors kernel = errors(o, lse, ref);
     Errors naive = errors(toFloat(naive32.o()), toFloat(naive32.lse()), ref);
     double tolO = 2 * naive.o() + EPS_O;
     double tolLse = 2 * naive.lse() + EPS_LSE * (1 + maxAbs(ref.lse()));
@@ -64,7 +73,8 @@ public final class Tolerance {
     return m;
   }
 
-  private static float[] toFloat(double[] x) {
+  /** A float64 array rounded to float32. */
+  public static float[] toFloat(double[] x) {
     float[] f = new float[x.length];
     for (int i = 0; i < x.length; i++) {
       f[i] = (float) x[i];

@@ -172,20 +172,12 @@ class ForwardAccuracyTest {
       ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, null, null, opt);
       assertTrue(Accuracy.maxAbs(ref.lse()) > 5e3, "test must reach large logits, got max |lse| " + Accuracy.maxAbs(ref.lse()));
       Tolerance.Errors kernel = Tolerance.errors(got.o(), got.lse(), ref);
-      Tolerance.Errors naive = Tolerance.errors(toFloat(ReferenceAttention.computeFloat32(q, k, v, null, null, opt).o()),
-          toFloat(ReferenceAttention.computeFloat32(q, k, v, null, null, opt).lse()), ref);
+      Tolerance.Errors naive = Tolerance.errors(Tolerance.toFloat(ReferenceAttention.computeFloat32(q, k, v, null, null, opt).o()),
+          Tolerance.toFloat(ReferenceAttention.computeFloat32(q, k, v, null, null, opt).lse()), ref);
       String msg = "seed " + seed + ": kernel " + kernel + " vs naive float32 " + naive;
       assertTrue(kernel.o() <= 4 * naive.o() + 1e-6, msg);
       assertTrue(kernel.lse() <= 4 * naive.lse() + 4 * Math.ulp((float) Accuracy.maxAbs(ref.lse())), msg);
     }
-  }
-
-  static float[] toFloat(double[] x) {
-    float[] f = new float[x.length];
-    for (int i = 0; i < x.length; i++) {
-      f[i] = (float) x[i];
-    }
-    return f;
   }
 
   @Test
