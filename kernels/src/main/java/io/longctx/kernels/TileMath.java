@@ -32,13 +32,16 @@ final class TileMath {
   // so a task re-run on a fresh JVM (a Spark retry) could change the output. These give the same
   // bits in every JIT tier and on every x86 machine, at about the stubs' speed.
   private static final float EXP_HI = 88f; // exp(88) < Float.MAX_VALUE
-  private static final float EXP_LO = -87.3f; // below this exp underflows: 0
+  private static final float EXP_LO = -104f; // 2^n then has a non-positive biased exponent: 0
   private static final float LOG2E = 1.44269504088896341f;
   private static final float LN2_HI = 0.693359375f; // ln 2 = LN2_HI + LN2_LO, LN2_HI exact in few bits
   private static final float LN2_LO = -2.12194440e-4f;
   private static final float ROUND = 12582912f; // 1.5 * 2^23: adding it rounds to an integer
 
-  /** e^x, about 1 ulp (Cody-Waite reduction, degree-6 polynomial); -inf and x < -87.3 give 0. */
+  /**
+   * e^x, about 1 ulp (Cody-Waite reduction, degree-6 polynomial); results below float's normal
+   * range (x < about -87.3), and -inf, give 0.
+   */
   static FloatVector exp(FloatVector x) {
     FloatVector xc = x.min(EXP_HI).max(EXP_LO);
     FloatVector t = xc.mul(LOG2E).add(ROUND); // float bits of t hold n = round(x / ln 2)
@@ -51,9 +54,11 @@ final class TileMath {
     p = p.mul(r).add(1.6666665459e-1f);
     p = p.mul(r).add(5.0000001201e-1f);
     p = p.mul(r.mul(r)).add(r).add(1f);
-    FloatVector twoN = t.reinterpretAsInts().add(127 - 0x4B400000).lanewise(VectorOperators.LSHL, 23)
+    // 2^n from the biased exponent n + 127, floored at 0 so that underflow gives exactly 0. (No
+    // compare-and-blend here: inlined this deep, C2 left blend as a slow call.)
+    FloatVector twoN = t.reinterpretAsInts().add(127 - 0x4B400000).max(0).lanewise(VectorOperators.LSHL, 23)
         .reinterpretAsFloats();
-    return p.mul(twoN).blend(0f, x.lt(EXP_LO));
+    return p.mul(twoN);
   }
 
   /** tanh(x), a few ulp: an odd polynomial below |x| = 0.625, else 1 - 2 / (e^2|x| + 1). */

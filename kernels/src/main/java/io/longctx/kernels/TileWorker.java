@@ -36,6 +36,8 @@ final class TileWorker {
   private final float[] max; // running max per lane
   private final float[] sum; // running sum per lane
   private final float[] alpha; // rescale factor of the current tile per lane
+  private final float[] shift; // the max subtracted in the current tile per lane
+  private final float[] tileSum; // sum of the current tile's probabilities per lane
   private final float[] seenMin; // unified max: smallest visible logit per lane
   private final float[] seenMax; // unified max: largest visible logit per lane
   private final boolean[] flags; // unified max: lane must be recomputed
@@ -58,6 +60,8 @@ final class TileWorker {
     max = new float[blockQ];
     sum = new float[blockQ];
     alpha = new float[blockQ];
+    shift = new float[blockQ];
+    tileSum = new float[blockQ];
     seenMin = new float[blockQ];
     seenMax = new float[blockQ];
     flags = new boolean[blockQ];
@@ -203,6 +207,11 @@ final class TileWorker {
   /**
    * Online-softmax step over one tile: scores in s become probabilities; max, sum, alpha update.
    * Rejects non-finite scores (NaN or Inf in q or k) from the tile sum, at no extra pass.
+   *
+   * <p>Kept small on purpose: with two inlined vector exps and the unified-max branch in one method,
+   * C2 ran out of inlining budget and left Vector API calls as slow calls (0.55x instead of 0.8x
+   * libtorch). So the per-lane rescale factor alpha is scalar (StrictMath, once per lane and tile)
+   * and the unified-max range tracking has its own method.
    */
   private void softmaxTile(CpuAttention.Problem p, int n, int lanes, int jt, UnifiedMax um) {
     FloatVector negInf = FloatVector.broadcast(SPECIES, Float.NEGATIVE_INFINITY);
@@ -218,35 +227,44 @@ final class TileWorker {
         }
         mNew = mOld.blend(tileMax, mOld.lt(tileMax));
       } else {
-        // Track the visible range for the validity check; masked scores are -inf.
-        FloatVector lo = FloatVector.fromArray(SPECIES, seenMin, c);
-        FloatVector hi = FloatVector.fromArray(SPECIES, seenMax, c);
-        for (int j = 0, at = c; j < n; j++, at += blockQ) {
-          FloatVector x = FloatVector.fromArray(SPECIES, s, at);
-          hi = hi.blend(x, hi.lt(x));
-          lo = lo.blend(x, x.lt(lo).and(x.compare(VectorOperators.NE, negInf)));
-        }
-        lo.intoArray(seenMin, c);
-        hi.intoArray(seenMax, c);
+        trackVisibleRange(n, c);
         mNew = mOld;
       }
       // A row that has seen no key yet keeps max = -inf; subtract 0 then so exp gives 0, not NaN.
-      VectorMask<Float> none = mNew.eq(negInf);
-      FloatVector mUse = mNew.blend(0f, none);
-      FloatVector a = TileMath.exp(mOld.sub(mUse));
+      FloatVector mUse = mNew.blend(FloatVector.zero(SPECIES), mNew.eq(negInf));
       FloatVector total = FloatVector.zero(SPECIES);
       for (int j = 0, at = c; j < n; j++, at += blockQ) {
         FloatVector e = TileMath.exp(FloatVector.fromArray(SPECIES, s, at).sub(mUse));
         e.intoArray(s, at);
         total = total.add(e);
       }
-      if (Float.isNaN(total.reduceLanes(VectorOperators.ADD))) {
-        throw nonFinite(p, n, jt);
-      }
-      FloatVector.fromArray(SPECIES, sum, c).fma(a, total).intoArray(sum, c);
-      a.intoArray(alpha, c);
+      mOld.intoArray(alpha, c); // alpha holds the old max until the scalar pass below
+      mUse.intoArray(shift, c);
+      total.intoArray(tileSum, c);
       mNew.intoArray(max, c);
     }
+    for (int i = 0; i < lanes; i++) {
+      if (Float.isNaN(tileSum[i])) {
+        throw nonFinite(p, n, jt);
+      }
+      float a = (float) StrictMath.exp((double) alpha[i] - shift[i]);
+      alpha[i] = a;
+      sum[i] = Math.fma(sum[i], a, tileSum[i]);
+    }
+  }
+
+  /** Unified max: the smallest and largest visible logit per lane (masked scores are -inf). */
+  private void trackVisibleRange(int n, int c) {
+    FloatVector negInf = FloatVector.broadcast(SPECIES, Float.NEGATIVE_INFINITY);
+    FloatVector lo = FloatVector.fromArray(SPECIES, seenMin, c);
+    FloatVector hi = FloatVector.fromArray(SPECIES, seenMax, c);
+    for (int j = 0, at = c; j < n; j++, at += blockQ) {
+      FloatVector x = FloatVector.fromArray(SPECIES, s, at);
+      hi = hi.blend(x, hi.lt(x));
+      lo = lo.blend(x, x.lt(lo).and(x.compare(VectorOperators.NE, negInf)));
+    }
+    lo.intoArray(seenMin, c);
+    hi.intoArray(seenMax, c);
   }
 
   private void rescaleOutput(int d, int lanes) {
