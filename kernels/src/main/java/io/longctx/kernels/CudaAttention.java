@@ -237,19 +237,20 @@ public final class CudaAttention implements AttentionBackend {
         (q.tokens() + rowsPerBlock - 1) / rowsPerBlock, q.heads(), q.batch(), THREADS, 1, 1, 0, stream, params, null));
   }
 
-  private static DeviceBuffer upload(float[] host, CUstream stream) {
+  static DeviceBuffer upload(float[] host, CUstream stream) {
     DeviceBuffer b = new DeviceBuffer(4L * host.length);
     copyIn(b, Pointer.to(host), stream);
     return b;
   }
 
-  private static DeviceBuffer upload(long[] host, CUstream stream) {
+  static DeviceBuffer upload(long[] host, CUstream stream) {
     DeviceBuffer b = new DeviceBuffer(8L * host.length);
     copyIn(b, Pointer.to(host), stream);
     return b;
   }
 
-  private static void copyIn(DeviceBuffer b, Pointer host, CUstream stream) {
+  /** Copies host data into b on the stream; frees b if the copy cannot be issued. */
+  static void copyIn(DeviceBuffer b, Pointer host, CUstream stream) {
     if (b.bytes > 0) {
       try {
         check("cuMemcpyHtoDAsync", JCudaDriver.cuMemcpyHtoDAsync(b.ptr, host, b.bytes, stream));

@@ -121,26 +121,18 @@ public final class GpuCheck {
     return new Tensor(r, x.batch(), x.heads(), x.tokens(), x.dim());
   }
 
+  /** x on the device as {@code type} (fp16/bf16 bit patterns, or float32 as is). */
   private static CudaAttention.DeviceBuffer upload(Tensor x, CudaAttention.DType type, CUstream stream) {
     float[] f = x.data();
-    CudaAttention.DeviceBuffer buf = new CudaAttention.DeviceBuffer((long) f.length * type.bytes);
-    Pointer host;
     if (type == CudaAttention.DType.F32) {
-      host = Pointer.to(f);
-    } else {
-      short[] bits = new short[f.length];
-      for (int i = 0; i < f.length; i++) {
-        bits[i] = type == CudaAttention.DType.F16 ? HalfFloats.floatToHalf(f[i]) : HalfFloats.floatToBf16(f[i]);
-      }
-      host = Pointer.to(bits);
+      return CudaAttention.upload(f, stream);
     }
-    CudaAttention.check("cuMemcpyHtoDAsync", JCudaDriver.cuMemcpyHtoDAsync(buf.ptr, host, buf.bytes, stream));
-    return buf;
-  }
-
-  private static CudaAttention.DeviceBuffer upload(long[] x, CUstream stream) {
-    CudaAttention.DeviceBuffer buf = new CudaAttention.DeviceBuffer(8L * x.length);
-    CudaAttention.check("cuMemcpyHtoDAsync", JCudaDriver.cuMemcpyHtoDAsync(buf.ptr, Pointer.to(x), buf.bytes, stream));
+    short[] bits = new short[f.length];
+    for (int i = 0; i < f.length; i++) {
+      bits[i] = type == CudaAttention.DType.F16 ? HalfFloats.floatToHalf(f[i]) : HalfFloats.floatToBf16(f[i]);
+    }
+    CudaAttention.DeviceBuffer buf = new CudaAttention.DeviceBuffer((long) f.length * type.bytes);
+    CudaAttention.copyIn(buf, Pointer.to(bits), stream);
     return buf;
   }
 
@@ -157,8 +149,8 @@ public final class GpuCheck {
     try (CudaAttention.DeviceBuffer dq = upload(q, type, stream);
          CudaAttention.DeviceBuffer dk = upload(k, type, stream);
          CudaAttention.DeviceBuffer dv = upload(v, type, stream);
-         CudaAttention.DeviceBuffer dqp = upload(qPos, stream);
-         CudaAttention.DeviceBuffer dkp = upload(kPos, stream);
+         CudaAttention.DeviceBuffer dqp = CudaAttention.upload(qPos, stream);
+         CudaAttention.DeviceBuffer dkp = CudaAttention.upload(kPos, stream);
          CudaAttention.DeviceBuffer dout = new CudaAttention.DeviceBuffer(4L * o.length);
          CudaAttention.DeviceBuffer dlse = new CudaAttention.DeviceBuffer(4L * lse.length)) {
       CudaAttention.check("cuMemcpyHtoDAsync(poison o)", JCudaDriver.cuMemcpyHtoDAsync(dout.ptr, Pointer.to(o), dout.bytes, stream));
@@ -196,7 +188,7 @@ public final class GpuCheck {
     try (CudaAttention.DeviceBuffer dq = upload(q, type, stream);
          CudaAttention.DeviceBuffer dk = upload(q, type, stream);
          CudaAttention.DeviceBuffer dv = upload(q, type, stream);
-         CudaAttention.DeviceBuffer dp = upload(pos, stream);
+         CudaAttention.DeviceBuffer dp = CudaAttention.upload(pos, stream);
          CudaAttention.DeviceBuffer dout = new CudaAttention.DeviceBuffer(4L * b * h * t * d);
          CudaAttention.DeviceBuffer dlse = new CudaAttention.DeviceBuffer(4L * b * h * t)) {
       CudaAttention.DeviceTensor tq = new CudaAttention.DeviceTensor(dq, type, b, h, t, d);
