@@ -13,9 +13,9 @@ import org.apache.spark.sql.SparkSession;
 /**
  * {@code longctx spark-bench}: Spark overhead of a prefill. Generates one document of --tokens
  * tokens (Parquet, not timed), runs {@code score --mode prefill} (timed: the job's wall time, reading
- * to renamed output), then in the same JVM runs {@link CpuAttention#forward} on exactly the same
- * visible (query chunk, key chunk) pairs from in-memory arrays (kernel-only time). Prints both and
- * the ratio job / kernel-only.
+ * to renamed output), and in the same JVM, before and after the job, runs {@link CpuAttention#forward}
+ * on exactly the same visible (query chunk, key chunk) pairs from in-memory arrays (kernel-only
+ * time, the mean of the two). Prints both, the ratio job / kernel-only, and the load average.
  */
 final class OverheadBench {
   private OverheadBench() {}
@@ -49,14 +49,61 @@ final class OverheadBench {
       o.overwrite = true;
       o.heads = g.heads;
       o.chunkLen = chunkLen;
+
+      // Kernel-only time is taken before and after the job and averaged: the machine's speed drifts
+      // (other work, thermal), and one side-by-side pass would charge the drift to one side.
+      Pairs pairs = new Pairs(g, chunkLen);
+      double load0 = loadAverage();
+      double before = pairs.run();
       ScoreJob.Summary s = ScoreJob.run(spark, o);
       System.err.print(s);
+      double after = pairs.run();
+      double load1 = loadAverage();
+      double kernel = (before + after) / 2;
 
-      // Kernel only: the same pairs (i, j <= i) on the same data, sequentially per pair as tasks
-      // would run them, each forward using the whole fork-join pool.
-      int n = (int) g.tokens, d = g.dim, chunks = (n + chunkLen - 1) / chunkLen;
-      float[][] q = new float[chunks][], k = new float[chunks][], v = new float[chunks][];
-      long[][] pos = new long[chunks][];
+      int n = (int) g.tokens, d = g.dim;
+      double flops = 4.0 * g.heads * (double) n * n * d / 2;
+      out.printf(Locale.ROOT, "spark-bench: prefill of %d tokens, heads %d, kv heads %d, dim %d, chunk-len %d%n", n,
+          g.heads, g.kvHeads, d, chunkLen);
+      out.printf(Locale.ROOT, "  job wall time      %.2f s (%d pairs computed, %d skipped)%n", s.wallSeconds(),
+          s.pairsComputed(), s.pairsSkipped());
+      out.printf(Locale.ROOT, "  kernel-only time   %.2f s (before the job %.2f s, after %.2f s; %d pairs, %.1f GFLOP/s causal)%n",
+          kernel, before, after, pairs.count, flops / kernel / 1e9);
+      out.printf(Locale.ROOT, "  Spark overhead     %.2fx (job / kernel-only)%n", s.wallSeconds() / kernel);
+      out.printf(Locale.ROOT, "  load average       %.2f at the start, %.2f at the end (%d cores; above that, other"
+          + " processes shared the machine)%n", load0, load1,
+          Runtime.getRuntime().availableProcessors());
+      return 0;
+    } finally {
+      if (owned) {
+        spark.stop();
+      }
+    }
+  }
+
+  private static double loadAverage() {
+    return java.lang.management.ManagementFactory.getOperatingSystemMXBean().getSystemLoadAverage();
+  }
+
+  /**
+   * The job's visible (query chunk i, key chunk j <= i) pairs on in-memory arrays, run one after
+   * another as tasks would run them, each forward using the whole fork-join pool.
+   */
+  private static final class Pairs {
+    final Generator g;
+    final float[][] q, k, v;
+    final long[][] pos;
+    final int chunks;
+    long count;
+
+    Pairs(Generator g, int chunkLen) {
+      this.g = g;
+      int n = (int) g.tokens, d = g.dim;
+      chunks = (n + chunkLen - 1) / chunkLen;
+      q = new float[chunks][];
+      k = new float[chunks][];
+      v = new float[chunks][];
+      pos = new long[chunks][];
       for (int c = 0; c < chunks; c++) {
         int t0 = c * chunkLen, len = Math.min(chunkLen, n - t0);
         q[c] = new float[g.heads * len * d];
@@ -75,31 +122,23 @@ final class OverheadBench {
           }
         }
       }
+    }
+
+    /** Seconds for all pairs. */
+    double run() {
       AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
-      long pairs = 0;
+      int d = g.dim;
+      count = 0;
       long t0 = System.nanoTime();
       for (int i = 0; i < chunks; i++) {
         for (int j = 0; j <= i; j++) {
           CpuAttention.DEFAULT.forward(new Tensor(q[i], 1, g.heads, pos[i].length, d),
               new Tensor(k[j], 1, g.kvHeads, pos[j].length, d), new Tensor(v[j], 1, g.kvHeads, pos[j].length, d),
               pos[i], pos[j], causal);
-          pairs++;
+          count++;
         }
       }
-      double kernel = (System.nanoTime() - t0) / 1e9;
-      double flops = 4.0 * g.heads * (double) n * n * d / 2;
-      out.printf(Locale.ROOT, "spark-bench: prefill of %d tokens, heads %d, kv heads %d, dim %d, chunk-len %d%n", n,
-          g.heads, g.kvHeads, d, chunkLen);
-      out.printf(Locale.ROOT, "  job wall time      %.2f s (%d pairs computed, %d skipped)%n", s.wallSeconds(),
-          s.pairsComputed(), s.pairsSkipped());
-      out.printf(Locale.ROOT, "  kernel-only time   %.2f s (%d pairs, %.1f GFLOP/s causal)%n", kernel, pairs,
-          flops / kernel / 1e9);
-      out.printf(Locale.ROOT, "  Spark overhead     %.2fx (job / kernel-only)%n", s.wallSeconds() / kernel);
-      return 0;
-    } finally {
-      if (owned) {
-        spark.stop();
-      }
+      return (System.nanoTime() - t0) / 1e9;
     }
   }
 }
