@@ -576,6 +576,7 @@ public final class ScoreJob {
 
   static Iterator<Partial> computePairs(Iterator<QueryBlock> blocks, Iterator<Chunk> chunks, Shape s,
       AttentionOptions attn) {
+    FaultHooks.at(FaultHooks.MAP); // test-only fault injection, off by default
     Chunk c = chunks.hasNext() ? chunks.next() : null;
     List<Partial> out = new ArrayList<>();
     while (blocks.hasNext()) {
