@@ -338,10 +338,18 @@ public final class ScoreJob {
     Column floats = lit(null).cast(DataTypes.createArrayType(DataTypes.FloatType));
     Map<String, Column> vec = new HashMap<>();
     for (String v : isKeys ? (withQ ? List.of("k", "v", "q") : List.of("k", "v")) : List.of("q")) {
-      Column at = functions.array_position(functions.transform(col(v), Column::isNull), true);
-      bad = functions.coalesce(bad, functions.when(at.gt(0), functions.concat(lit(v + "["),
+      Column x = col(v).cast("array<float>");
+      if (!(df.schema().apply(v).dataType() instanceof ArrayType a && a.containsNull())) {
+        vec.put(v, x); // the file's schema rules out null elements
+        continue;
+      }
+      // Cheap test first (compiled, no per-element lambda): arrays_overlap is null exactly when x holds a null
+      // and no element equal to the probe value; the lambda that finds the index runs only on such rows.
+      Column hasNull = x.isNotNull().and(functions.arrays_overlap(x, functions.array(lit(Float.MAX_VALUE))).isNull());
+      Column at = functions.array_position(functions.transform(x, Column::isNull), true);
+      bad = functions.coalesce(bad, functions.when(hasNull, functions.concat(lit(v + "["),
           at.minus(1).cast("string"), lit("] is null (vectors must be finite)"))));
-      vec.put(v, functions.when(at.gt(0), floats).otherwise(col(v).cast("array<float>")));
+      vec.put(v, functions.when(hasNull, floats).otherwise(x));
     }
     Dataset<Row> sel = df.select(
         isKeys ? lit(null).cast("string").as("queryId") : col("query_id").cast("string").as("queryId"),
