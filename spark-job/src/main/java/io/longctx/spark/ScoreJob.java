@@ -332,7 +332,8 @@ public final class ScoreJob {
     }
     checkTypes(df.schema(), what, path);
     // A problem of the row found while reading, reported by validateKey / validateQuery with the row's place:
-    // a malformed JSON line, else the first null element of a vector (the bean encoder would read it as 0).
+    // a malformed JSON line, else the first null element of a vector (the bean encoder would fail on it with a
+    // message that names neither the file nor the row).
     Column bad = json ? functions.when(col(CORRUPT).isNotNull(), functions.concat(lit("malformed JSON record "
         + "(not JSON, or a value of the wrong type): "), functions.substring(col(CORRUPT), 1, 300))) : lit(null);
     Column floats = lit(null).cast(DataTypes.createArrayType(DataTypes.FloatType));
