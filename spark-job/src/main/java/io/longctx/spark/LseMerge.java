@@ -78,6 +78,7 @@ public final class LseMerge extends Aggregator<StatePart, LseBuffer, MergedState
 
   @Override
   public MergedState finish(LseBuffer b) {
+    FaultHooks.at(FaultHooks.REDUCE); // test-only fault injection (runs after the shuffle), off by default
     int n = b.getSize();
     if (n == 0) {
       return null;

@@ -36,7 +36,16 @@ import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.expressions.UserDefinedFunction;
 import org.apache.spark.sql.functions;
+import org.apache.spark.sql.types.ArrayType;
+import org.apache.spark.sql.types.ByteType;
+import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.IntegerType;
+import org.apache.spark.sql.types.LongType;
+import org.apache.spark.sql.types.NumericType;
+import org.apache.spark.sql.types.ShortType;
+import org.apache.spark.sql.types.StringType;
+import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.storage.StorageLevel;
 
@@ -302,9 +311,12 @@ public final class ScoreJob {
   static Dataset<Token> read(SparkSession spark, String fmt, String path, boolean isKeys, boolean withQ) {
     String what = isKeys ? "KEYS" : "QUERIES";
     Dataset<Row> df;
-    if (fmt.equals("json")) {
-      // An explicit schema: no inference pass; an absent field reads as null and is reported per row.
-      df = spark.read().schema(isKeys ? keysSchema(withQ) : queriesSchema()).option("mode", "FAILFAST").json(path);
+    boolean json = fmt.equals("json");
+    if (json) {
+      // An explicit schema: no inference pass; an absent field reads as null and is reported per row. A line
+      // that is not JSON or holds a value of the wrong type is kept in CORRUPT and reported per row with its file.
+      df = spark.read().schema((isKeys ? keysSchema(withQ) : queriesSchema()).add(CORRUPT, DataTypes.StringType))
+          .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT).json(path);
     } else {
       df = spark.read().format(fmt).load(path);
     }
@@ -320,16 +332,62 @@ public final class ScoreJob {
           + (isKeys ? "doc_id string, pos long, k array<float>, v array<float>" + (withQ ? ", q array<float>" : "")
               : "query_id string, doc_id string, q array<float>, optional pos long") + ")");
     }
+    checkTypes(df.schema(), what, path);
+    // A problem of the row found while reading, reported by validateKey / validateQuery with the row's place:
+    // a malformed JSON line, else the first null element of a vector (the bean encoder would fail on it with a
+    // message that names neither the file nor the row).
+    Column bad = json ? functions.when(col(CORRUPT).isNotNull(), functions.concat(lit("malformed JSON record "
+        + "(not JSON, or a value of the wrong type): "), functions.substring(col(CORRUPT), 1, 300))) : lit(null);
     Column floats = lit(null).cast(DataTypes.createArrayType(DataTypes.FloatType));
+    Map<String, Column> vec = new HashMap<>();
+    for (String v : isKeys ? (withQ ? List.of("k", "v", "q") : List.of("k", "v")) : List.of("q")) {
+      Column x = col(v).cast("array<float>");
+      if (!(df.schema().apply(v).dataType() instanceof ArrayType a && a.containsNull())) {
+        vec.put(v, x); // the file's schema rules out null elements
+        continue;
+      }
+      // Cheap test first (compiled, no per-element lambda): arrays_overlap is null exactly when x holds a null
+      // and no element equal to the probe value; the lambda that finds the index runs only on such rows.
+      Column hasNull = x.isNotNull().and(functions.arrays_overlap(x, functions.array(lit(Float.MAX_VALUE))).isNull());
+      Column at = functions.array_position(functions.transform(x, Column::isNull), true);
+      bad = functions.coalesce(bad, functions.when(hasNull, functions.concat(lit(v + "["),
+          at.minus(1).cast("string"), lit("] is null (vectors must be finite)"))));
+      vec.put(v, functions.when(hasNull, floats).otherwise(x));
+    }
     Dataset<Row> sel = df.select(
         isKeys ? lit(null).cast("string").as("queryId") : col("query_id").cast("string").as("queryId"),
         col("doc_id").cast("string").as("docId"),
         (have.contains("pos") ? col("pos").cast("long") : lit(null).cast("long")).as("pos"),
-        (isKeys ? col("k").cast("array<float>") : floats).as("k"),
-        (isKeys ? col("v").cast("array<float>") : floats).as("v"),
-        (withQ ? col("q").cast("array<float>") : floats).as("q"),
-        functions.input_file_name().as("file"));
+        vec.getOrDefault("k", floats).as("k"),
+        vec.getOrDefault("v", floats).as("v"),
+        vec.getOrDefault("q", floats).as("q"),
+        functions.input_file_name().as("file"),
+        bad.cast("string").as("bad"));
     return sel.as(Encoders.bean(Token.class));
+  }
+
+  static final String CORRUPT = "_corrupt_record";
+
+  /** Column types that cannot be read as the expected ones are an error naming the input and the column. */
+  static void checkTypes(StructType schema, String what, String path) {
+    for (StructField f : schema.fields()) {
+      DataType t = f.dataType();
+      String expected = switch (f.name()) {
+        case "doc_id", "query_id" -> t instanceof StringType || integral(t) ? null : "string";
+        case "pos" -> integral(t) ? null : "an integer type (long)";
+        case "k", "v", "q" -> t instanceof ArrayType a && a.elementType() instanceof NumericType ? null
+            : "array<float>";
+        default -> null;
+      };
+      if (expected != null) {
+        throw new InputError(what + " " + path + ": column '" + f.name() + "' has type " + t.simpleString()
+            + "; expected " + expected);
+      }
+    }
+  }
+
+  private static boolean integral(DataType t) {
+    return t instanceof LongType || t instanceof IntegerType || t instanceof ShortType || t instanceof ByteType;
   }
 
   static Shape resolveShape(ScoreOptions opt, Dataset<Token> keys, Dataset<Token> queries, boolean prefill) {
@@ -341,6 +399,9 @@ public final class ScoreJob {
         throw new InputError("KEYS " + opt.keys + ": no key rows");
       }
       Token t = any.get(0);
+      if (t.getBad() != null) {
+        validateKey(t, new Shape(1, 1, 1), prefill); // reports the row's own problem
+      }
       throw new InputError("KEYS file " + t.getFile() + ", doc '" + t.getDocId() + "', pos " + t.getPos() + ": column '"
           + (t.getK() == null ? "k" : "q") + "' is missing or null (and in every other row)");
     }
@@ -355,6 +416,9 @@ public final class ScoreJob {
           throw new InputError("QUERIES " + opt.queries + ": no query rows");
         }
         Token t = any.get(0);
+        if (t.getBad() != null) {
+          validateQuery(t, new Shape(1, 1, 1)); // reports the row's own problem
+        }
         throw new InputError("QUERIES file " + t.getFile() + ", query '" + t.getQueryId() + "', doc '" + t.getDocId()
             + "', pos " + (t.getPos() == null ? "(none)" : t.getPos()) + ": column 'q' is missing or null (and in every other row)");
       }
@@ -399,6 +463,10 @@ public final class ScoreJob {
 
   static Token validateKey(Token t, Shape s, boolean prefill) {
     String file = t.getFile();
+    if (t.getBad() != null) {
+      throw new InputError("KEYS file " + file + (t.getBad().startsWith("malformed") ? "" : ", doc '" + t.getDocId()
+          + "', pos " + t.getPos()) + ": " + t.getBad());
+    }
     if (t.getDocId() == null) {
       throw new InputError("KEYS file " + file + ": a row has no doc_id (pos " + t.getPos() + ")");
     }
@@ -419,6 +487,9 @@ public final class ScoreJob {
     String file = t.getFile();
     String where = "QUERIES file " + file + ", query '" + t.getQueryId() + "', doc '" + t.getDocId() + "', pos "
         + (t.getPos() == null ? "(none)" : t.getPos());
+    if (t.getBad() != null) {
+      throw new InputError((t.getBad().startsWith("malformed") ? "QUERIES file " + file : where) + ": " + t.getBad());
+    }
     if (t.getQueryId() == null) {
       throw new InputError(where + ": column 'query_id' is missing or null");
     }
@@ -578,6 +649,7 @@ public final class ScoreJob {
 
   static Iterator<Partial> computePairs(Iterator<QueryBlock> blocks, Iterator<Chunk> chunks, Shape s,
       AttentionOptions attn) {
+    FaultHooks.at(FaultHooks.MAP); // test-only fault injection, off by default
     Chunk c = chunks.hasNext() ? chunks.next() : null;
     List<Partial> out = new ArrayList<>();
     while (blocks.hasNext()) {

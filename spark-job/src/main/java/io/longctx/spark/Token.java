@@ -4,7 +4,8 @@ import java.io.Serializable;
 
 /**
  * One input row as read: a key token (docId, pos, k, v and in prefill q) or a query (queryId,
- * docId, optional pos, q). {@code file} is the input file, kept only until the row is validated.
+ * docId, optional pos, q). {@code file} is the input file, kept only until the row is validated; {@code bad} a
+ * problem found while reading.
  */
 public class Token implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -15,6 +16,7 @@ public class Token implements Serializable {
   private float[] v;
   private float[] q;
   private String file;
+  private String bad;
 
   public Token() {}
 
@@ -32,4 +34,7 @@ public class Token implements Serializable {
   public void setQ(float[] q) { this.q = q; }
   public String getFile() { return file; }
   public void setFile(String file) { this.file = file; }
+  /** A problem found while reading (malformed JSON line, null vector element), reported by validation. */
+  public String getBad() { return bad; }
+  public void setBad(String bad) { this.bad = bad; }
 }

@@ -168,6 +168,120 @@ class BadInputTest {
     assertTrue(out.toString().contains("--chunk-len") && out.toString().contains("--queries-per-doc"));
   }
 
+  // ---------------------------------------------------------------- the rest of the matrix (docs/RELIABILITY.md)
+
+  @Test
+  void schemaWrongColumnTypes() throws Exception {
+    TestData d = good();
+    Path queries = d.writeQueries(spark, tmp, "parquet");
+    // pos as a string column.
+    Path strPos = tmp.resolve("string-pos.parquet");
+    spark.createDataFrame(d.keyRows(false), TestData.keysSchema(false)).withColumn("pos",
+        org.apache.spark.sql.functions.col("pos").cast("string")).write().parquet(strPos.toString());
+    fails(strPos, queries, "KEYS", "string-pos.parquet", "column 'pos' has type string", "expected an integer type");
+    // k as a plain float, not an array.
+    Path scalarK = tmp.resolve("scalar-k.parquet");
+    spark.createDataFrame(d.keyRows(false), TestData.keysSchema(false)).withColumn("k",
+        org.apache.spark.sql.functions.lit(1.5f)).write().parquet(scalarK.toString());
+    fails(scalarK, queries, "KEYS", "scalar-k.parquet", "column 'k' has type float", "expected array<float>");
+    // JSON: a value of the wrong type in one line names the file and the line.
+    Path kj = d.writeKeys(spark, tmp.resolve("j"), "json", false);
+    Path qj = tmp.resolve("queries-bad-line.jsonl");
+    Files.createDirectories(qj);
+    Files.writeString(qj.resolve("part-0.json"), "{\"query_id\":\"q1\",\"doc_id\":\"alpha\",\"q\":" + floats(16)
+        + ",\"pos\":3}\n{\"query_id\":\"q2\",\"doc_id\":\"alpha\",\"q\":" + floats(16) + ",\"pos\":\"late\"}\n");
+    fails(kj, qj, "QUERIES file", "queries-bad-line.jsonl/part-0.json", "malformed JSON record", "\"pos\":\"late\"");
+  }
+
+  @Test
+  void emptyArraysAreAnArrayLengthError() throws Exception {
+    TestData d = good();
+    Path keys = keysWith(d, "beta", 110, "v", List.of(), false);
+    fails(keys, d.writeQueries(spark, tmp, "parquet"), "bad-keys.parquet/part-", "doc 'beta'", "pos 110",
+        "v has 0 floats, expected 8");
+  }
+
+  @Test
+  void nullElementInsideAVector() throws Exception {
+    TestData d = good();
+    List<Float> k = new ArrayList<>(TestData.boxed(d.vec(8)));
+    k.set(5, null);
+    Path keys = keysWith(d, "alpha", 4, "k", k, false);
+    fails(keys, d.writeQueries(spark, tmp, "parquet"), "bad-keys.parquet/part-", "doc 'alpha'", "pos 4",
+        "k[5] is null");
+  }
+
+  @Test
+  void duplicateQueryIdInADocument() throws Exception {
+    TestData d = good().query("q1", "alpha", 20L);
+    fails(d.writeKeys(spark, tmp, "parquet", false), d.writeQueries(spark, tmp, "parquet"), "queries.parquet",
+        "duplicate query_id 'q1'", "doc 'alpha'");
+  }
+
+  @Test
+  void emptyDocumentIsAnUnknownDocument() throws Exception {
+    // "empty" has no key rows at all: there is no such document in KEYS.
+    TestData d = good().doc("empty", 0, 0, 1).query("q7", "empty", 3L);
+    fails(d.writeKeys(spark, tmp, "parquet", false), d.writeQueries(spark, tmp, "parquet"), "query 'q7'",
+        "document 'empty'", "has no keys");
+  }
+
+  @Test
+  void emptyQuerySetAndEmptyKeys() throws Exception {
+    TestData d = good();
+    Path keys = d.writeKeys(spark, tmp, "parquet", false);
+    Path none = tmp.resolve("no-queries.parquet");
+    TestData.write(spark, List.of(), TestData.QUERIES, "parquet", none, 1);
+    fails(keys, none, "QUERIES", "no-queries.parquet", "no query rows");
+    Path noKeys = tmp.resolve("no-keys.parquet");
+    TestData.write(spark, List.of(), TestData.keysSchema(false), "parquet", noKeys, 1);
+    fails(noKeys, d.writeQueries(spark, tmp, "parquet"), "KEYS", "no-keys.parquet", "no key rows");
+  }
+
+  @Test
+  void negativePositionsAreValid() throws Exception {
+    // Positions are absolute token indices of any sign: chunk c = floor(pos / chunk-len).
+    long seed = System.nanoTime();
+    TestData d = new TestData(seed, 2, 1, 8).doc("neg", 60, -45, 1).doc("mixed", 40, -100, 7)
+        .query("a", "neg", -30L).query("b", "neg", -46L).query("c", "neg", 3L).query("d", "mixed", -1L)
+        .query("e", "mixed", null).query("f", "mixed", -100L);
+    Path keys = d.writeKeys(spark, tmp, "parquet", false);
+    Path queries = d.writeQueries(spark, tmp, "parquet");
+    for (io.longctx.kernels.AttentionOptions attn : List.of(io.longctx.kernels.AttentionOptions.DEFAULT.withCausal(true),
+        io.longctx.kernels.AttentionOptions.DEFAULT.withCausal(true).withWindow(20))) {
+      ScoreOptions o = new ScoreOptions();
+      o.keys = keys.toString();
+      o.queries = queries.toString();
+      o.output = tmp.resolve("neg-" + attn.window()).toString();
+      o.dim = 8;
+      o.causal = true;
+      o.window = attn.window();
+      o.chunkLen = 16;
+      o.queryBlock = 2;
+      ScoreJob.Summary s = ScoreJob.run(spark, o);
+      assertEquals(100, s.tokens());
+      java.util.Map<String, Outputs.Result> got = Outputs.read(spark, Path.of(o.output), "parquet", false);
+      assertEquals(6, got.size());
+      for (TestData.Query q : d.queries) {
+        Outputs.Result r = got.get(q.id());
+        io.longctx.kernels.ReferenceAttention.Result ref = d.reference(q.doc(), q.q(), q.pos(), attn);
+        double[] err = Demo.errors(r.o(), r.lse(), ref.o(), ref.lse());
+        String what = "query " + q.id() + " at pos " + q.pos() + ", " + attn + " (seed " + seed + ")";
+        assertTrue(err[0] <= EndToEndTest.O_TOL && err[1] <= EndToEndTest.LSE_TOL, err[0] + ", " + err[1] + ": " + what);
+        assertEquals(d.visibleCount(q.doc(), q.pos(), attn), r.nKeys(), what);
+      }
+      assertEquals(Float.NEGATIVE_INFINITY, got.get("b").lse()[0], "a query before the first key sees nothing");
+    }
+  }
+
+  static String floats(int n) {
+    StringBuilder b = new StringBuilder("[");
+    for (int i = 0; i < n; i++) {
+      b.append(i == 0 ? "" : ",").append(0.25 * i);
+    }
+    return b.append(']').toString();
+  }
+
   static StructType unused() {
     return new StructType().add("x", DataTypes.LongType);
   }
