@@ -52,6 +52,10 @@
 #include <math_constants.h>
 #include <stdint.h>
 
+#ifndef LONGCTX_DYNAMIC_SHARED
+#define LONGCTX_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
+
 namespace {
 
 constexpr int kThreads = 128;
@@ -73,6 +77,7 @@ __device__ __forceinline__ float warp_max(float x) {
   return x;
 }
 
+#ifndef LONGCTX_HOST_EMULATION
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -84,6 +89,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_0() { asm volatile("cp.async.wait_group 0;\n" ::); }
+#endif  // the host emulation of the tests (src/test/cuda) supplies synchronous copies instead
 
 // 8 consecutive elements from shared memory (16-byte aligned for 2-byte types, 32 for float).
 __device__ __forceinline__ void load8(const float* p, float (&f)[8]) {
@@ -224,7 +230,7 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Smem<T>& sm
 template <typename T, int DMAX, int RPW, bool UNIFIED>
 __device__ void decode_partial(const DecodeArgs& a) {
   constexpr int kQuads = DMAX / 128;  // dim quads per lane: dims 4 * lane + 128 * x + 0..3
-  extern __shared__ float4 smem_raw[];
+  LONGCTX_DYNAMIC_SHARED(float4, smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int split = blockIdx.x % a.n_splits, rb = blockIdx.x / a.n_splits;
   const int kvh = blockIdx.y, b = blockIdx.z;
