@@ -300,6 +300,8 @@ public final class CudaAttention implements AttentionBackend {
         dk.add(new DeviceTensor(bk, type, k.batch(), k.heads(), k.tokens(), k.dim()));
         dv.add(new DeviceTensor(bv, type, v.batch(), v.heads(), v.tokens(), v.dim()));
       }
+      check("cuMemsetD32Async(poison o)", JCudaDriver.cuMemsetD32Async(dout.ptr, CudaDecode.NAN_BITS, o.length, stream));
+      check("cuMemsetD32Async(poison lse)", JCudaDriver.cuMemsetD32Async(dlse.ptr, CudaDecode.NAN_BITS, lse.length, stream));
       try (CudaDecode.Workspace ws = new CudaDecode.Workspace(plan, dk, dv, stream)) {
         CudaDecode.launch(this, plan, ws, new DeviceTensor(dq, type, q.batch(), q.heads(), q.tokens(), q.dim()),
             dqp, dkp, opt, um, dout, dlse, stream);

@@ -34,6 +34,8 @@ public final class CudaDecode {
   static final int THREADS = 128;
   static final int WARPS = 4;
   static final int STAGES = 2;
+  /** A quiet NaN's float32 bits, for poisoning buffers before kernels write them. */
+  static final int NAN_BITS = 0x7FC00000;
   /** Shared memory a kernel may use without opting in. */
   static final int DEFAULT_SMEM = 48 * 1024;
 
@@ -205,6 +207,11 @@ public final class CudaDecode {
         kPtrs = add(made, new CudaAttention.DeviceBuffer(8L * n));
         vPtrs = add(made, new CudaAttention.DeviceBuffer(8L * n));
         starts = add(made, new CudaAttention.DeviceBuffer(8L * (n + 1)));
+        // Poisoned: a partial state no kernel wrote shows up as NaN in the combined result.
+        CudaAttention.check("cuMemsetD32Async(poison partial o)",
+            JCudaDriver.cuMemsetD32Async(partO.ptr, NAN_BITS, partials * plan.dim(), stream));
+        CudaAttention.check("cuMemsetD32Async(poison partial lse)",
+            JCudaDriver.cuMemsetD32Async(partLse.ptr, NAN_BITS, partials, stream));
         NativePointerObject[] kp = new NativePointerObject[n], vp = new NativePointerObject[n];
         for (int c = 0; c < n; c++) {
           kp[c] = kChunks.get(c).buffer().ptr;

@@ -49,10 +49,20 @@ class CudaDecodeEmulationTest {
     return candidates.stream().filter(p -> Files.exists(p.resolve("cuda_fp16.h"))).findFirst().orElse(null);
   }
 
+  static boolean onPath(String tool) {
+    for (String dir : System.getenv().getOrDefault("PATH", "").split(":")) {
+      if (Files.isExecutable(Paths.get(dir, tool))) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   @BeforeAll
   static void build() throws Exception {
     Path include = cudaInclude();
     assumeTrue(include != null, "no CUDA headers (cuda_fp16.h) here: the host emulation needs them");
+    assumeTrue(onPath("g++"), "no g++ on PATH: the host emulation needs it");
     Path dir = Paths.get("target", "decode-emulation").toAbsolutePath();
     Files.createDirectories(dir);
     exe = dir.resolve("decode_emulation");
