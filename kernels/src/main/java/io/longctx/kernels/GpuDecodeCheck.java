@@ -246,6 +246,9 @@ final class GpuDecodeCheck {
               double unified = median(stream, () -> cuda.launchDecode(plan, ws, tqd, dqp, null, opt, um, o, lse, stream));
               long recomputed = ws.recomputedRows(stream);
               double syncGbps = plan.kvBytes() / sync / 1e6, uniGbps = plan.kvBytes() / unified / 1e6;
+              if (split == 4096 || tq > 1) {
+                lines.add("| " + occupancy(cuda, plan) + " | " + tq + " | " + split + " | | | | |");
+              }
               lines.add(String.format(Locale.ROOT, "| sync split-K | %d | %d | %.3f | %.0f | %.2f | |", tq, split, sync,
                   syncGbps, syncGbps / copyGbps));
               lines.add(String.format(Locale.ROOT, "| unified max phi=%.2f (sync/unified time %.2fx) | %d | %d | %.3f | %.0f | %.2f | %d |",
@@ -270,6 +273,21 @@ final class GpuDecodeCheck {
         lines.add("could not write decode-times.tsv: " + e);
       }
     }
+  }
+
+  /** CTAs of the partial kernel, how many fit on one SM (registers, shared memory), and the SM count. */
+  private static String occupancy(CudaAttention cuda, CudaDecode.Plan plan) {
+    int[] perSm = new int[1], sms = new int[1];
+    jcuda.driver.CUdevice dev = new jcuda.driver.CUdevice();
+    CudaAttention.check("cuDeviceGet", JCudaDriver.cuDeviceGet(dev, 0));
+    CudaAttention.check("cuDeviceGetAttribute(SM count)", JCudaDriver.cuDeviceGetAttribute(sms,
+        jcuda.driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    CudaAttention.check("cuOccupancyMaxActiveBlocksPerMultiprocessor", JCudaDriver
+        .cuOccupancyMaxActiveBlocksPerMultiprocessor(perSm, cuda.kernel(plan.syncKernel()), CudaDecode.THREADS,
+            plan.smemBytes()));
+    long ctas = (long) plan.splits() * plan.rowBlocks() * plan.kvHeads() * plan.batch();
+    return String.format(Locale.ROOT, "%s: %d CTAs of %d rows, %d B shared memory, %d resident per SM x %d SMs",
+        plan.syncKernel(), ctas, plan.rowsPerCta(), plan.smemBytes(), perSm[0], sms[0]);
   }
 
   /** Median ms of 20 timed launches after 5 warm-up launches, by CUDA events on {@code stream}. */
