@@ -20,7 +20,8 @@
 //   q [B, H, Tq, D]; chunk c of k and v: [B, Hkv, len_c, D] at k_chunks[c], v_chunks[c]
 //   chunk_start [n_chunks + 1] int64: chunk c holds concatenated keys [chunk_start[c], chunk_start[c+1])
 //   q_pos [Tq] int64; k_pos [Tk] int64 over the concatenated keys, or null for 0..Tk-1
-//   partials: part_o [S_rows, n_splits, D], part_lse and flags [S_rows, n_splits], float32 / uint8,
+//   partials: part_o [S_rows, n_splits, D] float32, part_lse [S_rows, n_splits] float64 (a float32 lse
+//     near 100 has an ulp of 8e-6, which the combine's weights would inherit), flags uint8,
 //     with S_rows = B * Tq * H and state row (b * Tq + t) * H + h (the AttentionState layout)
 //   o [B * Tq, H, D] float32, lse [B * Tq, H] float32 (natural log; -inf and o = 0 for no keys)
 //
@@ -34,7 +35,8 @@
 //                 (row, split) pairs.
 //   finally o /= l, lse = m + log l (phi + log l); l == 0 (no visible key): o = 0, lse = -inf.
 // Combine, per state row, in split order: M = max_s lse_s; M == -inf: (0, -inf), else
-//   w_s = e^(lse_s - M) (0 for empty splits, never NaN), o = sum w_s o_s / sum w_s, lse = M + log sum w_s.
+//   w_s = e^(lse_s - M) (0 for empty splits, never NaN), o = sum w_s o_s / sum w_s, lse = M + log sum w_s;
+//   lse and the weights in float64 (a few operations per split), o in float32.
 //
 // CTA: 128 threads, 4 warps. Warp w owns rows w, w + 4, w + 8, ... (RPW rows at most). Per 32-key
 // tile (double-buffered through shared memory with 16-byte cp.async, tail keys zero-filled):
@@ -176,7 +178,7 @@ struct DecodeArgs {
   const long long* q_pos;
   const long long* k_pos;
   float* part_o;
-  float* part_lse;
+  double* part_lse;
   unsigned char* flags;
   unsigned long long* recomputed;
   const unsigned char* redo;
@@ -425,7 +427,7 @@ __device__ void decode_partial(const DecodeArgs& a) {
               make_float4(acc[i][4 * x] * inv, acc[i][4 * x + 1] * inv, acc[i][4 * x + 2] * inv, acc[i][4 * x + 3] * inv);
         }
       }
-      if (lane == 0) a.part_lse[at] = lsum > 0.f ? m[i] + logf(lsum) : -CUDART_INF_F;
+      if (lane == 0) a.part_lse[at] = lsum > 0.f ? (double)m[i] + log((double)lsum) : -CUDART_INF;
     }
   }
 }
@@ -437,7 +439,7 @@ __device__ void decode_partial(const DecodeArgs& a) {
 #define LONGCTX_DECODE(NAME, T, DMAX, RPW, UNIFIED)                                                    \
   extern "C" __global__ void __launch_bounds__(kThreads, 2) NAME(                                        \
       const T* q, const T* const* k_chunks, const T* const* v_chunks, const long long* chunk_start,   \
-      int n_chunks, const long long* q_pos, const long long* k_pos, float* part_o, float* part_lse,  \
+      int n_chunks, const long long* q_pos, const long long* k_pos, float* part_o, double* part_lse, \
       unsigned char* flags, unsigned long long* recomputed, const unsigned char* redo, int heads,     \
       int kv_heads, int tq, int dim, long long tk, int split_len, int n_splits, int rows_per_cta,     \
       float qscale, float softcap, int causal, long long window, float phi, float lower,             \
@@ -470,41 +472,42 @@ LONGCTX_DECODE_TYPE(__nv_bfloat16, bf16)
 
 // Combine: one warp per state row, grid ceil(S_rows / 4), block 128. Splits merge in index order.
 extern "C" __global__ void __launch_bounds__(kThreads)
-longctx_decode_combine(const float* __restrict__ part_o, const float* __restrict__ part_lse, int n_splits, int dim,
+longctx_decode_combine(const float* __restrict__ part_o, const double* __restrict__ part_lse, int n_splits, int dim,
                        long long n_states, float* __restrict__ o, float* __restrict__ lse) {
   constexpr int kPerLane = 256 / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const long long state = (long long)blockIdx.x * kWarps + warp;
   if (state >= n_states) return;
-  const float* pl = part_lse + state * n_splits;
-  float mx = -CUDART_INF_F;
-  for (int s = lane; s < n_splits; s += 32) mx = fmaxf(mx, pl[s]);
-  mx = warp_max(mx);
+  const double* pl = part_lse + state * n_splits;
+  double mx = -CUDART_INF;
+  for (int s = lane; s < n_splits; s += 32) mx = fmax(mx, pl[s]);
+  for (int off = 16; off > 0; off >>= 1) mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   float acc[kPerLane];
   #pragma unroll
   for (int x = 0; x < kPerLane; x++) acc[x] = 0.f;
-  if (mx == -CUDART_INF_F) {  // no split saw a key: the identity, no 0/0
+  if (mx == -CUDART_INF) {  // no split saw a key: the identity, no 0/0
     for (int d = lane; d < dim; d += 32) o[state * dim + d] = 0.f;
     if (lane == 0) lse[state] = -CUDART_INF_F;
     return;
   }
-  float wsum = 0.f;
+  double wsum = 0.0;
   for (int s = 0; s < n_splits; s++) {  // fixed order: same bits on every run
-    const float w = expf(pl[s] - mx);     // empty split: e^-inf = 0
-    if (w == 0.f) continue;
+    const double w = exp(pl[s] - mx);     // empty split: e^-inf = 0
+    if (w == 0.0) continue;
     wsum += w;
+    const float wf = (float)w;
     const float* po = part_o + (state * n_splits + s) * dim;
     #pragma unroll
     for (int x = 0; x < kPerLane; x++) {
       const int d = lane + 32 * x;
-      if (d < dim) acc[x] = fmaf(w, po[d], acc[x]);
+      if (d < dim) acc[x] = fmaf(wf, po[d], acc[x]);
     }
   }
-  const float inv = 1.f / wsum;  // >= 1: the largest split has weight 1
+  const float inv = (float)(1.0 / wsum);  // wsum >= 1: the largest split has weight 1
   #pragma unroll
   for (int x = 0; x < kPerLane; x++) {
     const int d = lane + 32 * x;
     if (d < dim) o[state * dim + d] = acc[x] * inv;
   }
-  if (lane == 0) lse[state] = mx + logf(wsum);
+  if (lane == 0) lse[state] = (float)(mx + log(wsum));
 }

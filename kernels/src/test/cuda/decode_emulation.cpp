@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
            std::to_string(rpw);
   };
   const long long states = (long long)batch * tq * heads;
-  std::vector<float> part_o(states * n_splits * dim, NAN), part_lse(states * n_splits, NAN);
+  std::vector<float> part_o(states * n_splits * dim, NAN);
+  std::vector<double> part_lse(states * n_splits, NAN);
   std::vector<unsigned char> flags(states * n_splits, 0xAB);
   unsigned long long recomputed = 0;
   std::vector<float> o(states * dim, NAN), lse(states, NAN);

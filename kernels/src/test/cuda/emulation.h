@@ -67,8 +67,24 @@ inline float __int_as_float(int i) {  // used by CUDART_INF_F in math_constants.
   return f;
 }
 
+inline double __longlong_as_double(long long i) {  // used by CUDART_INF
+  double d;
+  std::memcpy(&d, &i, sizeof d);
+  return d;
+}
+
 inline void __syncthreads() { emu::cta_barrier->arrive_and_wait(); }
 inline void __syncwarp() { emu::warp_barrier[emu::warp()]->arrive_and_wait(); }
+
+inline double __shfl_xor_sync(unsigned, double x, int off) {
+  static double dslot[4][32];
+  int w = emu::warp(), l = emu::lane();
+  dslot[w][l] = x;
+  emu::warp_barrier[w]->arrive_and_wait();
+  double y = dslot[w][l ^ off];
+  emu::warp_barrier[w]->arrive_and_wait();
+  return y;
+}
 
 inline float __shfl_xor_sync(unsigned, float x, int off) {
   int w = emu::warp(), l = emu::lane();
@@ -147,7 +163,7 @@ inline void launch(dim3 grid, const std::function<void()>& body) {
 }
 
 using Partial = void (*)(const void*, const void* const*, const void* const*, const long long*, int, const long long*,
-                         const long long*, float*, float*, unsigned char*, unsigned long long*, const unsigned char*,
+                         const long long*, float*, double*, unsigned char*, unsigned long long*, const unsigned char*,
                          int, int, int, int, long long, int, int, int, float, float, int, long long, float, float,
                          float);
 

@@ -65,6 +65,16 @@ int cuMemsetD32Async(CUdeviceptr_t d, unsigned int v, size_t n, void*) {
   for (size_t i = 0; i < n; i++) p[i] = v;
   return 0;
 }
+int cuMemcpyDtoDAsync_v2(CUdeviceptr_t d, CUdeviceptr_t src, size_t n, void*) {
+  std::memcpy(reinterpret_cast<void*>(d), reinterpret_cast<const void*>(src), n);
+  return 0;
+}
+// Events exist so that timing code runs; every interval is 1 ms (meaningless, like all speed here).
+int cuEventCreate(void** e, unsigned int) { *e = &fake_handle; return 0; }
+int cuEventRecord(void*, void*) { return 0; }
+int cuEventSynchronize(void*) { return 0; }
+int cuEventElapsedTime(float* ms, void*, void*) { *ms = 1.0f; return 0; }
+int cuEventDestroy_v2(void*) { return 0; }
 int cuGetErrorName(int error, const char** name) {
   *name = error == 801 ? "CUDA_ERROR_NOT_SUPPORTED" : "CUDA_ERROR_UNKNOWN";
   return 0;
@@ -82,7 +92,7 @@ int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
   auto f32 = [&](int i) { return *static_cast<float*>(p[i]); };
   if (name == "longctx_decode_combine") {
     emu::launch(dim3(gx, gy, gz), [&] {
-      longctx_decode_combine(static_cast<const float*>(ptr(0)), static_cast<const float*>(ptr(1)), i32(2), i32(3),
+      longctx_decode_combine(static_cast<const float*>(ptr(0)), static_cast<const double*>(ptr(1)), i32(2), i32(3),
                              i64(4), static_cast<float*>(ptr(5)), static_cast<float*>(ptr(6)));
     });
     return 0;
@@ -93,7 +103,7 @@ int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
   emu::launch(dim3(gx, gy, gz), [&] {
     f(ptr(0), static_cast<const void* const*>(ptr(1)), static_cast<const void* const*>(ptr(2)),
       static_cast<const long long*>(ptr(3)), i32(4), static_cast<const long long*>(ptr(5)),
-      static_cast<const long long*>(ptr(6)), static_cast<float*>(ptr(7)), static_cast<float*>(ptr(8)),
+      static_cast<const long long*>(ptr(6)), static_cast<float*>(ptr(7)), static_cast<double*>(ptr(8)),
       static_cast<unsigned char*>(ptr(9)), static_cast<unsigned long long*>(ptr(10)),
       static_cast<const unsigned char*>(ptr(11)), i32(12), i32(13), i32(14), i32(15), i64(16), i32(17), i32(18),
       i32(19), f32(20), f32(21), i32(22), i64(23), f32(24), f32(25), f32(26));

@@ -19,8 +19,8 @@ import jcuda.driver.JCudaDriver;
  * (s + 1) * splitLen)}); a split that crosses a chunk boundary reads from both chunks. So for a fixed
  * split length a sequence's result depends neither on what else is in the batch nor on how its
  * KV was chunked. One CTA per (batch, kv head, split, row block) handles every query row of the kv
- * head's GQA group, reading each K/V tile once; partial states are float32; a combine kernel merges
- * the splits in split order. The FlashDecoding++ variant ({@link UnifiedMax}) runs the partials with
+ * head's GQA group, reading each K/V tile once; partial states are float32 (o) and float64 (lse);
+ * a combine kernel merges the splits in split order. The FlashDecoding++ variant ({@link UnifiedMax}) runs the partials with
  * a fixed phi, flags (row, split) pairs whose logits leave the bounds, recomputes exactly those
  * with the synchronized kernel, and counts them.
  *
@@ -200,7 +200,7 @@ public final class CudaDecode {
       try {
         long partials = plan.states() * plan.splits();
         partO = add(made, new CudaAttention.DeviceBuffer(4L * partials * plan.dim()));
-        partLse = add(made, new CudaAttention.DeviceBuffer(4L * partials));
+        partLse = add(made, new CudaAttention.DeviceBuffer(8L * partials)); // float64: see flash_decode.cu
         flags = add(made, new CudaAttention.DeviceBuffer(partials));
         counter = add(made, new CudaAttention.DeviceBuffer(8));
         int n = kChunks.size();
@@ -211,7 +211,7 @@ public final class CudaDecode {
         CudaAttention.check("cuMemsetD32Async(poison partial o)",
             JCudaDriver.cuMemsetD32Async(partO.ptr, NAN_BITS, partials * plan.dim(), stream));
         CudaAttention.check("cuMemsetD32Async(poison partial lse)",
-            JCudaDriver.cuMemsetD32Async(partLse.ptr, NAN_BITS, partials, stream));
+            JCudaDriver.cuMemsetD32Async(partLse.ptr, NAN_BITS, 2 * partials, stream)); // NaN doubles too
         NativePointerObject[] kp = new NativePointerObject[n], vp = new NativePointerObject[n];
         for (int c = 0; c < n; c++) {
           kp[c] = kChunks.get(c).buffer().ptr;

@@ -23,14 +23,47 @@ final class GpuDecodeCheck {
 
   private GpuDecodeCheck() {}
 
+  /** Timed launches per figure in smoke runs (emulated kernels are slow); 0 = the real 5 + 20. */
+  private static int smokeRepeats;
+
   /** One correctness case: [B, H/Hkv, Tq, Tk, D], split length, mask, chunk lengths (null: one chunk). */
   private record Case(int b, int h, int hkv, int tq, int tk, int d, int split, AttentionOptions opt, int[] chunks) {}
 
-  /** Runs every case and the timing; appends table lines; returns the number of failures. */
+  /**
+   * {@code --smoke}: the decode check alone at tiny sizes (Tk up to 1,003; timing at Tk 4,096), to
+   * exercise this code without a GPU (CudaDecodeFakeDeviceTest runs it on the emulating fake
+   * libcuda); its timings mean nothing. Exit 0 when every case passes, 1 otherwise, 2 without CUDA.
+   */
+  public static void main(String[] args) {
+    boolean smoke = Arrays.asList(args).contains("--smoke");
+    smokeRepeats = smoke ? 1 : 0;
+    CudaProbe.Status s = CudaProbe.status();
+    if (!s.available()) {
+      System.err.println("gpu-decode-check: CUDA unavailable: " + s.reason());
+      System.exit(2);
+    }
+    List<String> lines = new ArrayList<>();
+    long seed = System.nanoTime();
+    lines.add("# longctx decode check on " + s.device() + (smoke ? " (smoke sizes)" : "") + ", seed " + seed);
+    int failures = run(CudaAttention.instance(), new SplittableRandom(seed), lines, smoke);
+    lines.add(failures == 0 ? "all decode variants pass" : failures + " decode variant(s) FAIL");
+    lines.forEach(System.out::println);
+    System.exit(failures == 0 ? 0 : 1);
+  }
+
   static int run(CudaAttention cuda, SplittableRandom rng, List<String> lines) {
+    return run(cuda, rng, lines, false);
+  }
+
+  /** Runs every case and the timing; appends table lines; returns the number of failures. */
+  static int run(CudaAttention cuda, SplittableRandom rng, List<String> lines, boolean smoke) {
     int failures = 0;
     AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
-    List<Case> cases = List.of(
+    List<Case> cases = smoke ? List.of(
+        new Case(1, 32, 8, 1, 1, 128, 4096, causal, null),
+        new Case(1, 32, 8, 4, 7, 128, 3, causal, null),
+        new Case(1, 8, 2, 5, 300, 128, 70, causal, new int[] {100, 0, 200}),
+        new Case(1, 2, 1, 2, 1003, 64, 256, causal.withWindow(300), null)) : List.of(
         new Case(1, 32, 8, 1, 1, 128, 4096, causal, null),
         new Case(1, 32, 8, 4, 7, 128, 3, causal, null),
         new Case(2, 8, 2, 16, 4097, 64, 512, causal, null),
@@ -60,9 +93,9 @@ final class GpuDecodeCheck {
       }
     }
     try {
-      failures += checkOutOfRange(cuda, rng, lines);
-      failures += checkBatchInvariance(cuda, rng, lines);
-      timing(cuda, rng, lines);
+      failures += checkOutOfRange(cuda, rng, lines, smoke);
+      failures += checkBatchInvariance(cuda, rng, lines, smoke);
+      timing(cuda, rng, lines, smoke);
     } catch (RuntimeException e) {
       failures++;
       lines.add("decode check stopped: FAIL: " + e);
@@ -139,9 +172,9 @@ final class GpuDecodeCheck {
   }
 
   /** Logits pushed out of [phi + lower, phi + upper]: flagged pairs are recomputed, the answer holds. */
-  private static int checkOutOfRange(CudaAttention cuda, SplittableRandom rng, List<String> lines) {
+  private static int checkOutOfRange(CudaAttention cuda, SplittableRandom rng, List<String> lines, boolean smoke) {
     int failures = 0;
-    int heads = 8, kvHeads = 2, tq = 2, tk = 3001, dim = 128, split = 500;
+    int heads = 8, kvHeads = 2, tq = 2, tk = smoke ? 301 : 3001, dim = 128, split = smoke ? 50 : 500;
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     lines.add("");
     lines.add("| unified max, logits out of range | type | phi | recomputed GPU | recomputed CPU | errors | verdict |");
@@ -178,8 +211,8 @@ final class GpuDecodeCheck {
   }
 
   /** The first sequence of a batch of two gives the bits it gives alone. */
-  private static int checkBatchInvariance(CudaAttention cuda, SplittableRandom rng, List<String> lines) {
-    int heads = 8, kvHeads = 2, tq = 3, tk = 2500, dim = 128;
+  private static int checkBatchInvariance(CudaAttention cuda, SplittableRandom rng, List<String> lines, boolean smoke) {
+    int heads = 8, kvHeads = 2, tq = 3, tk = smoke ? 250 : 2500, dim = 128;
     Tensor q = GpuCheck.rounded(GpuCheck.random(rng, 2, heads, tq, dim), CudaAttention.DType.BF16);
     Tensor k = GpuCheck.rounded(GpuCheck.random(rng, 2, kvHeads, tk, dim), CudaAttention.DType.BF16);
     Tensor v = GpuCheck.rounded(GpuCheck.random(rng, 2, kvHeads, tk, dim), CudaAttention.DType.BF16);
@@ -204,11 +237,11 @@ final class GpuDecodeCheck {
    * synchronized and unified kernels (combine included) for a few split lengths and query counts,
    * and a device-to-device copy of the same K+V bytes; medians of 20 after 5 warm-up launches.
    */
-  private static void timing(CudaAttention cuda, SplittableRandom rng, List<String> lines) {
-    int b = 1, h = 32, hkv = 8, d = 128, tk = 262_144;
+  private static void timing(CudaAttention cuda, SplittableRandom rng, List<String> lines, boolean smoke) {
+    int b = 1, h = 32, hkv = 8, d = 128, tk = smoke ? 4096 : 262_144;
     CudaAttention.DType type = CudaAttention.DType.BF16;
     lines.add("");
-    lines.add("## Decode timing, B 1, H 32 / Hkv 8, D 128, bf16 KV, Tk 262144 (CUDA events, median of 20)");
+    lines.add("## Decode timing, B 1, H 32 / Hkv 8, D 128, bf16 KV, Tk " + tk + " (CUDA events, median of 20)");
     lines.add("");
     lines.add("| what | Tq | split | ms | K+V GB/s | vs copy | recomputed |");
     lines.add("| --- | --- | --- | --- | --- | --- | --- |");
@@ -227,7 +260,7 @@ final class GpuDecodeCheck {
       lines.add(String.format(Locale.ROOT, "| device-to-device copy of K (%d MiB read + written) | | | %.3f | %.0f (read+write) | 1.00 | |",
           dk.bytes() >> 20, copyMs, copyGbps));
       tsv.append(String.format(Locale.ROOT, "copy\t0\t0\t%.6f\t%.3f%n", copyMs, copyGbps));
-      for (int tq : new int[] {1, 4, 16}) {
+      for (int tq : smoke ? new int[] {1} : new int[] {1, 4, 16}) {
         Tensor q = GpuCheck.random(rng, b, h, tq, d);
         long[] qp = lastPositions(tq, tk);
         UnifiedMax um = UnifiedMax.calibrate(q, kvHost, AttentionOptions.DEFAULT.withCausal(true));
@@ -238,7 +271,7 @@ final class GpuDecodeCheck {
           CudaAttention.DeviceTensor tqd = new CudaAttention.DeviceTensor(dq, type, b, h, tq, d);
           List<CudaAttention.DeviceTensor> kc = List.of(new CudaAttention.DeviceTensor(dk, type, b, hkv, tk, d));
           List<CudaAttention.DeviceTensor> vc = List.of(new CudaAttention.DeviceTensor(dv, type, b, hkv, tk, d));
-          for (int split : tq == 1 ? new int[] {1024, 2048, 4096, 8192} : new int[] {4096}) {
+          for (int split : smoke ? new int[] {4096} : tq == 1 ? new int[] {1024, 2048, 4096, 8192} : new int[] {4096}) {
             CudaDecode.Plan plan = CudaAttention.devicePlan(tqd, kc, vc, split);
             try (CudaDecode.Workspace ws = cuda.decodeWorkspace(plan, kc, vc, stream)) {
               AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
@@ -296,8 +329,8 @@ final class GpuDecodeCheck {
     CudaAttention.check("cuEventCreate", JCudaDriver.cuEventCreate(start, 0));
     CudaAttention.check("cuEventCreate", JCudaDriver.cuEventCreate(stop, 0));
     try {
-      double[] ms = new double[20];
-      for (int i = -5; i < ms.length; i++) {
+      double[] ms = new double[smokeRepeats > 0 ? smokeRepeats : 20];
+      for (int i = smokeRepeats > 0 ? 0 : -5; i < ms.length; i++) {
         CudaAttention.check("cuEventRecord", JCudaDriver.cuEventRecord(start, stream));
         launch.run();
         CudaAttention.check("cuEventRecord", JCudaDriver.cuEventRecord(stop, stream));

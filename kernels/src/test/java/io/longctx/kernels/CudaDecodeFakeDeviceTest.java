@@ -54,5 +54,18 @@ class CudaDecodeFakeDeviceTest {
         "launch-error-names-the-call")) {
       assertTrue(lines.contains(check + "=pass"), check + ":\n" + text);
     }
+
+    // The GPU check's decode section itself, at smoke sizes: its code has run before a GPU sees it.
+    ProcessBuilder check = new ProcessBuilder(Paths.get(System.getProperty("java.home"), "bin", "java").toString(),
+        "--add-modules=jdk.incubator.vector", "-cp", System.getProperty("java.class.path"),
+        GpuDecodeCheck.class.getName(), "--smoke").redirectErrorStream(true);
+    check.environment().put("LD_LIBRARY_PATH", dir.toString());
+    check.environment().remove("OUT");
+    Process c = check.start();
+    String out = new String(c.getInputStream().readAllBytes());
+    assertTrue(c.waitFor(240, TimeUnit.SECONDS), "decode check hung: " + out);
+    assertTrue(c.exitValue() == 0 && out.contains("all decode variants pass"), "decode check failed:\n" + out);
+    assertTrue(out.contains("batch invariance (bf16, sequence 0 alone vs in a batch of 2, split 700): pass"), out);
+    assertTrue(out.contains("| sync split-K | 1 | 4096 |") && out.contains("| device-to-device copy"), out);
   }
 }
