@@ -40,8 +40,9 @@
 //
 // CTA: 128 threads, 4 warps. Warp w owns rows w, w + 4, w + 8, ... (RPW rows at most). Per 32-key
 // tile (double-buffered through shared memory with 16-byte cp.async, tail keys zero-filled):
-//   scores:  lane j computes s for key j of the tile and every row of its warp (q from shared
-//            memory, broadcast; K rows padded by 16 bytes so 16-byte reads are conflict-free)
+//   scores:  lane j computes q.k for key j of the tile and every row of its warp (q from shared
+//            memory, broadcast; K rows padded by 16 bytes so 16-byte reads are conflict-free), then
+//            s = scale * q.k (the scale over the softcap when capping)
 //   softmax: one warp max per row and tile (sync), per-lane partial sums l (reduced once at the end)
 //   P V:     p goes through shared memory; lane owns dims 2*lane + 64*x (+1), V read once per key
 //            and reused for every row of the warp.
@@ -275,12 +276,13 @@ __device__ void decode_partial(const DecodeArgs& a) {
     if (a.window > 0) lo = max(lo, qp_min_s - a.window + 1);
   }
 
-  // q rows into shared memory as float, scale (over the softcap when capping) folded in.
+  // q rows into shared memory as float, exactly (the scale multiplies the finished dot product:
+  // products of fp16/bf16 values are exact in float32, so q.k rounds as the naive algorithm's does).
   const T* q = static_cast<const T*>(a.q);
   for (int e = threadIdx.x; e < n_rows * a.dim; e += kThreads) {
     const int r = e / a.dim, d = e % a.dim;
     const int gr = sm.row[r], g = gr / a.tq, t = gr % a.tq;
-    sm.qs[e] = to_float(q[(((long long)b * a.heads + kvh * group + g) * a.tq + t) * a.dim + d]) * a.qscale;
+    sm.qs[e] = to_float(q[(((long long)b * a.heads + kvh * group + g) * a.tq + t) * a.dim + d]);
   }
 
   // Rows of this warp: w, w + 4, ...
@@ -340,7 +342,7 @@ __device__ void decode_partial(const DecodeArgs& a) {
     for (int i = 0; i < RPW; i++) {
       if (i < my_rows) {
         const int r = warp + kWarps * i;
-        float x = s[i];
+        float x = s[i] * a.qscale;
         if (a.softcap > 0.f) x = a.softcap * tanhf(x);
         if (j >= hi || !visible(sm.qp[r], kp, a.causal, a.window)) x = -CUDART_INF_F;
         float p;

@@ -255,6 +255,38 @@ class CudaDecodeEmulationTest {
     }
   }
 
+  /**
+   * Logits in the hundreds with 2-byte inputs: the kernel's q.k must round like the naive
+   * algorithm's (exact products, then the scale). Folding the scale into q first, and a float32
+   * partial lse, each put the error above the tolerance on some seeds.
+   */
+  @Test
+  @Timeout(300)
+  void largeLogitsStayWithinTolerance() throws Exception {
+    for (int trial = 0; trial < 6; trial++) {
+      long seed = Accuracy.seed();
+      SplittableRandom rng = new SplittableRandom(seed);
+      CudaAttention.DType type = trial % 2 == 0 ? CudaAttention.DType.BF16 : CudaAttention.DType.F16;
+      int heads = 8, kvHeads = 2, tq = 2, tk = 301, dim = 128;
+      Tensor q = Accuracy.random(rng, 1, heads, tq, dim, 1);
+      for (int t = 0; t < tq; t++) {
+        int at = q.offset(0, 3, t);
+        for (int d = 0; d < dim; d++) {
+          q.data()[at + d] *= 30;
+        }
+      }
+      q = GpuCheck.rounded(q, type);
+      Tensor k = GpuCheck.rounded(Accuracy.random(rng, 1, kvHeads, tk, dim, 1), type);
+      Tensor v = GpuCheck.rounded(Accuracy.random(rng, 1, kvHeads, tk, dim, 1), type);
+      long[] qp = DecodeTest.decodePositions(tq, tk);
+      AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+      CpuAttention.DecodeResult got = emulate(q, List.of(k), List.of(v), qp, null, opt, 50, null, type);
+      String err = Accuracy.check(got.state(), ReferenceAttention.compute(q, k, v, qp, null, opt),
+          ReferenceAttention.computeFloat32(q, k, v, qp, null, opt));
+      assertNull(err, type + ", seed " + seed + ": " + err);
+    }
+  }
+
   @Test
   @Timeout(300)
   void positionsMasksAndBatchInvariance() throws Exception {
