@@ -9,6 +9,17 @@ public interface AttentionBackend {
   /** See {@link CpuAttention#forward}; every backend meets the same contract and tolerance. */
   AttentionState forward(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt);
 
+  /**
+   * Split-K decoding of a few query rows over a long KV sequence: see {@link CpuAttention#decode};
+   * the CUDA backend meets the same contract and tolerance.
+   */
+  CpuAttention.DecodeResult decode(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt,
+      int splitLen);
+
+  /** Split-K decoding with the FlashDecoding++ unified maximum: see {@link CpuAttention#decodeUnifiedMax}. */
+  CpuAttention.DecodeResult decodeUnifiedMax(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos,
+      AttentionOptions opt, int splitLen, UnifiedMax um);
+
   /** Short name for logs and summaries: "cpu" or "cuda:&lt;device&gt;". */
   String name();
 

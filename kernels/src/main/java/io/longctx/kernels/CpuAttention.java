@@ -108,6 +108,7 @@ public final class CpuAttention implements AttentionBackend {
    * never depends on other sequences in the batch), each split an attention state, merged in split
    * order as a balanced tree.
    */
+  @Override
   public DecodeResult decode(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt,
       int splitLen) {
     return splitK(new Problem(q, k, v, qPos, kPos, opt), splitLen, null);
@@ -118,6 +119,7 @@ public final class CpuAttention implements AttentionBackend {
    * instead of a running max; a (row, split) whose logits leave the bounds is recomputed with the
    * synchronized method, and {@link DecodeResult#recomputedRows()} counts them.
    */
+  @Override
   public DecodeResult decodeUnifiedMax(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos,
       AttentionOptions opt, int splitLen, UnifiedMax um) {
     return splitK(new Problem(q, k, v, qPos, kPos, opt), splitLen, java.util.Objects.requireNonNull(um, "um"));

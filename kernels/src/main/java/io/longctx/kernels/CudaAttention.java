@@ -52,7 +52,7 @@ public final class CudaAttention implements AttentionBackend {
         ? "longctx_forward_tc_" + type.suffix + "_d" + dim : "longctx_forward_" + type.suffix;
   }
 
-  /** Every kernel in the fatbins. */
+  /** Every kernel in the fatbins: forward (plain, tensor-core) and decode (partials, combine). */
   public static java.util.List<String> kernelNames() {
     java.util.List<String> names = new java.util.ArrayList<>();
     for (DType t : DType.values()) {
@@ -61,6 +61,7 @@ public final class CudaAttention implements AttentionBackend {
         TENSOR_CORE_DIMS.stream().sorted().forEach(d -> names.add(kernelFor(t, d)));
       }
     }
+    names.addAll(CudaDecode.kernelNames());
     return names;
   }
 
@@ -125,6 +126,18 @@ public final class CudaAttention implements AttentionBackend {
   @Override
   public String name() {
     return "cuda:" + device;
+  }
+
+  CUcontext context() {
+    return context;
+  }
+
+  CUfunction kernel(String name) {
+    CUfunction f = kernels.get(name);
+    if (f == null) {
+      throw new IllegalStateException("no CUDA kernel " + name + " was loaded");
+    }
+    return f;
   }
 
   /** Device memory, freed exactly once on close. */
@@ -235,6 +248,198 @@ public final class CudaAttention implements AttentionBackend {
     check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
     check("cuLaunchKernel(" + name + ")", JCudaDriver.cuLaunchKernel(kernels.get(name),
         (q.tokens() + rowsPerBlock - 1) / rowsPerBlock, q.heads(), q.batch(), THREADS, 1, 1, 0, stream, params, null));
+  }
+
+  /**
+   * Split-K decoding from host arrays, float32 on the device: see {@link CpuAttention#decode}; the
+   * same contract and tolerance. The kernels are in flash_decode.cu, the geometry in {@link CudaDecode}.
+   */
+  @Override
+  public CpuAttention.DecodeResult decode(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt,
+      int splitLen) {
+    return decodeChunks(q, java.util.List.of(k), java.util.List.of(v), qPos, kPos, opt, splitLen, null, DType.F32);
+  }
+
+  /** FlashDecoding++ decoding from host arrays: see {@link CpuAttention#decodeUnifiedMax}. */
+  @Override
+  public CpuAttention.DecodeResult decodeUnifiedMax(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos,
+      AttentionOptions opt, int splitLen, UnifiedMax um) {
+    return decodeChunks(q, java.util.List.of(k), java.util.List.of(v), qPos, kPos, opt, splitLen,
+        java.util.Objects.requireNonNull(um, "um"), DType.F32);
+  }
+
+  /**
+   * Decoding over KV handed as chunks (chunk i: [B, Hkv, len_i, D]; positions, when given, over the
+   * concatenated keys): each chunk goes to its own device buffer, nothing is concatenated. Host
+   * float32 data is converted to {@code type} on the way (fp16 overflow is an error naming the
+   * element). {@code um} null: synchronized split-K; else the unified maximum with its recompute count.
+   */
+  public CpuAttention.DecodeResult decodeChunks(Tensor q, java.util.List<Tensor> kChunks, java.util.List<Tensor> vChunks,
+      long[] qPos, long[] kPos, AttentionOptions opt, int splitLen, UnifiedMax um, DType type) {
+    CudaDecode.Plan plan = hostPlan(q, kChunks, vChunks, qPos, kPos, opt, splitLen, type);
+    float[] o = new float[Math.toIntExact(plan.states() * plan.dim())];
+    float[] lse = new float[Math.toIntExact(plan.states())];
+    long[] qp = qPos != null ? qPos : ReferenceAttention.iota(q.tokens());
+    check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
+    CUstream stream = new CUstream();
+    check("cuStreamCreate", JCudaDriver.cuStreamCreate(stream, 0));
+    java.util.List<DeviceBuffer> chunkBuffers = new java.util.ArrayList<>();
+    long recomputed;
+    try (DeviceBuffer dq = upload(q, type, "q", stream);
+         DeviceBuffer dqp = upload(qp, stream);
+         DeviceBuffer dkp = kPos != null ? upload(kPos, stream) : null;
+         DeviceBuffer dout = new DeviceBuffer(4L * o.length);
+         DeviceBuffer dlse = new DeviceBuffer(4L * lse.length)) {
+      java.util.List<DeviceTensor> dk = new java.util.ArrayList<>(), dv = new java.util.ArrayList<>();
+      for (int c = 0; c < kChunks.size(); c++) {
+        Tensor k = kChunks.get(c), v = vChunks.get(c);
+        DeviceBuffer bk = upload(k, type, "k chunk " + c, stream);
+        chunkBuffers.add(bk);
+        DeviceBuffer bv = upload(v, type, "v chunk " + c, stream);
+        chunkBuffers.add(bv);
+        dk.add(new DeviceTensor(bk, type, k.batch(), k.heads(), k.tokens(), k.dim()));
+        dv.add(new DeviceTensor(bv, type, v.batch(), v.heads(), v.tokens(), v.dim()));
+      }
+      check("cuMemsetD32Async(poison o)", JCudaDriver.cuMemsetD32Async(dout.ptr, CudaDecode.NAN_BITS, o.length, stream));
+      check("cuMemsetD32Async(poison lse)", JCudaDriver.cuMemsetD32Async(dlse.ptr, CudaDecode.NAN_BITS, lse.length, stream));
+      try (CudaDecode.Workspace ws = new CudaDecode.Workspace(plan, dk, dv, stream)) {
+        CudaDecode.launch(this, plan, ws, new DeviceTensor(dq, type, q.batch(), q.heads(), q.tokens(), q.dim()),
+            dqp, dkp, opt, um, dout, dlse, stream);
+        check("cuMemcpyDtoHAsync(o)", JCudaDriver.cuMemcpyDtoHAsync(Pointer.to(o), dout.ptr, 4L * o.length, stream));
+        check("cuMemcpyDtoHAsync(lse)", JCudaDriver.cuMemcpyDtoHAsync(Pointer.to(lse), dlse.ptr, 4L * lse.length, stream));
+        recomputed = um != null ? ws.recomputedRows(stream) : 0;
+        check("cuStreamSynchronize", JCudaDriver.cuStreamSynchronize(stream));
+      }
+    } finally {
+      chunkBuffers.forEach(DeviceBuffer::close);
+      JCudaDriver.cuStreamDestroy(stream);
+    }
+    int rows = q.batch() * q.tokens();
+    return new CpuAttention.DecodeResult(AttentionState.of(o, lse, rows, q.heads(), q.dim()), plan.splits(), recomputed);
+  }
+
+  /**
+   * Validates a host decode call before any CUDA call: shapes, chunk lists, split length, positions.
+   * Runs without a GPU.
+   */
+  static CudaDecode.Plan hostPlan(Tensor q, java.util.List<Tensor> kChunks, java.util.List<Tensor> vChunks,
+      long[] qPos, long[] kPos, AttentionOptions opt, int splitLen, DType type) {
+    java.util.Objects.requireNonNull(q, "q");
+    java.util.Objects.requireNonNull(kChunks, "kChunks");
+    java.util.Objects.requireNonNull(vChunks, "vChunks");
+    java.util.Objects.requireNonNull(opt, "opt");
+    java.util.Objects.requireNonNull(type, "type");
+    java.util.List<CudaDecode.Shape> ks = new java.util.ArrayList<>(), vs = new java.util.ArrayList<>();
+    for (int c = 0; c < kChunks.size(); c++) {
+      ks.add(CudaDecode.Shape.of(java.util.Objects.requireNonNull(kChunks.get(c), "k chunk " + c), type));
+    }
+    for (int c = 0; c < vChunks.size(); c++) {
+      vs.add(CudaDecode.Shape.of(java.util.Objects.requireNonNull(vChunks.get(c), "v chunk " + c), type));
+    }
+    CudaDecode.Plan plan = CudaDecode.plan(CudaDecode.Shape.of(q, type), ks, vs, splitLen);
+    CudaDecode.checkPositions(plan, qPos, kPos);
+    return plan;
+  }
+
+  /**
+   * Decoding on buffers already on the device, KV as a list of chunks (never concatenated): runs on
+   * {@code stream} and waits for it; returns the number of recomputed (row, split) pairs of the
+   * unified variant (0 when {@code um} is null). o [B*Tq, H, D] and lse [B*Tq, H] float32;
+   * {@code kPos} null means positions 0..Tk-1 of the concatenated keys. For repeated launches of one
+   * shape (timing), use {@link CudaDecode#plan}, a {@link CudaDecode.Workspace} and {@link #launchDecode}.
+   */
+  public long decodeOnDevice(DeviceTensor q, java.util.List<DeviceTensor> kChunks, java.util.List<DeviceTensor> vChunks,
+      DeviceBuffer qPos, DeviceBuffer kPos, AttentionOptions opt, int splitLen, UnifiedMax um, DeviceBuffer o,
+      DeviceBuffer lse, CUstream stream) {
+    CudaDecode.Plan plan = devicePlan(q, kChunks, vChunks, splitLen);
+    check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
+    try (CudaDecode.Workspace ws = new CudaDecode.Workspace(plan, kChunks, vChunks, stream)) {
+      CudaDecode.launch(this, plan, ws, q, qPos, kPos, opt, um, o, lse, stream);
+      long n = um != null ? ws.recomputedRows(stream) : 0;
+      check("cuStreamSynchronize", JCudaDriver.cuStreamSynchronize(stream));
+      return n;
+    }
+  }
+
+  /** The plan of a device decode call (validation only, no CUDA call). */
+  public static CudaDecode.Plan devicePlan(DeviceTensor q, java.util.List<DeviceTensor> kChunks,
+      java.util.List<DeviceTensor> vChunks, int splitLen) {
+    java.util.Objects.requireNonNull(q, "q");
+    java.util.List<CudaDecode.Shape> ks = new java.util.ArrayList<>(), vs = new java.util.ArrayList<>();
+    for (DeviceTensor t : java.util.Objects.requireNonNull(kChunks, "kChunks")) {
+      ks.add(CudaDecode.Shape.of(t));
+    }
+    for (DeviceTensor t : java.util.Objects.requireNonNull(vChunks, "vChunks")) {
+      vs.add(CudaDecode.Shape.of(t));
+    }
+    CudaDecode.Plan plan = CudaDecode.plan(CudaDecode.Shape.of(q), ks, vs, splitLen);
+    for (int c = 0; c < kChunks.size(); c++) {
+      requireBytes("k chunk " + c, kChunks.get(c).buffer(), kChunks.get(c).elements() * plan.type().bytes);
+      requireBytes("v chunk " + c, vChunks.get(c).buffer(), vChunks.get(c).elements() * plan.type().bytes);
+    }
+    return plan;
+  }
+
+  /** A workspace for repeated {@link #launchDecode} calls of one plan (chunk tables uploaded once). */
+  public CudaDecode.Workspace decodeWorkspace(CudaDecode.Plan plan, java.util.List<DeviceTensor> kChunks,
+      java.util.List<DeviceTensor> vChunks, CUstream stream) {
+    check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
+    return new CudaDecode.Workspace(plan, kChunks, vChunks, stream);
+  }
+
+  /** Launches one decode asynchronously (no host synchronization): see {@link CudaDecode}. */
+  public void launchDecode(CudaDecode.Plan plan, CudaDecode.Workspace ws, DeviceTensor q, DeviceBuffer qPos,
+      DeviceBuffer kPos, AttentionOptions opt, UnifiedMax um, DeviceBuffer o, DeviceBuffer lse, CUstream stream) {
+    CudaDecode.launch(this, plan, ws, q, qPos, kPos, opt, um, o, lse, stream);
+  }
+
+  /**
+   * Host float32 data as the device element type: float32 as is, or fp16/bf16 bit patterns rounded
+   * to nearest even. A value that does not fit (|x| > 65504 for fp16; beyond bf16's range) is an
+   * error naming the tensor and the (batch, head, position, dim) index: the kernels would otherwise
+   * see infinity.
+   */
+  static short[] halfBits(Tensor x, DType type, String name) {
+    if (type == DType.F32) {
+      throw new IllegalArgumentException("halfBits converts to fp16 or bf16, not " + type);
+    }
+    float[] f = x.data();
+    short[] bits = new short[f.length];
+    for (int i = 0; i < f.length; i++) {
+      float val = f[i];
+      short h;
+      if (type == DType.F16) {
+        if (Math.abs(val) > 65504f) {
+          throw overflow(x, name, i, val, "fp16 (largest finite value 65504)");
+        }
+        h = HalfFloats.floatToHalf(val);
+      } else {
+        h = HalfFloats.floatToBf16(val);
+        if (Float.isFinite(val) && Float.isInfinite(HalfFloats.bf16ToFloat(h))) {
+          throw overflow(x, name, i, val, "bf16");
+        }
+      }
+      bits[i] = h;
+    }
+    return bits;
+  }
+
+  private static IllegalArgumentException overflow(Tensor x, String name, int i, float val, String what) {
+    int d = i % x.dim(), rest = i / x.dim();
+    int t = rest % x.tokens(), bh = rest / x.tokens();
+    return new IllegalArgumentException(name + " " + x.shape() + " holds " + val + " at (batch " + bh / x.heads()
+        + ", head " + bh % x.heads() + ", position " + t + ", dim " + d + "), which overflows " + what);
+  }
+
+  /** x on the device as {@code type} (fp16/bf16 through {@link #halfBits}, float32 as is). */
+  static DeviceBuffer upload(Tensor x, DType type, String name, CUstream stream) {
+    if (type == DType.F32) {
+      return upload(x.data(), stream);
+    }
+    short[] bits = halfBits(x, type, name);
+    DeviceBuffer buf = new DeviceBuffer((long) bits.length * type.bytes);
+    copyIn(buf, Pointer.to(bits), stream);
+    return buf;
   }
 
   static DeviceBuffer upload(float[] host, CUstream stream) {

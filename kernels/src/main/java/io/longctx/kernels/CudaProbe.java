@@ -17,8 +17,12 @@ public final class CudaProbe {
 
   /** Where nvcc's fatbins live on the class path: one per src/main/cuda/*.cu. */
   static final String FATBIN_DIR = "/io/longctx/kernels/cuda/";
-  /** The plain kernel (every dim, float32 inputs) and the tensor-core kernels (fp16/bf16, D 64/128). */
-  static final java.util.List<String> FATBINS = java.util.List.of("flash_forward.fatbin", "flash_forward_tc.fatbin");
+  /**
+   * The plain forward kernel (every dim, float32 inputs), the tensor-core forward kernels (fp16/bf16,
+   * D 64/128) and the split-K decode kernels.
+   */
+  static final java.util.List<String> FATBINS =
+      java.util.List.of("flash_forward.fatbin", "flash_forward_tc.fatbin", "flash_decode.fatbin");
 
   private static final Logger LOG = Logger.getLogger(CudaProbe.class.getName());
   private static final AtomicBoolean LOGGED = new AtomicBoolean();

@@ -81,6 +81,7 @@ public final class GpuCheck {
         }
       }
     }
+    failures += GpuDecodeCheck.run(cuda, rng, lines);
     lines.add("");
     lines.add(failures == 0 ? "all variants pass" : failures + " variant(s) FAIL");
     print(lines, System.out);
@@ -95,7 +96,7 @@ public final class GpuCheck {
     lines.forEach(ps::println);
   }
 
-  private static String maskName(AttentionOptions o) {
+  static String maskName(AttentionOptions o) {
     return (o.causal() ? "causal" : "full") + (o.window() > 0 ? " window " + o.window() : "")
         + (o.softcap() > 0 ? " softcap " + o.softcap() : "");
   }
@@ -121,19 +122,9 @@ public final class GpuCheck {
     return new Tensor(r, x.batch(), x.heads(), x.tokens(), x.dim());
   }
 
-  /** x on the device as {@code type} (fp16/bf16 bit patterns, or float32 as is). */
+  /** x on the device as {@code type} (the checked conversion of CudaAttention: fp16 overflow is an error). */
   private static CudaAttention.DeviceBuffer upload(Tensor x, CudaAttention.DType type, CUstream stream) {
-    float[] f = x.data();
-    if (type == CudaAttention.DType.F32) {
-      return CudaAttention.upload(f, stream);
-    }
-    short[] bits = new short[f.length];
-    for (int i = 0; i < f.length; i++) {
-      bits[i] = type == CudaAttention.DType.F16 ? HalfFloats.floatToHalf(f[i]) : HalfFloats.floatToBf16(f[i]);
-    }
-    CudaAttention.DeviceBuffer buf = new CudaAttention.DeviceBuffer((long) f.length * type.bytes);
-    CudaAttention.copyIn(buf, Pointer.to(bits), stream);
-    return buf;
+    return CudaAttention.upload(x, type, "input", stream);
   }
 
   static AttentionState run(CudaAttention cuda, CudaAttention.DType type, Tensor q, Tensor k, Tensor v, long[] qPos,

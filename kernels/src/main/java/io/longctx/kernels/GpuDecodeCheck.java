@@ -1,0 +1,351 @@
+package io.longctx.kernels;
+
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Locale;
+import java.util.SplittableRandom;
+import jcuda.driver.CUevent;
+import jcuda.driver.CUstream;
+import jcuda.driver.JCudaDriver;
+
+/**
+ * The decode part of the GPU check ({@link GpuCheck}): split-K decoding and the FlashDecoding++
+ * variant against the float64 reference on fresh random inputs (KV lengths 1, 7, 4097 and
+ * 1,000,003; chunked KV; logits pushed out of the unified-max bounds, with the recompute count
+ * printed beside the CPU's), then CUDA-event timing of both variants, of a device-to-device copy of
+ * the same bytes, with the numbers for sdpa_baseline.py's decode anchor written to
+ * {@code $OUT/decode-times.tsv}.
+ */
+final class GpuDecodeCheck {
+
+  private GpuDecodeCheck() {}
+
+  /** Timed launches per figure in smoke runs (emulated kernels are slow); 0 = the real 5 + 20. */
+  private static int smokeRepeats;
+
+  /** One correctness case: [B, H/Hkv, Tq, Tk, D], split length, mask, chunk lengths (null: one chunk). */
+  private record Case(int b, int h, int hkv, int tq, int tk, int d, int split, AttentionOptions opt, int[] chunks) {}
+
+  /**
+   * {@code --smoke}: the decode check alone at tiny sizes (Tk up to 1,003; timing at Tk 4,096), to
+   * exercise this code without a GPU (CudaDecodeFakeDeviceTest runs it on the emulating fake
+   * libcuda); its timings mean nothing. Exit 0 when every case passes, 1 otherwise, 2 without CUDA.
+   */
+  public static void main(String[] args) {
+    boolean smoke = Arrays.asList(args).contains("--smoke");
+    smokeRepeats = smoke ? 1 : 0;
+    CudaProbe.Status s = CudaProbe.status();
+    if (!s.available()) {
+      System.err.println("gpu-decode-check: CUDA unavailable: " + s.reason());
+      System.exit(2);
+    }
+    List<String> lines = new ArrayList<>();
+    long seed = System.nanoTime();
+    lines.add("# longctx decode check on " + s.device() + (smoke ? " (smoke sizes)" : "") + ", seed " + seed);
+    int failures = run(CudaAttention.instance(), new SplittableRandom(seed), lines, smoke);
+    lines.add(failures == 0 ? "all decode variants pass" : failures + " decode variant(s) FAIL");
+    lines.forEach(System.out::println);
+    System.exit(failures == 0 ? 0 : 1);
+  }
+
+  static int run(CudaAttention cuda, SplittableRandom rng, List<String> lines) {
+    return run(cuda, rng, lines, false);
+  }
+
+  /** Runs every case and the timing; appends table lines; returns the number of failures. */
+  static int run(CudaAttention cuda, SplittableRandom rng, List<String> lines, boolean smoke) {
+    int failures = 0;
+    AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
+    List<Case> cases = smoke ? List.of(
+        new Case(1, 32, 8, 1, 1, 128, 4096, causal, null),
+        new Case(1, 32, 8, 4, 7, 128, 3, causal, null),
+        new Case(1, 8, 2, 5, 300, 128, 70, causal, new int[] {100, 0, 200}),
+        new Case(1, 2, 1, 2, 1003, 64, 256, causal.withWindow(300), null)) : List.of(
+        new Case(1, 32, 8, 1, 1, 128, 4096, causal, null),
+        new Case(1, 32, 8, 4, 7, 128, 3, causal, null),
+        new Case(2, 8, 2, 16, 4097, 64, 512, causal, null),
+        new Case(1, 8, 1, 16, 4097, 128, 1000, causal, null),
+        new Case(1, 4, 1, 3, 4097, 256, 1000, causal.withWindow(300), null),
+        new Case(1, 4, 4, 2, 4097, 96, 4096, causal.withSoftcap(30f), null),
+        new Case(1, 8, 2, 5, 4097, 128, 700, causal, new int[] {1000, 0, 2048, 1049}),
+        new Case(1, 8, 2, 5, 4097, 128, 700, causal, new int[] {1, 1, 4095}),
+        new Case(1, 2, 1, 2, 1_000_003, 64, 4096, causal, null),
+        new Case(1, 2, 1, 2, 1_000_003, 64, 4096, causal, new int[] {333_333, 333_334, 333_336}));
+    lines.add("");
+    lines.add("## Decode (split-K), correctness against float64");
+    lines.add("");
+    lines.add("| variant | type | [B,H/Hkv,Tq,Tk,D] split | mask | chunks | errors | CPU fallback errors | recomputed (GPU / CPU) | verdict |");
+    lines.add("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (Case c : cases) {
+      for (CudaAttention.DType type : CudaAttention.DType.values()) {
+        if (c.tk() > 100_000 && type == CudaAttention.DType.F32) {
+          continue; // the 1M case in 2-byte types only: the float64 reference is the slow part
+        }
+        try {
+          failures += checkCase(cuda, rng, c, type, lines);
+        } catch (RuntimeException e) {
+          failures++;
+          lines.add(String.format(Locale.ROOT, "| decode | %s | %s | | | | | | FAIL: %s |", type, shape(c), e));
+        }
+      }
+    }
+    try {
+      failures += checkOutOfRange(cuda, rng, lines, smoke);
+      failures += checkBatchInvariance(cuda, rng, lines, smoke);
+      timing(cuda, rng, lines, smoke);
+    } catch (RuntimeException e) {
+      failures++;
+      lines.add("decode check stopped: FAIL: " + e);
+    }
+    return failures;
+  }
+
+  private static String shape(Case c) {
+    return String.format(Locale.ROOT, "[%d,%d/%d,%d,%d,%d] %d", c.b(), c.h(), c.hkv(), c.tq(), c.tk(), c.d(), c.split());
+  }
+
+  private static long[] lastPositions(int tq, int tk) {
+    long[] p = new long[tq];
+    for (int t = 0; t < tq; t++) {
+      p[t] = tk - tq + t; // the last Tq tokens: rows see different key counts
+    }
+    return p;
+  }
+
+  /** Splits a [B, H, T, D] tensor into chunks of the given token counts (which sum to T). */
+  static List<Tensor> chunk(Tensor x, int[] lens) {
+    List<Tensor> out = new ArrayList<>();
+    int at = 0;
+    for (int len : lens) {
+      float[] data = new float[x.batch() * x.heads() * len * x.dim()];
+      for (int b = 0; b < x.batch(); b++) {
+        for (int h = 0; h < x.heads(); h++) {
+          System.arraycopy(x.data(), x.offset(b, h, at), data, ((b * x.heads() + h) * len) * x.dim(), len * x.dim());
+        }
+      }
+      out.add(new Tensor(data, x.batch(), x.heads(), len, x.dim()));
+      at += len;
+    }
+    return out;
+  }
+
+  private static int checkCase(CudaAttention cuda, SplittableRandom rng, Case c, CudaAttention.DType type,
+      List<String> lines) {
+    Tensor q = GpuCheck.rounded(GpuCheck.random(rng, c.b(), c.h(), c.tq(), c.d()), type);
+    Tensor k = GpuCheck.rounded(GpuCheck.random(rng, c.b(), c.hkv(), c.tk(), c.d()), type);
+    Tensor v = GpuCheck.rounded(GpuCheck.random(rng, c.b(), c.hkv(), c.tk(), c.d()), type);
+    long[] qp = lastPositions(c.tq(), c.tk());
+    List<Tensor> kc = c.chunks() == null ? List.of(k) : chunk(k, c.chunks());
+    List<Tensor> vc = c.chunks() == null ? List.of(v) : chunk(v, c.chunks());
+    ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, c.opt());
+    ReferenceAttention.Result naive = ReferenceAttention.computeFloat32(q, k, v, qp, null, c.opt());
+    CpuAttention.DecodeResult cpu = CpuAttention.DEFAULT.decode(q, k, v, qp, null, c.opt(), c.split());
+    UnifiedMax um = UnifiedMax.calibrate(q, k, c.opt());
+    CpuAttention.DecodeResult cpuUm = CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, c.opt(), c.split(), um);
+    int failures = 0;
+    CpuAttention.DecodeResult unchunked = null;
+    for (UnifiedMax variant : new UnifiedMax[] {null, um}) {
+      CpuAttention.DecodeResult got = cuda.decodeChunks(q, kc, vc, qp, null, c.opt(), c.split(), variant, type);
+      String bad = Tolerance.violation(got.state(), ref, naive);
+      if (c.chunks() != null && variant == null) {
+        // The same keys in one chunk must give the same bits: splits are windows of the sequence.
+        unchunked = cuda.decodeChunks(q, List.of(k), List.of(v), qp, null, c.opt(), c.split(), null, type);
+        if (bad == null && (!Arrays.equals(unchunked.state().o(), got.state().o())
+            || !Arrays.equals(unchunked.state().lse(), got.state().lse()))) {
+          bad = "chunked result differs from the unchunked one in some bits";
+        }
+      }
+      failures += bad == null ? 0 : 1;
+      CpuAttention.DecodeResult cpuSame = variant == null ? cpu : cpuUm;
+      lines.add(String.format(Locale.ROOT, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |",
+          variant == null ? "sync" : "unified phi=" + variant.phi(), type, shape(c), GpuCheck.maskName(c.opt()),
+          c.chunks() == null ? "1" : Arrays.toString(c.chunks()) + (unchunked != null ? " (bit-equal to 1 chunk)" : ""),
+          Tolerance.errors(got.state().o(), got.state().lse(), ref),
+          Tolerance.errors(cpuSame.state().o(), cpuSame.state().lse(), ref),
+          variant == null ? "-" : got.recomputedRows() + " / " + cpuSame.recomputedRows(),
+          bad == null ? "pass" : "FAIL: " + bad));
+    }
+    return failures;
+  }
+
+  /** Logits pushed out of [phi + lower, phi + upper]: flagged pairs are recomputed, the answer holds. */
+  private static int checkOutOfRange(CudaAttention cuda, SplittableRandom rng, List<String> lines, boolean smoke) {
+    int failures = 0;
+    int heads = 8, kvHeads = 2, tq = 2, tk = smoke ? 301 : 3001, dim = 128, split = smoke ? 50 : 500;
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+    lines.add("");
+    lines.add("| unified max, logits out of range | type | phi | recomputed GPU | recomputed CPU | errors | verdict |");
+    lines.add("| --- | --- | --- | --- | --- | --- | --- |");
+    for (CudaAttention.DType type : CudaAttention.DType.values()) {
+      Tensor q = GpuCheck.random(rng, 1, heads, tq, dim);
+      for (int t = 0; t < tq; t++) { // head 3: logits in the hundreds, far above phi + 40
+        int at = q.offset(0, 3, t);
+        for (int d = 0; d < dim; d++) {
+          q.data()[at + d] *= 30;
+        }
+      }
+      q = GpuCheck.rounded(q, type);
+      Tensor k = GpuCheck.rounded(GpuCheck.random(rng, 1, kvHeads, tk, dim), type);
+      Tensor v = GpuCheck.rounded(GpuCheck.random(rng, 1, kvHeads, tk, dim), type);
+      long[] qp = lastPositions(tq, tk);
+      ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, opt);
+      ReferenceAttention.Result naive = ReferenceAttention.computeFloat32(q, k, v, qp, null, opt);
+      for (float phi : new float[] {0f, 1e4f}) {
+        UnifiedMax um = UnifiedMax.of(phi);
+        CpuAttention.DecodeResult got = cuda.decodeChunks(q, List.of(k), List.of(v), qp, null, opt, split, um, type);
+        CpuAttention.DecodeResult cpu = CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, opt, split, um);
+        String bad = Tolerance.violation(got.state(), ref, naive);
+        if (bad == null && got.recomputedRows() == 0) {
+          bad = "nothing was recomputed";
+        }
+        failures += bad == null ? 0 : 1;
+        lines.add(String.format(Locale.ROOT, "| %d heads, head 3 scaled x30 | %s | %s | %d | %d | %s | %s |", heads, type,
+            phi, got.recomputedRows(), cpu.recomputedRows(), Tolerance.errors(got.state().o(), got.state().lse(), ref),
+            bad == null ? "pass" : "FAIL: " + bad));
+      }
+    }
+    return failures;
+  }
+
+  /** The first sequence of a batch of two gives the bits it gives alone. */
+  private static int checkBatchInvariance(CudaAttention cuda, SplittableRandom rng, List<String> lines, boolean smoke) {
+    int heads = 8, kvHeads = 2, tq = 3, tk = smoke ? 250 : 2500, dim = 128;
+    Tensor q = GpuCheck.rounded(GpuCheck.random(rng, 2, heads, tq, dim), CudaAttention.DType.BF16);
+    Tensor k = GpuCheck.rounded(GpuCheck.random(rng, 2, kvHeads, tk, dim), CudaAttention.DType.BF16);
+    Tensor v = GpuCheck.rounded(GpuCheck.random(rng, 2, kvHeads, tk, dim), CudaAttention.DType.BF16);
+    AttentionOptions opt = AttentionOptions.DEFAULT;
+    AttentionState both = cuda.decodeChunks(q, List.of(k), List.of(v), null, null, opt, 700, null,
+        CudaAttention.DType.BF16).state();
+    Tensor q0 = new Tensor(Arrays.copyOf(q.data(), q.data().length / 2), 1, heads, tq, dim);
+    Tensor k0 = new Tensor(Arrays.copyOf(k.data(), k.data().length / 2), 1, kvHeads, tk, dim);
+    Tensor v0 = new Tensor(Arrays.copyOf(v.data(), v.data().length / 2), 1, kvHeads, tk, dim);
+    AttentionState alone = cuda.decodeChunks(q0, List.of(k0), List.of(v0), null, null, opt, 700, null,
+        CudaAttention.DType.BF16).state();
+    boolean same = Arrays.equals(alone.o(), Arrays.copyOf(both.o(), alone.o().length))
+        && Arrays.equals(alone.lse(), Arrays.copyOf(both.lse(), alone.lse().length));
+    lines.add("");
+    lines.add("batch invariance (bf16, sequence 0 alone vs in a batch of 2, split 700): "
+        + (same ? "pass, bit-equal" : "FAIL: bits differ"));
+    return same ? 0 : 1;
+  }
+
+  /**
+   * Timing on the issue's shape (B 1, 32 query / 8 kv heads, D 128, bf16 KV of 262,144 tokens):
+   * synchronized and unified kernels (combine included) for a few split lengths and query counts,
+   * and a device-to-device copy of the same K+V bytes; medians of 20 after 5 warm-up launches.
+   */
+  private static void timing(CudaAttention cuda, SplittableRandom rng, List<String> lines, boolean smoke) {
+    int b = 1, h = 32, hkv = 8, d = 128, tk = smoke ? 4096 : 262_144;
+    CudaAttention.DType type = CudaAttention.DType.BF16;
+    lines.add("");
+    lines.add("## Decode timing, B 1, H 32 / Hkv 8, D 128, bf16 KV, Tk " + tk + " (CUDA events, median of 20)");
+    lines.add("");
+    lines.add("| what | Tq | split | ms | K+V GB/s | vs copy | recomputed |");
+    lines.add("| --- | --- | --- | --- | --- | --- | --- |");
+    CUstream stream = new CUstream();
+    CudaAttention.check("cuStreamCreate", JCudaDriver.cuStreamCreate(stream, 0));
+    // One random float tensor (1 GiB) serves as both K and V: timing does not depend on the values.
+    Tensor kvHost = GpuCheck.random(rng, b, hkv, tk, d);
+    StringBuilder tsv = new StringBuilder("what\ttq\tsplit\tms\tgbps\n");
+    try (CudaAttention.DeviceBuffer dk = CudaAttention.upload(kvHost, type, "k", stream);
+         CudaAttention.DeviceBuffer dv = CudaAttention.upload(kvHost, type, "v", stream);
+         CudaAttention.DeviceBuffer copy = new CudaAttention.DeviceBuffer(dk.bytes())) {
+      // The copy reads and writes: its bandwidth counts both, the usual device-to-device figure.
+      double copyMs = median(stream, () -> CudaAttention.check("cuMemcpyDtoDAsync",
+          JCudaDriver.cuMemcpyDtoDAsync(copy.pointer(), dk.pointer(), dk.bytes(), stream)));
+      double copyGbps = 2.0 * dk.bytes() / copyMs / 1e6;
+      lines.add(String.format(Locale.ROOT, "| device-to-device copy of K (%d MiB read + written) | | | %.3f | %.0f (read+write) | 1.00 | |",
+          dk.bytes() >> 20, copyMs, copyGbps));
+      tsv.append(String.format(Locale.ROOT, "copy\t0\t0\t%.6f\t%.3f%n", copyMs, copyGbps));
+      for (int tq : smoke ? new int[] {1} : new int[] {1, 4, 16}) {
+        Tensor q = GpuCheck.random(rng, b, h, tq, d);
+        long[] qp = lastPositions(tq, tk);
+        UnifiedMax um = UnifiedMax.calibrate(q, kvHost, AttentionOptions.DEFAULT.withCausal(true));
+        try (CudaAttention.DeviceBuffer dq = CudaAttention.upload(q, type, "q", stream);
+             CudaAttention.DeviceBuffer dqp = CudaAttention.upload(qp, stream);
+             CudaAttention.DeviceBuffer o = new CudaAttention.DeviceBuffer(4L * b * tq * h * d);
+             CudaAttention.DeviceBuffer lse = new CudaAttention.DeviceBuffer(4L * b * tq * h)) {
+          CudaAttention.DeviceTensor tqd = new CudaAttention.DeviceTensor(dq, type, b, h, tq, d);
+          List<CudaAttention.DeviceTensor> kc = List.of(new CudaAttention.DeviceTensor(dk, type, b, hkv, tk, d));
+          List<CudaAttention.DeviceTensor> vc = List.of(new CudaAttention.DeviceTensor(dv, type, b, hkv, tk, d));
+          for (int split : smoke ? new int[] {4096} : tq == 1 ? new int[] {1024, 2048, 4096, 8192} : new int[] {4096}) {
+            CudaDecode.Plan plan = CudaAttention.devicePlan(tqd, kc, vc, split);
+            try (CudaDecode.Workspace ws = cuda.decodeWorkspace(plan, kc, vc, stream)) {
+              AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+              double sync = median(stream, () -> cuda.launchDecode(plan, ws, tqd, dqp, null, opt, null, o, lse, stream));
+              double unified = median(stream, () -> cuda.launchDecode(plan, ws, tqd, dqp, null, opt, um, o, lse, stream));
+              long recomputed = ws.recomputedRows(stream);
+              double syncGbps = plan.kvBytes() / sync / 1e6, uniGbps = plan.kvBytes() / unified / 1e6;
+              if (split == 4096 || tq > 1) {
+                lines.add("| " + occupancy(cuda, plan) + " | " + tq + " | " + split + " | | | | |");
+              }
+              lines.add(String.format(Locale.ROOT, "| sync split-K | %d | %d | %.3f | %.0f | %.2f | |", tq, split, sync,
+                  syncGbps, syncGbps / copyGbps));
+              lines.add(String.format(Locale.ROOT, "| unified max phi=%.2f (sync/unified time %.2fx) | %d | %d | %.3f | %.0f | %.2f | %d |",
+                  um.phi(), sync / unified, tq, split, unified, uniGbps, uniGbps / copyGbps, recomputed));
+              tsv.append(String.format(Locale.ROOT, "sync\t%d\t%d\t%.6f\t%.3f%n", tq, split, sync, syncGbps));
+              tsv.append(String.format(Locale.ROOT, "unified\t%d\t%d\t%.6f\t%.3f%n", tq, split, unified, uniGbps));
+            }
+          }
+        }
+      }
+    } finally {
+      JCudaDriver.cuStreamDestroy(stream);
+    }
+    lines.add("");
+    lines.add("(K+V GB/s = bytes of K and V read once over the kernel time; 'vs copy' = that over the copy's"
+        + " read+write bandwidth. The PyTorch SDPA decode anchor follows, from sdpa_baseline.py.)");
+    String out = System.getenv("OUT");
+    if (out != null && !out.isEmpty()) {
+      try {
+        Files.writeString(Path.of(out, "decode-times.tsv"), tsv.toString());
+      } catch (java.io.IOException e) {
+        lines.add("could not write decode-times.tsv: " + e);
+      }
+    }
+  }
+
+  /** CTAs of the partial kernel, how many fit on one SM (registers, shared memory), and the SM count. */
+  private static String occupancy(CudaAttention cuda, CudaDecode.Plan plan) {
+    int[] perSm = new int[1], sms = new int[1];
+    jcuda.driver.CUdevice dev = new jcuda.driver.CUdevice();
+    CudaAttention.check("cuDeviceGet", JCudaDriver.cuDeviceGet(dev, 0));
+    CudaAttention.check("cuDeviceGetAttribute(SM count)", JCudaDriver.cuDeviceGetAttribute(sms,
+        jcuda.driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    CudaAttention.check("cuOccupancyMaxActiveBlocksPerMultiprocessor", JCudaDriver
+        .cuOccupancyMaxActiveBlocksPerMultiprocessor(perSm, cuda.kernel(plan.syncKernel()), CudaDecode.THREADS,
+            plan.smemBytes()));
+    long ctas = (long) plan.splits() * plan.rowBlocks() * plan.kvHeads() * plan.batch();
+    return String.format(Locale.ROOT, "%s: %d CTAs of %d rows, %d B shared memory, %d resident per SM x %d SMs",
+        plan.syncKernel(), ctas, plan.rowsPerCta(), plan.smemBytes(), perSm[0], sms[0]);
+  }
+
+  /** Median ms of 20 timed launches after 5 warm-up launches, by CUDA events on {@code stream}. */
+  private static double median(CUstream stream, Runnable launch) {
+    CUevent start = new CUevent(), stop = new CUevent();
+    CudaAttention.check("cuEventCreate", JCudaDriver.cuEventCreate(start, 0));
+    CudaAttention.check("cuEventCreate", JCudaDriver.cuEventCreate(stop, 0));
+    try {
+      double[] ms = new double[smokeRepeats > 0 ? smokeRepeats : 20];
+      for (int i = smokeRepeats > 0 ? 0 : -5; i < ms.length; i++) {
+        CudaAttention.check("cuEventRecord", JCudaDriver.cuEventRecord(start, stream));
+        launch.run();
+        CudaAttention.check("cuEventRecord", JCudaDriver.cuEventRecord(stop, stream));
+        CudaAttention.check("cuEventSynchronize", JCudaDriver.cuEventSynchronize(stop));
+        float[] elapsed = new float[1];
+        CudaAttention.check("cuEventElapsedTime", JCudaDriver.cuEventElapsedTime(elapsed, start, stop));
+        if (i >= 0) {
+          ms[i] = elapsed[0];
+        }
+      }
+      Arrays.sort(ms);
+      return ms[ms.length / 2];
+    } finally {
+      JCudaDriver.cuEventDestroy(start);
+      JCudaDriver.cuEventDestroy(stop);
+    }
+  }
+}

@@ -1,0 +1,326 @@
+package io.longctx.kernels;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
+
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.SplittableRandom;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.CsvSource;
+
+/**
+ * flash_decode.cu's source run on the host (src/test/cuda/decode_emulation.cpp: g++, one thread per
+ * CUDA thread, barriers for __syncthreads and warp exchanges, cp.async landing only at its wait,
+ * shared memory poisoned with NaN) with the launch geometry of {@link CudaDecode#plan}, against the
+ * float64 reference. This checks the kernels' logic (indexing, chunks, masks, split narrowing,
+ * unified-max flags and the recompute pass, the combine) without a GPU; it says nothing about the
+ * GPU itself (PTX, real asynchrony, the device's exp, speed), which bin/gpu-check does.
+ */
+class CudaDecodeEmulationTest {
+
+  private static Path exe;
+
+  static Path cudaInclude() {
+    List<Path> candidates = new ArrayList<>();
+    String home = System.getenv("CUDA_HOME");
+    if (home != null) {
+      candidates.add(Paths.get(home, "include"));
+    }
+    candidates.add(Paths.get("/usr/local/cuda/include"));
+    try (var dirs = Files.newDirectoryStream(Paths.get("/usr/local"), "cuda-*")) {
+      dirs.forEach(d -> candidates.add(d.resolve("include")));
+    } catch (IOException | RuntimeException e) {
+      // no /usr/local/cuda-*: fine
+    }
+    return candidates.stream().filter(p -> Files.exists(p.resolve("cuda_fp16.h"))).findFirst().orElse(null);
+  }
+
+  static boolean onPath(String tool) {
+    for (String dir : System.getenv().getOrDefault("PATH", "").split(":")) {
+      if (Files.isExecutable(Paths.get(dir, tool))) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  @BeforeAll
+  static void build() throws Exception {
+    Path include = cudaInclude();
+    assumeTrue(include != null, "no CUDA headers (cuda_fp16.h) here: the host emulation needs them");
+    assumeTrue(onPath("g++"), "no g++ on PATH: the host emulation needs it");
+    Path dir = Paths.get("target", "decode-emulation").toAbsolutePath();
+    Files.createDirectories(dir);
+    exe = dir.resolve("decode_emulation");
+    Process p = new ProcessBuilder("g++", "-std=c++20", "-O1", "-pthread", "-I" + include,
+        "-I" + Paths.get("src", "main", "cuda").toAbsolutePath(), "-o", exe.toString(),
+        Paths.get("src", "test", "cuda", "decode_emulation.cpp").toAbsolutePath().toString())
+        .redirectErrorStream(true).start();
+    String log = new String(p.getInputStream().readAllBytes());
+    assertTrue(p.waitFor(170, TimeUnit.SECONDS) && p.exitValue() == 0, "g++ failed: " + log);
+  }
+
+  /** The emulated decode: same plan, same inputs, o/lse/count back. */
+  static CpuAttention.DecodeResult emulate(Tensor q, List<Tensor> kc, List<Tensor> vc, long[] qPos, long[] kPos,
+      AttentionOptions opt, int splitLen, UnifiedMax um, CudaAttention.DType type) throws Exception {
+    CudaDecode.Plan plan = CudaAttention.hostPlan(q, kc, vc, qPos, kPos, opt, splitLen, type);
+    long[] qp = qPos != null ? qPos : ReferenceAttention.iota(q.tokens());
+    long bytes = 200 + 8L * plan.chunkStart().length + 8L * qp.length + (kPos != null ? 8L * kPos.length : 0)
+        + (long) type.bytes * q.data().length;
+    for (int c = 0; c < kc.size(); c++) {
+      bytes += 2L * type.bytes * kc.get(c).data().length;
+    }
+    ByteBuffer b = ByteBuffer.allocate(Math.toIntExact(bytes)).order(ByteOrder.LITTLE_ENDIAN);
+    int[] header = {type.ordinal(), um != null ? 1 : 0, plan.heads(), plan.kvHeads(), plan.tq(), plan.dim(), plan.batch(),
+        kc.size(), plan.splitLen(), plan.splits(), plan.rowsPerCta(), plan.rowBlocks(), plan.dmax(), plan.rowsPerWarp(),
+        opt.causal() ? 1 : 0, kPos != null ? 1 : 0};
+    for (int x : header) {
+      b.putInt(x);
+    }
+    b.putLong(plan.tk()).putLong(opt.window());
+    b.putFloat(CudaDecode.qscale(opt, plan.dim())).putFloat(opt.softcap());
+    b.putFloat(um != null ? um.phi() : 0f).putFloat(um != null ? um.lower() : UnifiedMax.DEFAULT_LOWER)
+        .putFloat(um != null ? um.upper() : UnifiedMax.DEFAULT_UPPER);
+    for (long s : plan.chunkStart()) {
+      b.putLong(s);
+    }
+    put(b, q, type, "q");
+    for (int c = 0; c < kc.size(); c++) {
+      put(b, kc.get(c), type, "k chunk " + c);
+      put(b, vc.get(c), type, "v chunk " + c);
+    }
+    for (long x : qp) {
+      b.putLong(x);
+    }
+    if (kPos != null) {
+      for (long x : kPos) {
+        b.putLong(x);
+      }
+    }
+    Path in = Files.createTempFile(exe.getParent(), "in", ".bin");
+    Path out = Files.createTempFile(exe.getParent(), "out", ".bin");
+    try {
+      Files.write(in, b.array());
+      Process p = new ProcessBuilder(exe.toString(), in.toString(), out.toString()).redirectErrorStream(true).start();
+      String log = new String(p.getInputStream().readAllBytes());
+      assertTrue(p.waitFor(170, TimeUnit.SECONDS), "emulation hung: " + log);
+      assertEquals(0, p.exitValue(), "emulation failed: " + log);
+      ByteBuffer r = ByteBuffer.wrap(Files.readAllBytes(out)).order(ByteOrder.LITTLE_ENDIAN);
+      float[] o = new float[Math.toIntExact(plan.states() * plan.dim())];
+      float[] lse = new float[Math.toIntExact(plan.states())];
+      for (int i = 0; i < o.length; i++) {
+        o[i] = r.getFloat();
+      }
+      for (int i = 0; i < lse.length; i++) {
+        lse[i] = r.getFloat();
+      }
+      long count = r.getLong();
+      // Not AttentionState.of: NaN (an unwritten output) must fail the comparison, not throw here.
+      for (float x : lse) {
+        assertTrue(!Float.isNaN(x), "NaN lse: an output the kernels did not write");
+      }
+      for (float x : o) {
+        assertTrue(!Float.isNaN(x), "NaN o: an output the kernels did not write");
+      }
+      return new CpuAttention.DecodeResult(AttentionState.of(o, lse, q.batch() * q.tokens(), q.heads(), q.dim()),
+          plan.splits(), count);
+    } finally {
+      Files.deleteIfExists(in);
+      Files.deleteIfExists(out);
+    }
+  }
+
+  private static void put(ByteBuffer b, Tensor x, CudaAttention.DType type, String name) {
+    if (type == CudaAttention.DType.F32) {
+      for (float f : x.data()) {
+        b.putFloat(f);
+      }
+    } else {
+      for (short s : CudaAttention.halfBits(x, type, name)) {
+        b.putShort(s);
+      }
+    }
+  }
+
+  private static CudaAttention.DType type(String t) {
+    return CudaAttention.DType.valueOf(t);
+  }
+
+  private static int[] chunks(String spec, int tk) {
+    if (spec.equals("-")) {
+      return new int[] {tk};
+    }
+    String[] parts = spec.split(" ");
+    int[] lens = new int[parts.length];
+    for (int i = 0; i < parts.length; i++) {
+      lens[i] = Integer.parseInt(parts[i]);
+    }
+    return lens;
+  }
+
+  @ParameterizedTest(name = "{0} B={1} H={2}/{3} Tq={4} Tk={5} D={6} split={7} window={8} softcap={9} chunks={10}")
+  @CsvSource({
+      "BF16, 1, 32, 8, 1, 1, 128, 4096, 0, 0, -",
+      "F16, 1, 32, 8, 4, 7, 128, 3, 0, 0, -",
+      "F32, 2, 8, 2, 3, 300, 64, 64, 0, 0, -",
+      "BF16, 1, 8, 2, 5, 300, 128, 100, 0, 0, 100 0 37 163",
+      "F16, 1, 8, 2, 5, 300, 128, 100, 0, 0, 1 1 298",
+      "BF16, 1, 13, 1, 5, 150, 96, 64, 0, 0, -",
+      "F32, 1, 4, 1, 3, 200, 136, 50, 40, 0, 120 80",
+      "BF16, 1, 4, 4, 2, 200, 256, 77, 0, 30, -",
+      "F32, 1, 2, 1, 16, 97, 256, 33, 0, 0, -",
+      "BF16, 1, 2, 1, 2, 0, 64, 64, 0, 0, -",
+  })
+  @Timeout(300)
+  void emulatedKernelsMatchTheReference(String t, int batch, int heads, int kvHeads, int tq, int tk, int dim, int split,
+      long window, float softcap, String chunkSpec) throws Exception {
+    CudaAttention.DType type = type(t);
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    Tensor q = GpuCheck.rounded(Accuracy.random(rng, batch, heads, tq, dim, 1), type);
+    Tensor k = GpuCheck.rounded(Accuracy.random(rng, batch, kvHeads, tk, dim, 1), type);
+    Tensor v = GpuCheck.rounded(Accuracy.random(rng, batch, kvHeads, tk, dim, 1), type);
+    long[] qp = DecodeTest.decodePositions(tq, tk);
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true).withWindow(window).withSoftcap(softcap);
+    int[] lens = chunks(chunkSpec, tk);
+    List<Tensor> kc = GpuDecodeCheck.chunk(k, lens), vc = GpuDecodeCheck.chunk(v, lens);
+    ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, opt);
+    ReferenceAttention.Result naive = ReferenceAttention.computeFloat32(q, k, v, qp, null, opt);
+
+    CpuAttention.DecodeResult got = emulate(q, kc, vc, qp, null, opt, split, null, type);
+    assertEquals(Math.max(1, (tk + split - 1) / split), got.splits());
+    assertNull(Accuracy.check(got.state(), ref, naive), "sync, seed " + seed + ": " + Accuracy.check(got.state(), ref, naive));
+    if (lens.length > 1) {
+      CpuAttention.DecodeResult whole = emulate(q, List.of(k), List.of(v), qp, null, opt, split, null, type);
+      assertArrayEquals(whole.state().o(), got.state().o(), "chunking changed bits, seed " + seed);
+      assertArrayEquals(whole.state().lse(), got.state().lse(), "chunking changed bits, seed " + seed);
+    }
+
+    UnifiedMax um = UnifiedMax.calibrate(q, k, opt);
+    CpuAttention.DecodeResult fast = emulate(q, kc, vc, qp, null, opt, split, um, type);
+    String err = Accuracy.check(fast.state(), ref, naive);
+    assertNull(err, "unified " + um + ", seed " + seed + ": " + err);
+    assertEquals(CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, opt, split, um).recomputedRows(),
+        fast.recomputedRows(), "recompute count vs the CPU's, seed " + seed);
+  }
+
+  @Test
+  @Timeout(300)
+  void unifiedMaxRecomputesExactlyTheFlaggedPairs() throws Exception {
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int heads = 8, kvHeads = 2, tq = 2, tk = 301, dim = 64, split = 50;
+    Tensor q = Accuracy.random(rng, 1, heads, tq, dim, 1);
+    for (int t = 0; t < tq; t++) { // head 3: logits in the hundreds
+      int at = q.offset(0, 3, t);
+      for (int d = 0; d < dim; d++) {
+        q.data()[at + d] *= 30;
+      }
+    }
+    Tensor k = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor v = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
+    long[] qp = DecodeTest.decodePositions(tq, tk);
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+    ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, opt);
+    ReferenceAttention.Result naive = ReferenceAttention.computeFloat32(q, k, v, qp, null, opt);
+    int splits = (tk + split - 1) / split;
+    for (float phi : new float[] {0f, 1e4f}) {
+      UnifiedMax um = UnifiedMax.of(phi);
+      CpuAttention.DecodeResult got = emulate(q, List.of(k), List.of(v), qp, null, opt, split, um,
+          CudaAttention.DType.F32);
+      long cpu = CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, opt, split, um).recomputedRows();
+      assertEquals(cpu, got.recomputedRows(), "phi " + phi + ", seed " + seed);
+      if (phi == 0f) {
+        assertTrue(got.recomputedRows() >= tq, "head 3's rows: " + got.recomputedRows());
+      } else {
+        // Every (row, head, split) that sees a key; the last split (key 300) is invisible to row 0.
+        assertEquals((long) (tq * splits - 1) * heads, got.recomputedRows());
+      }
+      String err = Accuracy.check(got.state(), ref, naive);
+      assertNull(err, "phi " + phi + ", seed " + seed + ": " + err);
+    }
+  }
+
+  /**
+   * Logits in the hundreds with 2-byte inputs: the kernel's q.k must round like the naive
+   * algorithm's (exact products, then the scale). Folding the scale into q first, and a float32
+   * partial lse, each put the error above the tolerance on some seeds.
+   */
+  @Test
+  @Timeout(300)
+  void largeLogitsStayWithinTolerance() throws Exception {
+    for (int trial = 0; trial < 6; trial++) {
+      long seed = Accuracy.seed();
+      SplittableRandom rng = new SplittableRandom(seed);
+      CudaAttention.DType type = trial % 2 == 0 ? CudaAttention.DType.BF16 : CudaAttention.DType.F16;
+      int heads = 8, kvHeads = 2, tq = 2, tk = 301, dim = 128;
+      Tensor q = Accuracy.random(rng, 1, heads, tq, dim, 1);
+      for (int t = 0; t < tq; t++) {
+        int at = q.offset(0, 3, t);
+        for (int d = 0; d < dim; d++) {
+          q.data()[at + d] *= 30;
+        }
+      }
+      q = GpuCheck.rounded(q, type);
+      Tensor k = GpuCheck.rounded(Accuracy.random(rng, 1, kvHeads, tk, dim, 1), type);
+      Tensor v = GpuCheck.rounded(Accuracy.random(rng, 1, kvHeads, tk, dim, 1), type);
+      long[] qp = DecodeTest.decodePositions(tq, tk);
+      AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+      CpuAttention.DecodeResult got = emulate(q, List.of(k), List.of(v), qp, null, opt, 50, null, type);
+      String err = Accuracy.check(got.state(), ReferenceAttention.compute(q, k, v, qp, null, opt),
+          ReferenceAttention.computeFloat32(q, k, v, qp, null, opt));
+      assertNull(err, type + ", seed " + seed + ": " + err);
+    }
+  }
+
+  @Test
+  @Timeout(300)
+  void positionsMasksAndBatchInvariance() throws Exception {
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int heads = 4, kvHeads = 2, tq = 3, tk = 180, dim = 64;
+    Tensor q = Accuracy.random(rng, 2, heads, tq, dim, 1);
+    Tensor k = Accuracy.random(rng, 2, kvHeads, tk, dim, 1);
+    Tensor v = Accuracy.random(rng, 2, kvHeads, tk, dim, 1);
+    // Explicit key positions, not 0..Tk-1 (no split narrowing), reversed; query 0 sees no key.
+    long[] kPos = new long[tk];
+    for (int j = 0; j < tk; j++) {
+      kPos[j] = 1000 + (tk - 1 - j);
+    }
+    long[] qp = {5, 1100, 1179};
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true).withWindow(90);
+    CpuAttention.DecodeResult got = emulate(q, GpuDecodeCheck.chunk(k, new int[] {60, 120}),
+        GpuDecodeCheck.chunk(v, new int[] {60, 120}), qp, kPos, opt, 64, null, CudaAttention.DType.F32);
+    ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, kPos, opt);
+    String err = Accuracy.check(got.state(), ref, ReferenceAttention.computeFloat32(q, k, v, qp, kPos, opt));
+    assertNull(err, "seed " + seed + ": " + err);
+    for (int b = 0; b < 2; b++) {
+      for (int h = 0; h < heads; h++) {
+        assertEquals(Float.NEGATIVE_INFINITY, got.state().lse(b * tq, h), "query 0 sees no key");
+        assertEquals(0f, got.state().o(b * tq, h, 7));
+      }
+    }
+    // Sequence 0 alone gives the bits it gives in the batch.
+    Tensor q0 = new Tensor(java.util.Arrays.copyOf(q.data(), q.data().length / 2), 1, heads, tq, dim);
+    Tensor k0 = new Tensor(java.util.Arrays.copyOf(k.data(), k.data().length / 2), 1, kvHeads, tk, dim);
+    Tensor v0 = new Tensor(java.util.Arrays.copyOf(v.data(), v.data().length / 2), 1, kvHeads, tk, dim);
+    CpuAttention.DecodeResult alone = emulate(q0, List.of(k0), List.of(v0), qp, kPos, opt, 64, null,
+        CudaAttention.DType.F32);
+    assertArrayEquals(alone.state().o(), java.util.Arrays.copyOf(got.state().o(), alone.state().o().length));
+    assertArrayEquals(alone.state().lse(), java.util.Arrays.copyOf(got.state().lse(), alone.state().lse().length));
+  }
+}

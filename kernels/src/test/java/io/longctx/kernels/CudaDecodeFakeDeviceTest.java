@@ -1,0 +1,71 @@
+package io.longctx.kernels;
+
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assumptions.assumeFalse;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
+
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+/**
+ * The whole CUDA decode path from Java without a GPU: a fake libcuda built here
+ * (src/test/cuda/fake_libcuda_emulated.cpp) allocates host memory and runs launched decode kernels
+ * in the host emulation of flash_decode.cu, so JCuda, the probe, module loading, CudaDecode's
+ * chunk tables, kernel parameters and launches, and CudaAttention's entry points all run for real
+ * ({@link CudaDecodeFakeDeviceMain}, in a child JVM). It shows the Java side and the kernel source
+ * agree; it shows nothing about a GPU.
+ */
+class CudaDecodeFakeDeviceTest {
+
+  @Test
+  @Timeout(300)
+  void javaEntryPointsDriveTheKernelSourceThroughJcuda() throws Exception {
+    assumeFalse(CudaProbe.status().available(), "a real GPU is present: bin/gpu-check covers this");
+    assumeTrue(CudaBackendTest.nvccOnPath(), "needs the fatbins (nvcc), so that the probe accepts the fake driver");
+    Path include = CudaDecodeEmulationTest.cudaInclude();
+    assumeTrue(include != null && CudaDecodeEmulationTest.onPath("g++"), "needs g++ and the CUDA headers");
+    Path dir = Paths.get("target", "fake-cuda-emulated").toAbsolutePath();
+    Files.createDirectories(dir);
+    Process gcc = new ProcessBuilder("g++", "-shared", "-fPIC", "-std=c++20", "-O1", "-pthread", "-I" + include,
+        "-I" + Paths.get("src", "main", "cuda").toAbsolutePath(), "-I" + Paths.get("src", "test", "cuda").toAbsolutePath(),
+        "-o", dir.resolve("libcuda.so.1").toString(),
+        Paths.get("src", "test", "cuda", "fake_libcuda_emulated.cpp").toAbsolutePath().toString())
+        .redirectErrorStream(true).start();
+    String log = new String(gcc.getInputStream().readAllBytes());
+    assertTrue(gcc.waitFor(170, TimeUnit.SECONDS) && gcc.exitValue() == 0, "g++ failed: " + log);
+
+    ProcessBuilder pb = new ProcessBuilder(Paths.get(System.getProperty("java.home"), "bin", "java").toString(),
+        "--add-modules=jdk.incubator.vector", "-cp", System.getProperty("java.class.path"),
+        CudaDecodeFakeDeviceMain.class.getName()).redirectErrorStream(true);
+    pb.environment().putAll(Map.of("LD_LIBRARY_PATH", dir.toString()));
+    Process p = pb.start();
+    String text = new String(p.getInputStream().readAllBytes());
+    assertTrue(p.waitFor(240, TimeUnit.SECONDS), "child JVM hung: " + text);
+    assertTrue(p.exitValue() == 0, "child JVM failed (exit " + p.exitValue() + "): " + text);
+    List<String> lines = text.lines().toList();
+    assertTrue(lines.contains("backend=cuda:host emulation (fake libcuda)"), text);
+    for (String check : List.of("chunked-bf16", "backend-f32", "unified-recompute", "device-chunks", "fp16-overflow",
+        "launch-error-names-the-call")) {
+      assertTrue(lines.contains(check + "=pass"), check + ":\n" + text);
+    }
+
+    // The GPU check's decode section itself, at smoke sizes: its code has run before a GPU sees it.
+    ProcessBuilder check = new ProcessBuilder(Paths.get(System.getProperty("java.home"), "bin", "java").toString(),
+        "--add-modules=jdk.incubator.vector", "-cp", System.getProperty("java.class.path"),
+        GpuDecodeCheck.class.getName(), "--smoke").redirectErrorStream(true);
+    check.environment().put("LD_LIBRARY_PATH", dir.toString());
+    check.environment().remove("OUT");
+    Process c = check.start();
+    String out = new String(c.getInputStream().readAllBytes());
+    assertTrue(c.waitFor(240, TimeUnit.SECONDS), "decode check hung: " + out);
+    assertTrue(c.exitValue() == 0 && out.contains("all decode variants pass"), "decode check failed:\n" + out);
+    assertTrue(out.contains("batch invariance (bf16, sequence 0 alone vs in a batch of 2, split 700): pass"), out);
+    assertTrue(out.contains("| sync split-K | 1 | 4096 |") && out.contains("| device-to-device copy"), out);
+  }
+}
