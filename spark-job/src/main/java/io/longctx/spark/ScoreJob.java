@@ -161,8 +161,11 @@ public final class ScoreJob {
         .groupByKey((MapFunction<Token, String>) t -> t.getDocId() + '\u0000' + Math.floorDiv(t.getPos(), chunkLen),
             Encoders.STRING())
         .mapGroups((MapGroupsFunction<String, Token, Chunk>) (key, it) -> buildChunk(it, sh, chunkLen, prefill, keysPath),
-            Encoders.bean(Chunk.class))
-        .persist(StorageLevel.MEMORY_AND_DISK());
+            Encoders.bean(Chunk.class));
+    // Not persisted: Spark caches a Dataset as columnar batches built whole in the heap, and with rows
+    // of one chunk each (32 MiB at 4096 tokens x 8 kv heads x 128) that held a whole shuffle partition
+    // per task and ran a 2 GiB executor out of memory on a 1M-token document. The pair stage reads the
+    // chunks from the shuffle once more instead; the plan below needs only each chunk's position range.
 
     Dataset<QueryBlock> blocks;
     if (prefill) {
@@ -179,10 +182,10 @@ public final class ScoreJob {
     }
 
     try {
-      List<RangeMeta> chunkMeta = chunks.map((MapFunction<Chunk, RangeMeta>) ScoreJob::chunkMeta,
-          Encoders.bean(RangeMeta.class)).collectAsList();
-      List<RangeMeta> blockMeta = blocks.map((MapFunction<QueryBlock, RangeMeta>) ScoreJob::blockMeta,
-          Encoders.bean(RangeMeta.class)).collectAsList();
+      List<RangeMeta> chunkMeta = chunkRanges(keyRows, chunkLen);
+      List<RangeMeta> blockMeta = prefill ? chunkMeta // a prefill block is its chunk's tokens
+          : blocks.map((MapFunction<QueryBlock, RangeMeta>) ScoreJob::blockMeta, Encoders.bean(RangeMeta.class))
+              .collectAsList();
       if (chunkMeta.isEmpty()) {
         throw new InputError("KEYS " + opt.keys + ": no key rows");
       }
@@ -267,7 +270,6 @@ public final class ScoreJob {
       return new Summary(chunksByDoc.size(), tokens, queries, chunkMeta.size(), computed, skipped, BACKEND, wall,
           out.toString());
     } finally {
-      chunks.unpersist();
       if (!prefill) {
         blocks.unpersist();
       }
@@ -609,16 +611,21 @@ public final class ScoreJob {
     return out.iterator();
   }
 
-  static RangeMeta chunkMeta(Chunk c) {
-    RangeMeta m = new RangeMeta();
-    long[] p = c.getKPos();
-    m.setDocId(c.getDocId());
-    m.setIndex(c.getChunk());
-    m.setMin(p[0]);
-    m.setMax(p[p.length - 1]);
-    m.setCount(p.length);
-    m.setHasPos(true);
-    return m;
+  /**
+   * (doc, chunk index, min pos, max pos, key count) of every chunk, by an aggregation over the key
+   * positions alone (the vectors are pruned from the scan). Rows without doc_id or pos are left to
+   * the validation in the chunk stage, which names them.
+   */
+  static List<RangeMeta> chunkRanges(Dataset<Token> keys, int chunkLen) {
+    Column pos = col("pos");
+    return keys.toDF()
+        .where(col("docId").isNotNull().and(pos.isNotNull()))
+        .groupBy(col("docId"), functions.expr("(pos - pmod(pos, " + chunkLen + "L)) div " + chunkLen + "L").as("index"))
+        .agg(functions.min(pos).as("min"), functions.max(pos).as("max"), functions.count(lit(1)).as("count"))
+        .select(col("docId"), col("index"), col("min"), col("max"), col("count"), lit(true).as("hasPos"),
+            lit(null).cast("string").as("sample"))
+        .as(Encoders.bean(RangeMeta.class))
+        .collectAsList();
   }
 
   static RangeMeta blockMeta(QueryBlock b) {
@@ -647,41 +654,64 @@ public final class ScoreJob {
 
   // ---------------------------------------------------------------- the kernel on one pair
 
+  /**
+   * The kernel on every (block, chunk) pair of one chunk. Lazy: one block is computed when the
+   * previous block's partial rows have been consumed, so a task holds one block's state at a time,
+   * not the partials of every block that sees the chunk.
+   */
   static Iterator<Partial> computePairs(Iterator<QueryBlock> blocks, Iterator<Chunk> chunks, Shape s,
       AttentionOptions attn) {
     FaultHooks.at(FaultHooks.MAP); // test-only fault injection, off by default
     Chunk c = chunks.hasNext() ? chunks.next() : null;
-    List<Partial> out = new ArrayList<>();
-    while (blocks.hasNext()) {
-      QueryBlock b = blocks.next();
-      int n = b.getQPos().length, h = s.heads(), d = s.dim(), w = h * d;
-      AttentionOptions o = b.getHasPos() ? attn : attn.withCausal(false).withWindow(0);
-      float[] so, sl;
-      if (c == null) {
-        so = new float[n * w];
-        sl = new float[n * h];
-        Arrays.fill(sl, Float.NEGATIVE_INFINITY);
-      } else {
-        int tk = c.getKPos().length;
-        AttentionState st = CpuAttention.DEFAULT.forward(new Tensor(b.getQ(), 1, h, n, d),
-            new Tensor(c.getK(), 1, s.kvHeads(), tk, d), new Tensor(c.getV(), 1, s.kvHeads(), tk, d), b.getQPos(),
-            c.getKPos(), o);
-        so = st.o();
-        sl = st.lse();
+    return new Iterator<>() {
+      private Iterator<Partial> current = java.util.Collections.emptyIterator();
+
+      @Override
+      public boolean hasNext() {
+        while (!current.hasNext() && blocks.hasNext()) {
+          current = pairRows(blocks.next(), c, s, attn);
+        }
+        return current.hasNext();
       }
-      for (int t = 0; t < n; t++) {
-        Partial p = new Partial();
-        p.setDocId(b.getDocId());
-        p.setQueryId(b.getIds() == null ? null : b.getIds()[t]);
-        p.setPos(b.getHasPos() ? b.getQPos()[t] : null);
-        p.setChunk(b.getChunk());
-        p.setKeyCount(c == null ? 0 : visibleKeys(c.getKPos(), b.getQPos()[t], o));
-        p.setLse(Arrays.copyOfRange(sl, t * h, (t + 1) * h));
-        p.setO(Arrays.copyOfRange(so, t * w, (t + 1) * w));
-        out.add(p);
+
+      @Override
+      public Partial next() {
+        if (!hasNext()) {
+          throw new java.util.NoSuchElementException();
+        }
+        return current.next();
       }
+    };
+  }
+
+  /** One pair's partial states, a row per query (chunk c null: no visible chunk, empty states). */
+  private static Iterator<Partial> pairRows(QueryBlock b, Chunk c, Shape s, AttentionOptions attn) {
+    int n = b.getQPos().length, h = s.heads(), d = s.dim(), w = h * d;
+    AttentionOptions o = b.getHasPos() ? attn : attn.withCausal(false).withWindow(0);
+    float[] so, sl;
+    if (c == null) {
+      so = new float[n * w];
+      sl = new float[n * h];
+      Arrays.fill(sl, Float.NEGATIVE_INFINITY);
+    } else {
+      int tk = c.getKPos().length;
+      AttentionState st = CpuAttention.DEFAULT.forward(new Tensor(b.getQ(), 1, h, n, d),
+          new Tensor(c.getK(), 1, s.kvHeads(), tk, d), new Tensor(c.getV(), 1, s.kvHeads(), tk, d), b.getQPos(),
+          c.getKPos(), o);
+      so = st.o();
+      sl = st.lse();
     }
-    return out.iterator();
+    return java.util.stream.IntStream.range(0, n).mapToObj(t -> {
+      Partial p = new Partial();
+      p.setDocId(b.getDocId());
+      p.setQueryId(b.getIds() == null ? null : b.getIds()[t]);
+      p.setPos(b.getHasPos() ? b.getQPos()[t] : null);
+      p.setChunk(b.getChunk());
+      p.setKeyCount(c == null ? 0 : visibleKeys(c.getKPos(), b.getQPos()[t], o));
+      p.setLse(Arrays.copyOfRange(sl, t * h, (t + 1) * h));
+      p.setO(Arrays.copyOfRange(so, t * w, (t + 1) * w));
+      return p;
+    }).iterator();
   }
 
   /** Keys of the sorted position list that a query at qPos sees. */
