@@ -106,9 +106,14 @@ def parse_events(files):
            "max_task_shuffle_read_mb": 0.0, "max_task_result_kb": 0.0, "shuffle_written_mb": 0.0,
            "spilled_disk_mb": 0.0, "spilled_mem_mb": 0.0, "input_mb": 0.0, "max_task_input_mb": 0.0}
     mb = 1 / (1 << 20)
-    for path in files:
-        if not os.path.isfile(path):
-            continue
+    paths = []
+    for path in files:  # Spark 4 writes a rolling log: a directory eventlog_v2_<app> of events_N_<app> files
+        if os.path.isdir(path):
+            paths += sorted((os.path.join(path, n) for n in os.listdir(path) if n.startswith("events_")),
+                            key=lambda p: int(re.search(r"events_(\d+)_", p).group(1)))
+        elif os.path.isfile(path):
+            paths.append(path)
+    for path in paths:
         with open(path, errors="replace") as f:
             for line in f:
                 if '"SparkListenerTaskEnd"' not in line:
