@@ -53,7 +53,7 @@ def status(pid):
             cmd = f.read().decode(errors="replace")
     except OSError:
         return None
-    if r.get("Name") != "java":
+    if r.get("Name") != "java" or "VmHWM" not in r:  # not a JVM, or a zombie (no memory figures)
         return None
     role = "executor" if "CoarseGrainedExecutorBackend" in cmd else (
         "driver" if "LongctxMain" in cmd else "other-jvm")

@@ -33,7 +33,14 @@ mkdir -p "$data/tmp" "$data/events" "$(dirname "$out")"
 export LONGCTX_JAVA_OPTS="-Xmx$heap -Djava.io.tmpdir=$data/tmp ${LONGCTX_JAVA_OPTS:-}"
 spark_conf=(--conf "spark.driver.memory=$heap" --conf "spark.local.dir=$data/tmp"
   --conf spark.eventLog.enabled=true --conf spark.eventLog.compress=false --conf "spark.eventLog.dir=file://$data/events"
-  --conf spark.ui.showConsoleProgress=false)
+  --conf spark.ui.showConsoleProgress=false
+  --conf "spark.sql.inMemoryColumnarStorage.batchSize=${CACHE_BATCH_ROWS:-1}")
+# Why the cache batch size: ScoreJob persists its chunk Dataset (MEMORY_AND_DISK), which Spark SQL
+# stores as columnar CachedBatches of up to spark.sql.inMemoryColumnarStorage.batchSize rows (default
+# 10,000), each built whole in heap ByteBuffers before it can go to memory or disk. A chunk row is
+# 32 MiB here (4096 tokens x 8 kv heads x 128 x k,v x 4 B), so with the default one batch is a whole
+# shuffle partition (~1/16 of the document): the 1M decode ran out of a 2 GiB heap there. One row per
+# batch keeps it to one chunk. CACHE_BATCH_ROWS=10000 reproduces the failure.
 
 # measure NAME NAIVE_BYTES CMD...: runs CMD, samples the VmHWM of it and every descendant JVM, then
 # appends the JSON line to OUT (the job's stderr summary is parsed from its log).
@@ -102,12 +109,17 @@ cluster_decode() {
     "${spark_conf[@]}" "${cluster_conf[@]}" --master "local-cluster[1,2,$(heap_mb)]"
 }
 
-prefill() {
+gen_prefill() {
   local tokens="${PREFILL_TOKENS:-131072}" d="$data/prefill"
   if [ ! -d "$d/keys.parquet" ]; then
     measure "gen-prefill-$tokens" 0 "$longctx" gen --docs 1 --tokens "$tokens" --heads 8 --kv-heads 8 --dim 128 \
       --queries-per-doc 0 --prefill --output "$d" --overwrite "${spark_conf[@]}" --master "local[2]"
   fi
+}
+
+prefill() {
+  local tokens="${PREFILL_TOKENS:-131072}" d="$data/prefill"
+  gen_prefill
   measure "prefill-$tokens" "$(naive_bytes "$tokens" "$tokens" 8)" "$longctx" score --mode prefill \
     --keys "$d/keys.parquet" --output "$d/out" --overwrite --heads 8 --chunk-len 8192 \
     "${spark_conf[@]}" --master "local[2]"
@@ -133,6 +145,7 @@ case "${1:-}" in
   decode) decode ;;
   cluster-decode) cluster_decode ;;
   prefill) prefill ;;
+  gen-prefill) gen_prefill ;;
   scaling) scaling ;;
   all) decode; prefill; scaling ;;
   clean) rm -rf "$data" ;;
