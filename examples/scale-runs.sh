@@ -25,14 +25,15 @@ data="${DATA:-/work/scale-data}"
 heap="${HEAP:-2g}"
 out="${OUT:-$root/docs/bench-data/scale-runs.jsonl}"
 longctx="$root/bin/longctx"
-mkdir -p "$data/tmp" "$data/events" "$(dirname "$out")"
+events="${EVENTS:-$data/events}"
+mkdir -p "$data/tmp" "$events" "$(dirname "$out")"
 
 # Every Spark JVM: heap capped, scratch under DATA, event log on. In local mode the driver IS the
 # executor: spark.driver.memory cannot change a running JVM's heap, so -Xmx does it (the property is
 # set too, for the record); on local-cluster spark.executor.memory caps the executor JVMs.
 export LONGCTX_JAVA_OPTS="-Xmx$heap -Djava.io.tmpdir=$data/tmp ${LONGCTX_JAVA_OPTS:-}"
 spark_conf=(--conf "spark.driver.memory=$heap" --conf "spark.local.dir=$data/tmp"
-  --conf spark.eventLog.enabled=true --conf spark.eventLog.compress=false --conf "spark.eventLog.dir=file://$data/events"
+  --conf spark.eventLog.enabled=true --conf spark.eventLog.compress=false --conf "spark.eventLog.dir=file://$events"
   --conf spark.ui.showConsoleProgress=false
   --conf "spark.sql.inMemoryColumnarStorage.batchSize=${CACHE_BATCH_ROWS:-1}")
 # Why the cache batch size: ScoreJob persists its chunk Dataset (MEMORY_AND_DISK), which Spark SQL
@@ -52,7 +53,7 @@ measure() {
   local name="$1" naive="$2"
   shift 2
   local log="$data/$name.log" ev_before
-  ev_before="$(ls "$data/events" | sort)"
+  ev_before="$(ls "$events" | sort)"
   echo "== $name: $* (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
   local load0 t0 rc=0
   load0="$(cut -d' ' -f1 /proc/loadavg)"
@@ -66,7 +67,7 @@ measure() {
   local wall
   wall="$(python3 -c "import time; print(round(time.time() - $t0, 1))")"
   local ev_new
-  ev_new="$(comm -13 <(echo "$ev_before") <(ls "$data/events" | sort) | sed "s|^|$data/events/|" | tr '\n' ' ')"
+  ev_new="$(comm -13 <(echo "$ev_before") <(ls "$events" | sort) | sed "s|^|$events/|" | tr '\n' ' ')"
   python3 "$root/examples/procpeak.py" --report "$name" "$rc" "$wall" "$load0" "$(cut -d' ' -f1 /proc/loadavg)" \
     "$naive" "$log" "$data/$name.peak.json" $ev_new | tee -a "$out"
   tail -n 15 "$log" >&2
