@@ -118,7 +118,10 @@ def parse_events(files):
             for line in f:
                 if '"SparkListenerTaskEnd"' not in line:
                     continue
-                e = json.loads(line)
+                try:
+                    e = json.loads(line)
+                except ValueError:  # the last line of a log still being written
+                    continue
                 m = e.get("Task Metrics") or {}
                 agg["tasks"] += 1
                 if e.get("Task End Reason", {}).get("Reason") != "Success":
