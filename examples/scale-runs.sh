@@ -9,8 +9,8 @@
 #   examples/scale-runs.sh cluster-decode  # the 1M decode again with a separate 2 GiB executor JVM
 #   examples/scale-runs.sh clean      # delete the generated data
 #
-# Environment: DATA (default /work/scale-data; not in git: ~8 GB for decode, ~1.6 GB for prefill,
-# plus Spark's shuffle and spill files under DATA/tmp), HEAP (default 2g: -Xmx of every JVM, driver
+# Environment: DATA (default /work/scale-data; not in git: 7.7 GB of Parquet for decode, 1.6 GB for
+# prefill, plus Spark's shuffle, spill and cache files under DATA/tmp: ~33 GB at the decode's peak), HEAP (default 2g: -Xmx of every JVM, driver
 # and executor), OUT (default docs/bench-data/scale-runs.jsonl), TOKENS / PREFILL_TOKENS to run
 # smaller sizes.
 #

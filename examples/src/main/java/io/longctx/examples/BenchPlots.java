@@ -73,7 +73,8 @@ public final class BenchPlots {
     Path rp = out.resolve("ratio-vs-t.png");
     ImageIO.write(BitmapEncoder.getBufferedImage(ratioChart(speed)), "png", rp.toFile());
     System.out.println("wrote " + rp);
-    List<Map<String, String>> capped = read(data.resolve("memory-capped-heap.jsonl"));
+    Path cappedFile = data.resolve("memory-capped-heap.jsonl"); // optional: java under a capped heap
+    List<Map<String, String>> capped = Files.isRegularFile(cappedFile) ? read(cappedFile) : List.of();
     Path mp = out.resolve("memory-vs-t.png");
     ImageIO.write(BitmapEncoder.getBufferedImage(memoryChart(memory, capped)), "png", mp.toFile());
     System.out.println("wrote " + mp);
