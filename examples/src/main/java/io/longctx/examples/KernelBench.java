@@ -56,9 +56,10 @@ public final class KernelBench {
   static final String USAGE = String.join("\n",
       "usage: KernelBench [--op forward|decode|all] [--t T] [--tk TK] [--heads H] [--kv-heads HKV] [--dim D]",
       "                   [--causal] [--iters N] [--warmup N] [--block-q BQ] [--block-k BK] [--split L]",
-      "                   [--no-anchor] [--no-plain] [--only IMPL] [--memory]",
+      "                   [--no-anchor] [--no-plain] [--only IMPL] [--memory [--impls A,B,..]]",
       "  impls: java, op, libtorch-sdpa, djl-plain (forward); also java-unified-max, copy (decode)",
-      "  --memory: peak memory per impl, each alone in a fresh JVM (VmHWM - VmRSS before the call)",
+      "  --memory: peak memory per impl, each alone in a fresh JVM (VmHWM - VmRSS before the call);",
+      "            --impls limits it to the named impls",
       "  forward defaults: T=4096, H=HKV=8, D=128, causal and non-causal when --op all",
       "  decode defaults:  TK=65536, 1 query row, H=32, HKV=8, D=128");
 
@@ -84,6 +85,7 @@ public final class KernelBench {
         case "--no-anchor" -> anchor = false;
         case "--no-plain" -> plain = false;
         case "--only" -> only = args[++i];
+        case "--impls" -> i++; // read by memory()
         case "--memory" -> memory = true;
         case "--iters" -> iters = Integer.parseInt(args[++i]);
         case "--warmup" -> warmup = Integer.parseInt(args[++i]);
@@ -322,7 +324,7 @@ public final class KernelBench {
     for (int i = 0; i < args.length; i++) {
       switch (args[i]) {
         case "--memory", "--causal" -> { }
-        case "--iters", "--warmup", "--only", "--op" -> i++;
+        case "--iters", "--warmup", "--only", "--op", "--impls" -> i++;
         default -> rest.add(args[i]);
       }
     }
@@ -331,6 +333,10 @@ public final class KernelBench {
       List<String> names = new ArrayList<>(List.of("java", "op", "libtorch-sdpa", "djl-plain"));
       if (o.equals("decode")) {
         names.add(1, "java-unified-max");
+      }
+      List<String> wanted = impls(args);
+      if (wanted != null) {
+        names.retainAll(wanted);
       }
       for (boolean c : o.equals("forward") && causal == null ? new boolean[] {false, true} : new boolean[] {true}) {
         for (String name : names) {
@@ -344,6 +350,16 @@ public final class KernelBench {
         }
       }
     }
+  }
+
+  /** The --impls list, or null. */
+  private static List<String> impls(String[] args) {
+    for (int i = 0; i + 1 < args.length; i++) {
+      if (args[i].equals("--impls")) {
+        return Arrays.asList(args[i + 1].split(","));
+      }
+    }
+    return null;
   }
 
   private static void runChild(List<String> cmd, String name, String op, boolean causal) {

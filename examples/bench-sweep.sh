@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Forward-kernel sweep behind docs/BENCHMARKS.md's T-scaling tables and docs/plots/ (not run in CI).
+#
+#   examples/bench-sweep.sh [OUTDIR]        (default docs/bench-data)
+#
+# For T = 1024 .. 16384 (H = Hkv = 8, D = 128, fp32), causal and not:
+#   OUTDIR/forward-sweep.jsonl   bin/longctx bench --op forward --t T [--causal]: java, op, libtorch-sdpa,
+#                                djl-plain, median ms and GFLOP/s, alternating in one JVM
+#   OUTDIR/memory-sweep.jsonl    the same shapes with --memory: each impl alone in a fresh JVM, its peak
+#                                resident memory beyond its inputs
+# Every line gets "load1" (the 1-minute load average when its run started) and "date".
+# Set TS="1024 2048" to run fewer lengths, SKIP_MEMORY=1 or SKIP_TIME=1 to run one half; the plain
+# (materialized) path needs 2 x H x T^2 x 4 B (16 GiB at T = 16384): skipped unless MemAvailable allows.
+# Takes ~25 minutes on 2 cores. Then: bin/longctx plots.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+out="${1:-$root/docs/bench-data}"
+mkdir -p "$out"
+ts="${TS:-1024 2048 4096 8192 16384}"
+longctx="$root/bin/longctx"
+
+tag() { # appends load1 and date to every JSON line on stdin
+  local load date
+  load="$(cut -d' ' -f1 /proc/loadavg)"
+  date="$(date -u +%Y-%m-%dT%H:%MZ)"
+  sed -u -e "s/}\$/, \"load1\": $load, \"date\": \"$date\"}/" | grep --line-buffered '^{'
+}
+
+iters_for() { # median of N after W warm-up rounds: fewer rounds where one call takes tens of seconds
+  if [ "$1" -le 4096 ]; then echo "--iters 5 --warmup 3"
+  elif [ "$1" -le 8192 ]; then echo "--iters 3 --warmup 1"
+  else echo "--iters 1 --warmup 1"; fi
+}
+
+plain_fits() { # the materialized path needs 2 x 8 GiB at T = 16384 (H = 8): only with room to spare
+  local need_gb=$(( 2 * 8 * $1 * $1 * 4 / 1073741824 + 3 )) avail_gb
+  avail_gb=$(( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) / 1048576 ))
+  [ "$avail_gb" -ge "$need_gb" ]
+}
+
+if [ -z "${SKIP_TIME:-}" ]; then
+  for t in $ts; do
+    # without --causal the bench runs non-causal, then causal, in one JVM
+    echo "== time T=$t (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+    plain=""
+    plain_fits "$t" || { plain="--no-plain"; echo "   (djl-plain skipped: not enough free memory)" >&2; }
+    # shellcheck disable=SC2046
+    "$longctx" bench --op forward --t "$t" --heads 8 --kv-heads 8 --dim 128 $plain $(iters_for "$t") | tag \
+      | tee -a "$out/forward-sweep.jsonl"
+  done
+fi
+
+if [ -z "${SKIP_MEMORY:-}" ]; then
+  for t in $ts; do
+    # without --causal, --memory measures non-causal and causal, each impl in its own JVM
+    echo "== memory T=$t (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+    impls="java,op,libtorch-sdpa,djl-plain"
+    plain_fits "$t" || { impls="java,op,libtorch-sdpa"; echo "   (djl-plain skipped: not enough free memory)" >&2; }
+    "$longctx" bench --op forward --t "$t" --heads 8 --kv-heads 8 --dim 128 --memory --impls "$impls" | tag \
+      | tee -a "$out/memory-sweep.jsonl"
+  done
+fi

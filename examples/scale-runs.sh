@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Scale runs behind docs/BENCHMARKS.md's "Spark at scale" section (not run in CI; tens of minutes).
+#
+#   examples/scale-runs.sh decode     # 1,000,000-token decode: one document, 32 query heads over 8 kv
+#                                     # heads x 128 dim, 64 queries, causal, 2 GiB heap
+#   examples/scale-runs.sh prefill    # 131,072-token causal prefill, 8 heads = 8 kv heads x 128 dim
+#   examples/scale-runs.sh scaling    # spark-bench prefill on local[1] vs local[2] (with CLUSTER=1
+#                                     # also local-cluster with 1 vs 2 executor JVMs of one core)
+#   examples/scale-runs.sh cluster-decode  # the 1M decode again with a separate 2 GiB executor JVM
+#   examples/scale-runs.sh clean      # delete the generated data
+#
+# Environment: DATA (default /work/scale-data; not in git: 7.7 GB of Parquet for decode, 1.6 GB for
+# prefill, plus Spark's shuffle, spill and cache files under DATA/tmp: ~33 GB at the decode's peak), HEAP (default 2g: -Xmx of every JVM, driver
+# and executor), OUT (default docs/bench-data/scale-runs.jsonl), TOKENS / PREFILL_TOKENS to run
+# smaller sizes.
+#
+# Each run appends one JSON line to OUT: wall time, the job's own summary (tokens, chunks, pairs,
+# tokens/s), peak resident memory (VmHWM) of every JVM of the run, sampled from /proc once a second
+# (the Spark UI is off; the event log goes to DATA/events and is summarised too: the largest task's
+# peak execution memory, shuffle and spill bytes), the load average, and the memory the naive
+# computation would need (T x T scores per head, fp32).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+data="${DATA:-/work/scale-data}"
+heap="${HEAP:-2g}"
+out="${OUT:-$root/docs/bench-data/scale-runs.jsonl}"
+longctx="$root/bin/longctx"
+events="${EVENTS:-$data/events}"
+mkdir -p "$data/tmp" "$events" "$(dirname "$out")"
+
+# Every Spark JVM: heap capped, scratch under DATA, event log on. In local mode the driver IS the
+# executor: spark.driver.memory cannot change a running JVM's heap, so -Xmx does it (the property is
+# set too, for the record); on local-cluster spark.executor.memory caps the executor JVMs.
+export LONGCTX_JAVA_OPTS="-Xmx$heap -Djava.io.tmpdir=$data/tmp ${LONGCTX_JAVA_OPTS:-}"
+spark_conf=(--conf "spark.driver.memory=$heap" --conf "spark.local.dir=$data/tmp"
+  --conf spark.eventLog.enabled=true --conf spark.eventLog.compress=false --conf "spark.eventLog.dir=file://$events"
+  --conf spark.ui.showConsoleProgress=false
+  --conf "spark.sql.inMemoryColumnarStorage.batchSize=${CACHE_BATCH_ROWS:-1}")
+# Why the cache batch size: ScoreJob persists its chunk Dataset (MEMORY_AND_DISK), which Spark SQL
+# stores as columnar CachedBatches of up to spark.sql.inMemoryColumnarStorage.batchSize rows (default
+# 10,000), each built whole in heap ByteBuffers before it can go to memory or disk. A chunk row is
+# 32 MiB here (4096 tokens x 8 kv heads x 128 x k,v x 4 B), so with the default one batch is a whole
+# shuffle partition (~1/16 of the document): the 1M decode ran out of a 2 GiB heap there. One row per
+# batch keeps it to one chunk, but is not enough: each task of that stage still holds about one
+# whole shuffle partition (the sort of its token rows, up to ~514 MiB of execution memory, and the
+# MemoryStore's unroll of the partition's cached batches, ~530-560 MiB, kept while the rest goes to
+# disk), and a partition is document/partitions. So the decode runs with --partitions 256 (a partition
+# ~ one 30 MiB chunk); PARTITIONS=16 (conf/ default) and CACHE_BATCH_ROWS=10000 reproduce the failures.
+
+# measure NAME NAIVE_BYTES CMD...: runs CMD, samples the VmHWM of it and every descendant JVM, then
+# appends the JSON line to OUT (the job's stderr summary is parsed from its log).
+measure() {
+  local name="$1" naive="$2"
+  shift 2
+  local log="$data/$name.log" ev_before
+  ev_before="$(ls "$events" | sort)"
+  echo "== $name: $* (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+  local load0 t0 rc=0
+  load0="$(cut -d' ' -f1 /proc/loadavg)"
+  t0="$(date +%s.%N)"
+  "$@" >"$log" 2>&1 &
+  local pid=$!
+  python3 "$root/examples/procpeak.py" "$pid" >"$data/$name.peak.json" &
+  local sampler=$!
+  wait "$pid" || rc=$?
+  wait "$sampler" || true
+  local wall
+  wall="$(python3 -c "import time; print(round(time.time() - $t0, 1))")"
+  local ev_new
+  ev_new="$(comm -13 <(echo "$ev_before") <(ls "$events" | sort) | sed "s|^|$events/|" | tr '\n' ' ')"
+  python3 "$root/examples/procpeak.py" --report "$name" "$rc" "$wall" "$load0" "$(cut -d' ' -f1 /proc/loadavg)" \
+    "$naive" "$log" "$data/$name.peak.json" $ev_new | tee -a "$out"
+  tail -n 15 "$log" >&2
+  return "$rc"
+}
+
+naive_bytes() { # T_q x T_k x heads x 4 B: the score matrix of the naive computation
+  python3 -c "print($1 * $2 * $3 * 4)"
+}
+
+decode() {
+  local tokens="${TOKENS:-1000000}" d="$data/decode"
+  if [ ! -d "$d/keys.parquet" ] || [ ! -d "$d/queries.parquet" ]; then
+    measure "gen-decode-$tokens" 0 "$longctx" gen --docs 1 --tokens "$tokens" --heads 32 --kv-heads 8 --dim 128 \
+      --queries-per-doc 64 --output "$d" --overwrite "${spark_conf[@]}" --master "local[2]"
+  fi
+  measure "decode-$tokens" "$(naive_bytes 64 "$tokens" 32)" "$longctx" score --keys "$d/keys.parquet" \
+    --queries "$d/queries.parquet" --output "$d/out" --overwrite --dim 128 --causal --chunk-len 4096 \
+    --partitions "${PARTITIONS:-256}" "${spark_conf[@]}" --master "local[2]"
+}
+
+# local-cluster[N,C,MB]: N executor JVMs of C cores and MB MiB each, started by the driver from a
+# SPARK_HOME with an empty jars/ (the class path reaches the executors by extraClassPath; Spark adds
+# its own module flags to executor command lines). The executor heap is spark.executor.memory.
+cluster_conf=()
+setup_cluster() {
+  local home="$data/spark-home"
+  mkdir -p "$home/jars" "$home/launcher/target/scala-2.13"
+  export SPARK_HOME="$home" SPARK_SCALA_VERSION=2.13
+  cluster_conf=(--conf "spark.executor.extraClassPath=$root/spark-job/target/classes:$(cat "$root/spark-job/target/classpath.txt")"
+    --conf "spark.executor.extraJavaOptions=-XX:+IgnoreUnrecognizedVMOptions --add-modules=jdk.incubator.vector -Djava.io.tmpdir=$data/tmp"
+    --conf "spark.executor.memory=$heap")
+}
+
+heap_mb() {
+  python3 -c "s='$heap'; print(int(s[:-1]) * (1024 if s[-1] in 'gG' else 1))"
+}
+
+cluster_decode() {
+  local tokens="${TOKENS:-1000000}" d="$data/decode"
+  setup_cluster
+  measure "cluster-decode-$tokens" "$(naive_bytes 64 "$tokens" 32)" "$longctx" score --keys "$d/keys.parquet" \
+    --queries "$d/queries.parquet" --output "$d/out-cluster" --overwrite --dim 128 --causal --chunk-len 4096 \
+    "${spark_conf[@]}" "${cluster_conf[@]}" --master "local-cluster[1,2,$(heap_mb)]"
+}
+
+gen_prefill() {
+  local tokens="${PREFILL_TOKENS:-131072}" d="$data/prefill"
+  if [ ! -d "$d/keys.parquet" ]; then
+    measure "gen-prefill-$tokens" 0 "$longctx" gen --docs 1 --tokens "$tokens" --heads 8 --kv-heads 8 --dim 128 \
+      --queries-per-doc 0 --prefill --output "$d" --overwrite "${spark_conf[@]}" --master "local[2]"
+  fi
+}
+
+prefill() {
+  local tokens="${PREFILL_TOKENS:-131072}" d="$data/prefill"
+  gen_prefill
+  measure "prefill-$tokens" "$(naive_bytes "$tokens" "$tokens" 8)" "$longctx" score --mode prefill \
+    --keys "$d/keys.parquet" --output "$d/out" --overwrite --heads 8 --chunk-len 8192 --partitions "${PARTITIONS:-64}" \
+    "${spark_conf[@]}" --master "local[2]"
+}
+
+scaling() {
+  local tokens="${SCALING_TOKENS:-32768}"
+  for m in "local[1]" "local[2]"; do
+    measure "spark-bench-$tokens-$m" "$(naive_bytes "$tokens" "$tokens" 8)" "$longctx" spark-bench --tokens "$tokens" \
+      --heads 8 --kv-heads 2 --dim 64 --chunk-len 8192 --dir "$data/bench" "${spark_conf[@]}" --master "$m"
+  done
+  if [ -n "${CLUSTER:-}" ]; then # separate executor JVMs, one core each
+    setup_cluster
+    for n in 1 2; do
+      measure "spark-bench-$tokens-cluster-$n" "$(naive_bytes "$tokens" "$tokens" 8)" "$longctx" spark-bench \
+        --tokens "$tokens" --heads 8 --kv-heads 2 --dim 64 --chunk-len 8192 --dir "$data/bench" "${spark_conf[@]}" \
+        "${cluster_conf[@]}" --master "local-cluster[$n,1,$(heap_mb)]"
+    done
+  fi
+}
+
+case "${1:-}" in
+  decode) decode ;;
+  cluster-decode) cluster_decode ;;
+  prefill) prefill ;;
+  gen-prefill) gen_prefill ;;
+  scaling) scaling ;;
+  all) decode; prefill; scaling ;;
+  clean) rm -rf "$data" ;;
+  *) sed -n '2,22p' "$0"; exit 2 ;;
+esac

@@ -1,0 +1,285 @@
+package io.longctx.examples;
+
+import java.awt.BasicStroke;
+import java.awt.Color;
+import java.awt.Graphics2D;
+import java.awt.image.BufferedImage;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import javax.imageio.ImageIO;
+import org.knowm.xchart.BitmapEncoder;
+import org.knowm.xchart.XYChart;
+import org.knowm.xchart.XYChartBuilder;
+import org.knowm.xchart.XYSeries;
+import org.knowm.xchart.style.Styler;
+import org.knowm.xchart.style.XYStyler;
+import org.knowm.xchart.style.lines.SeriesLines;
+import org.knowm.xchart.style.markers.SeriesMarkers;
+
+/**
+ * The plots of docs/BENCHMARKS.md ({@code bin/longctx plots}), from the JSON lines that
+ * {@code examples/bench-sweep.sh} saves (KernelBench output, one object per implementation and shape):
+ *
+ * <ul>
+ *   <li>{@code throughput-vs-t.png}: GFLOP/s against sequence length T for java, op, libtorch-sdpa
+ *       and djl-plain, non-causal and causal side by side;
+ *   <li>{@code ratio-vs-t.png}: the same-run ratio libtorch time / our time against T;
+ *   <li>{@code memory-vs-t.png}: peak memory beyond the inputs against T (each implementation alone
+ *       in a fresh JVM), ours beside the naive materialized attention (djl-plain), with the analytic
+ *       lines T^2 x H x 4 B (one score matrix) and the inputs' own O(T x D) size.
+ * </ul>
+ *
+ * <p>Where a shape was measured more than once, the median of the runs is plotted.
+ *
+ * <pre>
+ *   BenchPlots [--data docs/bench-data] [--out docs/plots]
+ * </pre>
+ */
+public final class BenchPlots {
+  private BenchPlots() {}
+
+  static final String[] IMPLS = {"java", "op", "libtorch-sdpa", "djl-plain"};
+  static final Color[] COLORS = {new Color(0x1f77b4), new Color(0x2ca02c), new Color(0xd62728), new Color(0x7f7f7f)};
+  static final String[] LABELS = {"java", "op", "libtorch-sdpa (anchor)", "djl-plain (materialized)"};
+
+  public static void main(String[] args) throws IOException {
+    Path data = Path.of("docs/bench-data");
+    Path out = Path.of("docs/plots");
+    for (int i = 0; i < args.length; i++) {
+      switch (args[i]) {
+        case "--data" -> data = Path.of(args[++i]);
+        case "--out" -> out = Path.of(args[++i]);
+        default -> {
+          System.err.println("usage: BenchPlots [--data DIR] [--out DIR]");
+          System.exit(2);
+        }
+      }
+    }
+    Files.createDirectories(out);
+    List<Map<String, String>> speed = read(data.resolve("forward-sweep.jsonl"));
+    List<Map<String, String>> memory = read(data.resolve("memory-sweep.jsonl"));
+    Path tp = out.resolve("throughput-vs-t.png");
+    ImageIO.write(sideBySide(throughput(speed, false), throughput(speed, true)), "png", tp.toFile());
+    System.out.println("wrote " + tp);
+    Path rp = out.resolve("ratio-vs-t.png");
+    ImageIO.write(BitmapEncoder.getBufferedImage(ratioChart(speed)), "png", rp.toFile());
+    System.out.println("wrote " + rp);
+    Path cappedFile = data.resolve("memory-capped-heap.jsonl"); // optional: java under a capped heap
+    List<Map<String, String>> capped = Files.isRegularFile(cappedFile) ? read(cappedFile) : List.of();
+    Path mp = out.resolve("memory-vs-t.png");
+    ImageIO.write(BitmapEncoder.getBufferedImage(memoryChart(memory, capped)), "png", mp.toFile());
+    System.out.println("wrote " + mp);
+  }
+
+  // ---------------------------------------------------------------- charts
+
+  static XYChart throughput(List<Map<String, String>> rows, boolean causal) {
+    XYChart c = new XYChartBuilder().width(680).height(500)
+        .title("Forward, H = Hkv = 8, D = 128, fp32: " + (causal ? "causal" : "non-causal"))
+        .xAxisTitle("sequence length T").yAxisTitle("GFLOP/s (4·H·T²·D" + (causal ? " / 2" : "") + ")")
+        .build();
+    style(c);
+    log2X(c);
+    c.getStyler().setYAxisMin(0.0);
+    for (int i = 0; i < IMPLS.length; i++) {
+      Map<Integer, Double> pts = median(rows, IMPLS[i], causal, "gflops");
+      if (pts.isEmpty()) {
+        continue;
+      }
+      XYSeries s = c.addSeries(LABELS[i], xs(pts), ys(pts));
+      s.setLineColor(COLORS[i]);
+      s.setMarkerColor(COLORS[i]);
+      s.setMarker(SeriesMarkers.CIRCLE);
+      s.setLineStyle(i == 2 ? SeriesLines.DASH_DASH : SeriesLines.SOLID);
+    }
+    return c;
+  }
+
+  /** Same-run speed over the anchor (vs_anchor), the figure that survives this machine's drift. */
+  static XYChart ratioChart(List<Map<String, String>> rows) {
+    XYChart c = new XYChartBuilder().width(900).height(520)
+        .title("Speed relative to libtorch's fused attention in the same run (H = Hkv = 8, D = 128, fp32)")
+        .xAxisTitle("sequence length T").yAxisTitle("libtorch time / our time").build();
+    style(c);
+    log2X(c);
+    c.getStyler().setYAxisMin(0.0);
+    c.getStyler().setLegendPosition(Styler.LegendPosition.OutsideE);
+    c.getStyler().setLegendLayout(Styler.LegendLayout.Vertical);
+    TreeMap<Integer, Double> one = new TreeMap<>();
+    for (int i = 0; i < IMPLS.length; i++) {
+      if (IMPLS[i].equals("libtorch-sdpa")) {
+        continue;
+      }
+      for (boolean causal : new boolean[] {false, true}) {
+        Map<Integer, Double> pts = median(rows, IMPLS[i], causal, "vs_anchor");
+        if (pts.isEmpty()) {
+          continue;
+        }
+        pts.keySet().forEach(t -> one.put(t, 1.0));
+        XYSeries s = c.addSeries(IMPLS[i] + (causal ? ", causal" : ", non-causal"), xs(pts), ys(pts));
+        s.setLineColor(COLORS[i]);
+        s.setMarkerColor(COLORS[i]);
+        s.setMarker(causal ? SeriesMarkers.DIAMOND : SeriesMarkers.CIRCLE);
+        s.setLineStyle(causal ? SeriesLines.DASH_DASH : SeriesLines.SOLID);
+      }
+    }
+    if (!one.isEmpty()) {
+      XYSeries s = c.addSeries("libtorch-sdpa = 1", xs(one), ys(one));
+      s.setLineColor(COLORS[2]);
+      s.setMarker(SeriesMarkers.NONE);
+      s.setLineStyle(SeriesLines.DOT_DOT);
+    }
+    return c;
+  }
+
+  static XYChart memoryChart(List<Map<String, String>> rows, List<Map<String, String>> capped) {
+    XYChart c = new XYChartBuilder().width(1200).height(560)
+        .title("Peak resident memory of one forward call beyond its inputs, H = 8, D = 128, fp32 (non-causal)")
+        .xAxisTitle("sequence length T").yAxisTitle("MiB (log scale)").build();
+    style(c);
+    log2X(c);
+    c.getStyler().setYAxisLogarithmic(true);
+    c.getStyler().setLegendPosition(Styler.LegendPosition.OutsideE);
+    c.getStyler().setLegendLayout(Styler.LegendLayout.Vertical);
+    TreeMap<Integer, Double> all = new TreeMap<>();
+    for (int i = 0; i < IMPLS.length; i++) {
+      Map<Integer, Double> pts = median(rows, IMPLS[i], false, "peak_extra_mb");
+      pts.replaceAll((t, mb) -> Math.max(mb, 1.0)); // a log axis: 1 MiB floor (noise of the RSS reading)
+      all.putAll(pts);
+      if (pts.isEmpty()) {
+        continue;
+      }
+      String label = IMPLS[i].equals("java") ? "java (JVM heap growth: the heap is not capped)" : LABELS[i];
+      XYSeries s = c.addSeries(label, xs(pts), ys(pts));
+      s.setLineColor(COLORS[i]);
+      s.setMarkerColor(COLORS[i]);
+      s.setMarker(SeriesMarkers.CIRCLE);
+    }
+    for (Map<String, String> r : capped) { // java with a capped heap: what the call needs
+      if (r.containsKey("peak_extra_mb") && !r.containsKey("error")) {
+        TreeMap<Integer, Double> p = new TreeMap<>(Map.of(Integer.parseInt(r.get("t")),
+            Double.parseDouble(r.get("peak_extra_mb"))));
+        XYSeries s = c.addSeries(r.get("impl") + " with -Xmx" + r.get("xmx") + (Boolean.parseBoolean(r.get("causal"))
+            ? " (causal)" : ""), xs(p), ys(p));
+        s.setLineColor(COLORS[0]);
+        s.setMarkerColor(COLORS[0]);
+        s.setMarker(SeriesMarkers.DIAMOND);
+      }
+    }
+    if (!all.isEmpty()) {
+      // Analytic lines over the measured range (and one step beyond, where the naive path was skipped).
+      TreeMap<Integer, Double> naive = new TreeMap<>(), inputs = new TreeMap<>();
+      for (int t : all.keySet()) {
+        naive.put(t, (double) t * t * 8 * 4 / (1 << 20));
+        inputs.put(t, 3.0 * 8 * t * 128 * 4 / (1 << 20));
+      }
+      XYSeries n = c.addSeries("naive: one T×T score matrix per head, T²·H·4 B", xs(naive), ys(naive));
+      n.setLineColor(Color.BLACK);
+      n.setMarker(SeriesMarkers.NONE);
+      n.setLineStyle(SeriesLines.DASH_DASH);
+      XYSeries in = c.addSeries("inputs q, k, v: 3·H·T·D·4 B  (O(T·D))", xs(inputs), ys(inputs));
+      in.setLineColor(new Color(0x9467bd));
+      in.setMarker(SeriesMarkers.NONE);
+      in.setLineStyle(SeriesLines.DOT_DOT);
+    }
+    return c;
+  }
+
+  static void style(XYChart c) {
+    XYStyler s = c.getStyler();
+    s.setLegendPosition(Styler.LegendPosition.OutsideS);
+    s.setLegendLayout(Styler.LegendLayout.Horizontal);
+    s.setChartBackgroundColor(Color.WHITE);
+    s.setPlotBackgroundColor(Color.WHITE);
+    s.setPlotGridLinesColor(new Color(0xdddddd));
+    s.setLegendBorderColor(new Color(0xcccccc));
+    s.setMarkerSize(7);
+    s.setDefaultSeriesRenderStyle(XYSeries.XYSeriesRenderStyle.Line);
+    s.setAxisTickLabelsColor(Color.DARK_GRAY);
+  }
+
+  static BufferedImage sideBySide(XYChart a, XYChart b) {
+    BufferedImage ia = BitmapEncoder.getBufferedImage(a), ib = BitmapEncoder.getBufferedImage(b);
+    BufferedImage img = new BufferedImage(ia.getWidth() + ib.getWidth(), Math.max(ia.getHeight(), ib.getHeight()),
+        BufferedImage.TYPE_INT_RGB);
+    Graphics2D g = img.createGraphics();
+    g.setColor(Color.WHITE);
+    g.fillRect(0, 0, img.getWidth(), img.getHeight());
+    g.drawImage(ia, 0, 0, null);
+    g.drawImage(ib, ia.getWidth(), 0, null);
+    g.setColor(new Color(0xcccccc));
+    g.setStroke(new BasicStroke(1));
+    g.drawLine(ia.getWidth(), 0, ia.getWidth(), img.getHeight());
+    g.dispose();
+    return img;
+  }
+
+  // ---------------------------------------------------------------- data
+
+  /** Median of FIELD per T over the lines of IMPL (forward op, the given causal flag, no error). */
+  static Map<Integer, Double> median(List<Map<String, String>> rows, String impl, boolean causal, String field) {
+    TreeMap<Integer, List<Double>> by = new TreeMap<>();
+    for (Map<String, String> r : rows) {
+      if (impl.equals(r.get("impl")) && "forward".equals(r.get("op")) && String.valueOf(causal).equals(r.get("causal"))
+          && r.containsKey(field) && !r.containsKey("error")) {
+        by.computeIfAbsent(Integer.parseInt(r.get("t")), k -> new ArrayList<>()).add(Double.parseDouble(r.get(field)));
+      }
+    }
+    TreeMap<Integer, Double> m = new TreeMap<>();
+    by.forEach((t, v) -> {
+      v.sort(null);
+      m.put(t, v.size() % 2 == 1 ? v.get(v.size() / 2) : (v.get(v.size() / 2 - 1) + v.get(v.size() / 2)) / 2);
+    });
+    return m;
+  }
+
+  /** x values are log2(T), labelled as T: one tick per doubling. */
+  static double[] xs(Map<Integer, Double> m) {
+    return m.keySet().stream().mapToDouble(t -> Math.log(t) / Math.log(2)).toArray();
+  }
+
+  static void log2X(XYChart c) {
+    c.setCustomXAxisTickLabelsFormatter(x -> Math.abs(x - Math.rint(x)) < 1e-6 ? String.valueOf(1L << (long) Math.rint(x)) : "");
+    c.getStyler().setXAxisDecimalPattern("0");
+  }
+
+  static double[] ys(Map<Integer, Double> m) {
+    return m.values().stream().mapToDouble(Double::doubleValue).toArray();
+  }
+
+  private static final Pattern FIELD = Pattern.compile("\"([^\"]+)\"\\s*:\\s*(\"((?:[^\"\\\\]|\\\\.)*)\"|[^,}\\s]+)");
+
+  /** The flat JSON objects of a JSON Lines file (string and number values), or none if it is absent. */
+  static List<Map<String, String>> read(Path p) {
+    List<Map<String, String>> rows = new ArrayList<>();
+    if (!Files.isRegularFile(p)) {
+      System.err.println("BenchPlots: no " + p + " (run examples/bench-sweep.sh)");
+      return rows;
+    }
+    try {
+      for (String line : Files.readAllLines(p)) {
+        if (!line.startsWith("{")) {
+          continue;
+        }
+        Map<String, String> r = new LinkedHashMap<>();
+        Matcher m = FIELD.matcher(line);
+        while (m.find()) {
+          r.put(m.group(1), m.group(3) != null ? m.group(3) : m.group(2));
+        }
+        rows.add(r);
+      }
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+    return rows;
+  }
+}

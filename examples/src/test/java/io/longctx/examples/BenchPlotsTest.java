@@ -1,0 +1,62 @@
+package io.longctx.examples;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.awt.image.BufferedImage;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.List;
+import java.util.Map;
+import javax.imageio.ImageIO;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+class BenchPlotsTest {
+  @TempDir
+  Path tmp;
+
+  static String line(String impl, int t, boolean causal, String fields) {
+    return "{\"impl\": \"" + impl + "\", \"op\": \"forward\", \"t\": " + t + ", \"tk\": " + t
+        + ", \"heads\": 8, \"kv_heads\": 8, \"dim\": 128, \"causal\": " + causal + ", " + fields + "}";
+  }
+
+  @Test
+  void readsKernelBenchLinesAndTakesTheMedianPerShape() throws Exception {
+    Path f = tmp.resolve("x.jsonl");
+    Files.write(f, List.of(
+        line("java", 1024, false, "\"ms\": 80.0, \"gflops\": 50.0, \"vs_anchor\": 0.70"),
+        line("java", 1024, false, "\"ms\": 70.0, \"gflops\": 60.0, \"vs_anchor\": 0.80"),
+        line("java", 1024, false, "\"ms\": 60.0, \"gflops\": 70.0, \"vs_anchor\": 0.90"),
+        line("java", 2048, true, "\"ms\": 60.0, \"gflops\": 40.0"),
+        "{\"impl\": \"djl-plain\", \"op\": \"forward\", \"causal\": false, \"error\": \"exit 1: out of memory\"}",
+        "not json"));
+    List<Map<String, String>> rows = BenchPlots.read(f);
+    assertEquals(5, rows.size());
+    assertEquals("exit 1: out of memory", rows.get(4).get("error"));
+    assertEquals(Map.of(1024, 60.0), BenchPlots.median(rows, "java", false, "gflops"));
+    assertEquals(Map.of(2048, 40.0), BenchPlots.median(rows, "java", true, "gflops"));
+    assertTrue(BenchPlots.median(rows, "djl-plain", false, "gflops").isEmpty());
+  }
+
+  @Test
+  void writesThePlots() throws Exception {
+    Path data = Files.createDirectories(tmp.resolve("data"));
+    Path out = tmp.resolve("plots");
+    Files.write(data.resolve("forward-sweep.jsonl"), List.of(
+        line("java", 1024, false, "\"ms\": 80.0, \"gflops\": 50.0, \"vs_anchor\": 0.70"),
+        line("libtorch-sdpa", 1024, false, "\"ms\": 60.0, \"gflops\": 70.0"),
+        line("java", 2048, false, "\"ms\": 300.0, \"gflops\": 55.0, \"vs_anchor\": 0.75"),
+        line("libtorch-sdpa", 2048, false, "\"ms\": 220.0, \"gflops\": 76.0")));
+    Files.write(data.resolve("memory-sweep.jsonl"), List.of(
+        line("op", 1024, false, "\"ms\": 1.0, \"gflops\": 1.0, \"peak_extra_mb\": 25.0"),
+        line("op", 2048, false, "\"ms\": 1.0, \"gflops\": 1.0, \"peak_extra_mb\": 22.0"),
+        line("djl-plain", 2048, false, "\"ms\": 1.0, \"gflops\": 1.0, \"peak_extra_mb\": 263.0")));
+    System.setProperty("java.awt.headless", "true");
+    BenchPlots.main(new String[] {"--data", data.toString(), "--out", out.toString()});
+    for (String name : List.of("throughput-vs-t.png", "ratio-vs-t.png", "memory-vs-t.png")) {
+      BufferedImage img = ImageIO.read(out.resolve(name).toFile());
+      assertTrue(img != null && img.getWidth() > 600 && img.getHeight() > 300, name);
+    }
+  }
+}
