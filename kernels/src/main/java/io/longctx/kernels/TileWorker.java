@@ -282,6 +282,16 @@ final class TileWorker {
    * their number.
    */
   int finish(CpuAttention.Problem p, float[] o, float[] lse, UnifiedMax um) {
+    return finish(p, o, lse, null, um);
+  }
+
+  /** The same with the lse kept in float64 (split-K partials: rounded once, after the merge). */
+  int finish(CpuAttention.Problem p, float[] o, double[] lse, UnifiedMax um) {
+    return finish(p, o, null, lse, um);
+  }
+
+  /** Writes lse to {@code lse32} rounded, or to {@code lse64} as computed (exactly one is non-null). */
+  private int finish(CpuAttention.Problem p, float[] o, float[] lse32, double[] lse64, UnifiedMax um) {
     int d = p.dim;
     int flaggedRows = 0;
     for (int i = 0; i < rows; i++) {
@@ -293,7 +303,11 @@ final class TileWorker {
       int out = rowOut[i];
       float l = sum[i];
       if (l == 0f) {
-        lse[out] = Float.NEGATIVE_INFINITY;
+        if (lse64 != null) {
+          lse64[out] = Double.NEGATIVE_INFINITY;
+        } else {
+          lse32[out] = Float.NEGATIVE_INFINITY;
+        }
         Arrays.fill(o, out * d, out * d + d, 0f);
         continue;
       }
@@ -307,7 +321,12 @@ final class TileWorker {
         }
         o[out * d + c] = x;
       }
-      lse[out] = (float) (max[i] + StrictMath.log(l)); // StrictMath: same bits on every JVM
+      double rowLse = max[i] + StrictMath.log(l); // StrictMath: same bits on every JVM
+      if (lse64 != null) {
+        lse64[out] = rowLse;
+      } else {
+        lse32[out] = (float) rowLse;
+      }
     }
     return flaggedRows;
   }
