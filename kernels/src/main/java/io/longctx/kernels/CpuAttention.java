@@ -246,7 +246,7 @@ public final class CpuAttention implements AttentionBackend {
       this.rows = Math.multiplyExact(batch, tq);
       Math.multiplyExact(Math.multiplyExact(rows, heads), dim);
       double scale = opt.scaleFor(dim);
-      // The scale (divided by the softcap when capping) is folded into the queries once.
+      // The scale (divided by the softcap when capping) multiplies each finished q.k (TileWorker).
       this.softcap = opt.softcap();
       this.qScale = (float) (softcap > 0 ? scale / softcap : scale);
     }
