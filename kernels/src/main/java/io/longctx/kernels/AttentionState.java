@@ -15,7 +15,9 @@ import java.util.Objects;
  * computed with {@link StrictMath} in float64 so every JVM produces the same bits. Merging many
  * states uses a balanced tree over the list order, so a fixed order gives fixed bits.
  *
- * <p>This class and {@link #mergeInto} are the only implementation of the merge in longctx.
+ * <p>This class is the only implementation of the merge in longctx: every entry point ({@link
+ * #merge}, {@link #mergeAll}, both {@code mergeInto}s, {@code mergeAllWideLse}) runs the one
+ * per-entry merge, {@code mergeEntry}, in float64.
  */
 public final class AttentionState {
 
@@ -156,44 +158,102 @@ public final class AttentionState {
 
   /**
    * The merge on raw arrays, for callers that keep states in their own buffers (the Spark
-   * aggregator, the split-K combine): merges {@code pairs} consecutive (row, head) entries of a
-   * (starting at entry {@code aAt}) with those of b (at {@code bAt}) into out (at {@code outAt}).
-   * out may alias a or b. Rejects NaN and +inf lse, naming the entry.
+   * aggregator): merges {@code pairs} consecutive (row, head) entries of a (starting at entry
+   * {@code aAt}) with those of b (at {@code bAt}) into out (at {@code outAt}). out may alias a or
+   * b. Rejects NaN and +inf lse, naming the entry. The lse is rounded to float32 once per merge.
    */
   public static void mergeInto(float[] aO, float[] aL, int aAt, float[] bO, float[] bL, int bAt,
       float[] outO, float[] outL, int outAt, int pairs, int dim) {
     for (int p = 0; p < pairs; p++) {
-      float la = aL[aAt + p];
-      float lb = bL[bAt + p];
-      if (!(la < Float.POSITIVE_INFINITY) || !(lb < Float.POSITIVE_INFINITY)) {
-        throw new IllegalArgumentException("cannot merge attention state entry " + p + ": lse is "
-            + (Float.isNaN(la) || Float.isNaN(lb) ? "NaN" : "+Infinity (convert foreign states with fromForeign)")
-            + " (a=" + la + ", b=" + lb + ")");
-      }
-      int ao = (aAt + p) * dim, bo = (bAt + p) * dim, oo = (outAt + p) * dim;
-      double m = Math.max(la, lb);
-      if (m == Double.NEGATIVE_INFINITY) {
-        // Both empty: the identity. The naive formula would give 0/0 = NaN here.
-        java.util.Arrays.fill(outO, oo, oo + dim, 0f);
-        outL[outAt + p] = Float.NEGATIVE_INFINITY;
-        continue;
-      }
-      double wa = StrictMath.exp(la - m);
-      double wb = StrictMath.exp(lb - m);
-      double inv = 1.0 / (wa + wb);
-      wa *= inv;
-      wb *= inv;
-      for (int d = 0; d < dim; d++) {
-        float x = aO[ao + d];
-        float y = bO[bo + d];
-        if (x != x || y != y) {
-          throw new IllegalArgumentException("cannot merge attention state entry " + p + ": NaN in o at dim " + d);
-        }
-        outO[oo + d] = (float) (wa * x + wb * y);
-      }
-      // One weight is exactly 1, so log(wa + wb) = log1p(the other one).
-      outL[outAt + p] = (float) (m + StrictMath.log1p(Math.min(wa, wb) / Math.max(wa, wb)));
+      outL[outAt + p] = (float) mergeEntry(aO, aL[aAt + p], (aAt + p) * dim, bO, bL[bAt + p], (bAt + p) * dim,
+          outO, (outAt + p) * dim, dim, p);
     }
+  }
+
+  /**
+   * The same merge with float64 lse in and out, for producers that hold a wider lse than the state
+   * stores (split-K decoding: a float32 lse near 100 has an ulp of 8e-6, which the merge weights
+   * would inherit). Round to float32 once, at the end, with {@link #ofWideLse}. For a, b and out
+   * lse that are floats widened to double, the results are the bits of the float32 entry point
+   * before its final rounding.
+   */
+  static void mergeInto(float[] aO, double[] aL, int aAt, float[] bO, double[] bL, int bAt,
+      float[] outO, double[] outL, int outAt, int pairs, int dim) {
+    for (int p = 0; p < pairs; p++) {
+      outL[outAt + p] = mergeEntry(aO, aL[aAt + p], (aAt + p) * dim, bO, bL[bAt + p], (bAt + p) * dim,
+          outO, (outAt + p) * dim, dim, p);
+    }
+  }
+
+  /**
+   * Merges states held as (float32 o, float64 lse) in list order as a balanced tree, the same tree
+   * as {@link #mergeAll}, and rounds the lse to float32 once at the end. Works in place: the
+   * arrays of the first list entry (and others) are overwritten. NaN in the result is rejected.
+   */
+  static AttentionState mergeAllWideLse(List<float[]> o, List<double[]> lse, int rows, int heads, int dim) {
+    if (o.isEmpty() || o.size() != lse.size()) {
+      throw new IllegalArgumentException("mergeAllWideLse needs as many o as lse arrays, at least one, got "
+          + o.size() + " and " + lse.size());
+    }
+    int pairs = Math.multiplyExact(rows, heads);
+    mergeRangeInPlace(o, lse, 0, o.size(), pairs, dim);
+    return ofWideLse(o.get(0), lse.get(0), rows, heads, dim);
+  }
+
+  /** Merges entries [from, to) as a balanced tree into entry {@code from}'s arrays. */
+  private static void mergeRangeInPlace(List<float[]> o, List<double[]> lse, int from, int to, int pairs, int dim) {
+    if (to - from == 1) {
+      return;
+    }
+    int mid = (from + to) >>> 1;
+    mergeRangeInPlace(o, lse, from, mid, pairs, dim);
+    mergeRangeInPlace(o, lse, mid, to, pairs, dim);
+    mergeInto(o.get(from), lse.get(from), 0, o.get(mid), lse.get(mid), 0, o.get(from), lse.get(from), 0, pairs, dim);
+  }
+
+  /** A state from float32 o and float64 lse: lse rounded to float32 once, then {@link #of}'s checks. */
+  static AttentionState ofWideLse(float[] o, double[] lse, int rows, int heads, int dim) {
+    float[] l = new float[lse.length];
+    for (int i = 0; i < l.length; i++) {
+      l[i] = (float) lse[i];
+    }
+    return of(o, l, rows, heads, dim);
+  }
+
+  /**
+   * The merge of one (row, head) entry, the only copy of the merge arithmetic: o of a at
+   * {@code ao} with lse {@code la}, o of b at {@code bo} with lse {@code lb}, into out at
+   * {@code oo}; returns the merged lse in float64 (callers round or keep it). Reads both inputs
+   * of a dim before writing it, so out may alias a or b. {@code p} names the entry in errors.
+   */
+  private static double mergeEntry(float[] aO, double la, int ao, float[] bO, double lb, int bo,
+      float[] outO, int oo, int dim, int p) {
+    if (!(la < Double.POSITIVE_INFINITY) || !(lb < Double.POSITIVE_INFINITY)) {
+      throw new IllegalArgumentException("cannot merge attention state entry " + p + ": lse is "
+          + (Double.isNaN(la) || Double.isNaN(lb) ? "NaN" : "+Infinity (convert foreign states with fromForeign)")
+          + " (a=" + la + ", b=" + lb + ")");
+    }
+    double m = Math.max(la, lb);
+    if (m == Double.NEGATIVE_INFINITY) {
+      // Both empty: the identity. The naive formula would give 0/0 = NaN here.
+      java.util.Arrays.fill(outO, oo, oo + dim, 0f);
+      return Double.NEGATIVE_INFINITY;
+    }
+    double wa = StrictMath.exp(la - m);
+    double wb = StrictMath.exp(lb - m);
+    double inv = 1.0 / (wa + wb);
+    wa *= inv;
+    wb *= inv;
+    for (int d = 0; d < dim; d++) {
+      float x = aO[ao + d];
+      float y = bO[bo + d];
+      if (x != x || y != y) {
+        throw new IllegalArgumentException("cannot merge attention state entry " + p + ": NaN in o at dim " + d);
+      }
+      outO[oo + d] = (float) (wa * x + wb * y);
+    }
+    // One weight is exactly 1, so log(wa + wb) = log1p(the other one).
+    return m + StrictMath.log1p(Math.min(wa, wb) / Math.max(wa, wb));
   }
 
   private void requireSameShape(AttentionState other) {

@@ -105,8 +105,9 @@ public final class CpuAttention implements AttentionBackend {
 
   /**
    * Split-K decoding: keys cut into splits of {@code splitLen} from key 0 (so a sequence's result
-   * never depends on other sequences in the batch), each split an attention state, merged in split
-   * order as a balanced tree.
+   * never depends on other sequences in the batch), each split an attention state with its lse kept
+   * in float64, merged in split order as a balanced tree; the lse is rounded to float32 once, at the
+   * end.
    */
   @Override
   public DecodeResult decode(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt,
@@ -135,10 +136,14 @@ public final class CpuAttention implements AttentionBackend {
     int bq = groupRows <= TileMath.GROUP ? TileMath.GROUP : blockQ;
     int rowBlocks = Math.max(1, (groupRows + bq - 1) / bq);
     List<float[]> partO = new ArrayList<>(splits);
-    List<float[]> partL = new ArrayList<>(splits);
+    // Split lse stays float64 until the merged result (a float32 lse near 100 has an ulp of 8e-6,
+    // which the merge weights would inherit); o is float32 as in every state.
+    List<double[]> partL = new ArrayList<>(splits);
     for (int s = 0; s < splits; s++) {
       partO.add(poisoned(p.rows * p.heads * p.dim));
-      partL.add(poisoned(p.rows * p.heads));
+      double[] l = new double[p.rows * p.heads];
+      java.util.Arrays.fill(l, Double.NaN); // poisoned: the merge and AttentionState.of reject NaN
+      partL.add(l);
     }
     long[] recomputed = new long[p.batch * p.kvHeads * splits * rowBlocks];
     int tasks = recomputed.length;
@@ -170,15 +175,14 @@ public final class CpuAttention implements AttentionBackend {
         w.finish(p, partO.get(s), partL.get(s), null);
       }
     });
-    List<AttentionState> states = new ArrayList<>(splits);
-    for (int s = 0; s < splits; s++) {
-      states.add(AttentionState.of(partO.get(s), partL.get(s), p.rows, p.heads, p.dim));
-    }
     long total = 0;
     for (long r : recomputed) {
       total += r;
     }
-    return new DecodeResult(AttentionState.mergeAll(states), splits, total);
+    // The same balanced tree in split order as AttentionState.mergeAll, with float64 lse; lse is
+    // rounded to float32 once, at the end.
+    AttentionState merged = AttentionState.mergeAllWideLse(partO, partL, p.rows, p.heads, p.dim);
+    return new DecodeResult(merged, splits, total);
   }
 
   private TileWorker worker(int bq, int dim) {
@@ -242,7 +246,7 @@ public final class CpuAttention implements AttentionBackend {
       this.rows = Math.multiplyExact(batch, tq);
       Math.multiplyExact(Math.multiplyExact(rows, heads), dim);
       double scale = opt.scaleFor(dim);
-      // The scale (divided by the softcap when capping) is folded into the queries once.
+      // The scale (divided by the softcap when capping) multiplies each finished q.k (TileWorker).
       this.softcap = opt.softcap();
       this.qScale = (float) (softcap > 0 ? scale / softcap : scale);
     }

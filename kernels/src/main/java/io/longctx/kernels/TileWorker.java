@@ -16,7 +16,7 @@ import jdk.incubator.vector.VectorOperators;
  *
  * <p>Per key tile j in [jt, jt + n), per row i (lane):
  * <pre>
- *   S[j][i]  = scale * q_i . k_j                 (softcap: cap * tanh(S / cap); masked: -inf)
+ *   S[j][i]  = scale * (q_i . k_j)               (softcap: cap * tanh(S / cap); masked: -inf)
  *   m'_i     = max(m_i, max_j S[j][i])           (unified max: m' = phi, fixed)
  *   P[j][i]  = exp(S[j][i] - m'_i)
  *   l_i      = l_i * exp(m_i - m'_i) + sum_j P[j][i]
@@ -104,11 +104,14 @@ final class TileWorker {
   void run(CpuAttention.Problem p, int b, int kvh, int j0, int j1, UnifiedMax um) {
     int d = p.dim;
     float[] q = p.q.data();
-    // Transposed, scaled queries; unused lanes are zero so their scores stay finite.
+    // Transposed queries, not scaled: the scale multiplies the finished q.k (scaleScores), so with
+    // fp16/bf16-valued inputs every product is exact and the fma chain rounds like the naive
+    // algorithm's sum; a prescaled q (24-bit mantissa) rounded every fma and, at logits near 100,
+    // put the output error above the DESIGN tolerance. Unused lanes are zero so scores stay finite.
     Arrays.fill(qt, 0, d * blockQ, 0f);
     for (int i = 0; i < rows; i++) {
       for (int c = 0, at = rowQ[i]; c < d; c++) {
-        qt[c * blockQ + i] = q[at + c] * p.qScale;
+        qt[c * blockQ + i] = q[at + c];
       }
     }
     Arrays.fill(ot, 0, d * blockQ, 0f);
@@ -127,6 +130,7 @@ final class TileWorker {
       }
       int kOff = kvBase + jt * d;
       TileMath.scores(p.k.data(), kOff, d, n, d, qt, blockQ, s, blockQ, lanes);
+      scaleScores(p.qScale, n, lanes);
       if (p.softcap > 0) {
         softcap(p.softcap, n, lanes);
       }
@@ -163,7 +167,19 @@ final class TileWorker {
     return Visibility.PARTIAL;
   }
 
-  /** score = cap * tanh(score / cap); the 1/cap is already folded into the queries. */
+  /** score = q.k * qScale: the attention scale (divided by the softcap when capping). */
+  private void scaleScores(float qScale, int n, int lanes) {
+    if (qScale == 1f) {
+      return;
+    }
+    for (int c = 0; c < lanes; c += VL) {
+      for (int j = 0, at = c; j < n; j++, at += blockQ) {
+        FloatVector.fromArray(SPECIES, s, at).mul(qScale).intoArray(s, at);
+      }
+    }
+  }
+
+  /** score = cap * tanh(score / cap); the 1/cap is already folded into the score scale. */
   private void softcap(float cap, int n, int lanes) {
     for (int c = 0; c < lanes; c += VL) {
       for (int j = 0, at = c; j < n; j++, at += blockQ) {
@@ -282,6 +298,16 @@ final class TileWorker {
    * their number.
    */
   int finish(CpuAttention.Problem p, float[] o, float[] lse, UnifiedMax um) {
+    return finish(p, o, lse, null, um);
+  }
+
+  /** The same with the lse kept in float64 (split-K partials: rounded once, after the merge). */
+  int finish(CpuAttention.Problem p, float[] o, double[] lse, UnifiedMax um) {
+    return finish(p, o, null, lse, um);
+  }
+
+  /** Writes lse to {@code lse32} rounded, or to {@code lse64} as computed (exactly one is non-null). */
+  private int finish(CpuAttention.Problem p, float[] o, float[] lse32, double[] lse64, UnifiedMax um) {
     int d = p.dim;
     int flaggedRows = 0;
     for (int i = 0; i < rows; i++) {
@@ -293,7 +319,11 @@ final class TileWorker {
       int out = rowOut[i];
       float l = sum[i];
       if (l == 0f) {
-        lse[out] = Float.NEGATIVE_INFINITY;
+        if (lse64 != null) {
+          lse64[out] = Double.NEGATIVE_INFINITY;
+        } else {
+          lse32[out] = Float.NEGATIVE_INFINITY;
+        }
         Arrays.fill(o, out * d, out * d + d, 0f);
         continue;
       }
@@ -307,7 +337,12 @@ final class TileWorker {
         }
         o[out * d + c] = x;
       }
-      lse[out] = (float) (max[i] + StrictMath.log(l)); // StrictMath: same bits on every JVM
+      double rowLse = max[i] + StrictMath.log(l); // StrictMath: same bits on every JVM
+      if (lse64 != null) {
+        lse64[out] = rowLse;
+      } else {
+        lse32[out] = (float) rowLse;
+      }
     }
     return flaggedRows;
   }

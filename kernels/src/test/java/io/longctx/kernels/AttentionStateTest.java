@@ -111,6 +111,55 @@ class AttentionStateTest {
     assertThrows(IllegalArgumentException.class, () -> AttentionState.mergeAll(List.of()));
   }
 
+  /**
+   * The float64-lse entry point (split-K decoding) runs the same merge: on two states with lse
+   * widened from float it gives the float32 path's bits; on five it is the same balanced tree,
+   * rounding lse only at the end; empty entries stay (0, -inf) without NaN.
+   */
+  @Test
+  void wideLseMergeIsTheSameMergeRoundedOnce() {
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    List<AttentionState> states = new ArrayList<>();
+    for (int i = 0; i < 5; i++) {
+      states.add(randomState(rng));
+    }
+    List<float[]> o = new ArrayList<>();
+    List<double[]> lse = new ArrayList<>();
+    for (AttentionState s : states) {
+      o.add(s.o().clone());
+      double[] l = new double[s.lse().length];
+      for (int i = 0; i < l.length; i++) {
+        l[i] = s.lse()[i];
+      }
+      lse.add(l);
+    }
+    AttentionState two = AttentionState.mergeAllWideLse(
+        List.of(o.get(0).clone(), o.get(1).clone()), List.of(lse.get(0).clone(), lse.get(1).clone()), ROWS, HEADS, DIM);
+    AttentionState want = states.get(0).merge(states.get(1));
+    assertArrayEquals(want.o(), two.o(), "seed " + seed);
+    assertArrayEquals(want.lse(), two.lse(), "seed " + seed);
+
+    AttentionState five = AttentionState.mergeAllWideLse(o, lse, ROWS, HEADS, DIM);
+    AttentionState tree = AttentionState.mergeAll(states);
+    assertClose(tree, five, "seed " + seed);
+    for (int i = 0; i < five.lse().length; i++) {
+      boolean allEmpty = true;
+      for (AttentionState s : states) {
+        allEmpty &= s.lse()[i] == Float.NEGATIVE_INFINITY;
+      }
+      assertEquals(allEmpty, five.lse()[i] == Float.NEGATIVE_INFINITY, "seed " + seed + " entry " + i);
+    }
+    // All empty: the identity, no NaN.
+    AttentionState e = AttentionState.empty(ROWS, HEADS, DIM);
+    double[] ninf = new double[ROWS * HEADS];
+    Arrays.fill(ninf, Double.NEGATIVE_INFINITY);
+    AttentionState ee = AttentionState.mergeAllWideLse(List.of(new float[ROWS * HEADS * DIM], new float[ROWS * HEADS * DIM],
+        new float[ROWS * HEADS * DIM]), List.of(ninf.clone(), ninf.clone(), ninf.clone()), ROWS, HEADS, DIM);
+    assertArrayEquals(e.o(), ee.o());
+    assertArrayEquals(e.lse(), ee.lse());
+  }
+
   @Test
   void nanAndPlusInfinityAreRejectedNamingRowAndHead() {
     float[] o = new float[2 * 3 * 4];
