@@ -34,18 +34,10 @@ mkdir -p "$data/tmp" "$events" "$(dirname "$out")"
 export LONGCTX_JAVA_OPTS="-Xmx$heap -Djava.io.tmpdir=$data/tmp ${LONGCTX_JAVA_OPTS:-}"
 spark_conf=(--conf "spark.driver.memory=$heap" --conf "spark.local.dir=$data/tmp"
   --conf spark.eventLog.enabled=true --conf spark.eventLog.compress=false --conf "spark.eventLog.dir=file://$events"
-  --conf spark.ui.showConsoleProgress=false
-  --conf "spark.sql.inMemoryColumnarStorage.batchSize=${CACHE_BATCH_ROWS:-1}")
-# Why the cache batch size: ScoreJob persists its chunk Dataset (MEMORY_AND_DISK), which Spark SQL
-# stores as columnar CachedBatches of up to spark.sql.inMemoryColumnarStorage.batchSize rows (default
-# 10,000), each built whole in heap ByteBuffers before it can go to memory or disk. A chunk row is
-# 32 MiB here (4096 tokens x 8 kv heads x 128 x k,v x 4 B), so with the default one batch is a whole
-# shuffle partition (~1/16 of the document): the 1M decode ran out of a 2 GiB heap there. One row per
-# batch keeps it to one chunk, but is not enough: each task of that stage still holds about one
-# whole shuffle partition (the sort of its token rows, up to ~514 MiB of execution memory, and the
-# MemoryStore's unroll of the partition's cached batches, ~530-560 MiB, kept while the rest goes to
-# disk), and a partition is document/partitions. So the decode runs with --partitions 256 (a partition
-# ~ one 30 MiB chunk); PARTITIONS=16 (conf/ default) and CACHE_BATCH_ROWS=10000 reproduce the failures.
+  --conf spark.ui.showConsoleProgress=false)
+# History: before eb1f3fd ScoreJob cached its chunk Dataset, and Spark's columnar cache built
+# whole-partition batches of 32 MiB chunk rows: the 1M decode then ran out of a 2 GiB heap unless run
+# with --partitions 256. Since then it passes with the defaults (docs/BENCHMARKS.md, Spark at scale).
 
 # measure NAME NAIVE_BYTES CMD...: runs CMD, samples the VmHWM of it and every descendant JVM, then
 # appends the JSON line to OUT (the job's stderr summary is parsed from its log).
@@ -86,7 +78,7 @@ decode() {
   fi
   measure "decode-$tokens" "$(naive_bytes 64 "$tokens" 32)" "$longctx" score --keys "$d/keys.parquet" \
     --queries "$d/queries.parquet" --output "$d/out" --overwrite --dim 128 --causal --chunk-len 4096 \
-    --partitions "${PARTITIONS:-256}" "${spark_conf[@]}" --master "local[2]"
+    --partitions "${PARTITIONS:-16}" "${spark_conf[@]}" --master "local[2]"
 }
 
 # local-cluster[N,C,MB]: N executor JVMs of C cores and MB MiB each, started by the driver from a
