@@ -173,9 +173,6 @@ public final class GpuCheck {
     long[] pos = ReferenceAttention.iota(t);
     CUstream stream = new CUstream();
     CudaAttention.check("cuStreamCreate", JCudaDriver.cuStreamCreate(stream, 0));
-    CUevent start = new CUevent(), stop = new CUevent();
-    CudaAttention.check("cuEventCreate", JCudaDriver.cuEventCreate(start, 0));
-    CudaAttention.check("cuEventCreate", JCudaDriver.cuEventCreate(stop, 0));
     try (CudaAttention.DeviceBuffer dq = upload(q, type, stream);
          CudaAttention.DeviceBuffer dk = upload(q, type, stream);
          CudaAttention.DeviceBuffer dv = upload(q, type, stream);
@@ -185,10 +182,25 @@ public final class GpuCheck {
       CudaAttention.DeviceTensor tq = new CudaAttention.DeviceTensor(dq, type, b, h, t, d);
       CudaAttention.DeviceTensor tk = new CudaAttention.DeviceTensor(dk, type, b, h, t, d);
       CudaAttention.DeviceTensor tv = new CudaAttention.DeviceTensor(dv, type, b, h, t, d);
-      double[] ms = new double[10];
-      for (int i = -3; i < ms.length; i++) {
+      return medianMs(stream, 3, 10, () -> cuda.forwardOnDevice(tq, tk, tv, dp, dp, opt, dout, dlse, stream));
+    } finally {
+      JCudaDriver.cuStreamDestroy(stream);
+    }
+  }
+
+  /**
+   * Median milliseconds of {@code reps} launches after {@code warmup} untimed ones, each timed by
+   * CUDA events on {@code stream}. Shared by the forward and the decode checks.
+   */
+  static double medianMs(CUstream stream, int warmup, int reps, Runnable launch) {
+    CUevent start = new CUevent(), stop = new CUevent();
+    CudaAttention.check("cuEventCreate", JCudaDriver.cuEventCreate(start, 0));
+    CudaAttention.check("cuEventCreate", JCudaDriver.cuEventCreate(stop, 0));
+    try {
+      double[] ms = new double[reps];
+      for (int i = -warmup; i < reps; i++) {
         CudaAttention.check("cuEventRecord", JCudaDriver.cuEventRecord(start, stream));
-        cuda.forwardOnDevice(tq, tk, tv, dp, dp, opt, dout, dlse, stream);
+        launch.run();
         CudaAttention.check("cuEventRecord", JCudaDriver.cuEventRecord(stop, stream));
         CudaAttention.check("cuEventSynchronize", JCudaDriver.cuEventSynchronize(stop));
         float[] elapsed = new float[1];
@@ -202,7 +214,6 @@ public final class GpuCheck {
     } finally {
       JCudaDriver.cuEventDestroy(start);
       JCudaDriver.cuEventDestroy(stop);
-      JCudaDriver.cuStreamDestroy(stream);
     }
   }
 }

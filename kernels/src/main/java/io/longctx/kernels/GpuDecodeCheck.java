@@ -7,7 +7,6 @@ import java.util.Arrays;
 import java.util.List;
 import java.util.Locale;
 import java.util.SplittableRandom;
-import jcuda.driver.CUevent;
 import jcuda.driver.CUstream;
 import jcuda.driver.JCudaDriver;
 
@@ -323,29 +322,8 @@ final class GpuDecodeCheck {
         plan.syncKernel(), ctas, plan.rowsPerCta(), plan.smemBytes(), perSm[0], sms[0]);
   }
 
-  /** Median ms of 20 timed launches after 5 warm-up launches, by CUDA events on {@code stream}. */
+  /** Median ms of 20 timed launches after 5 warm-up launches (one launch in smoke mode). */
   private static double median(CUstream stream, Runnable launch) {
-    CUevent start = new CUevent(), stop = new CUevent();
-    CudaAttention.check("cuEventCreate", JCudaDriver.cuEventCreate(start, 0));
-    CudaAttention.check("cuEventCreate", JCudaDriver.cuEventCreate(stop, 0));
-    try {
-      double[] ms = new double[smokeRepeats > 0 ? smokeRepeats : 20];
-      for (int i = smokeRepeats > 0 ? 0 : -5; i < ms.length; i++) {
-        CudaAttention.check("cuEventRecord", JCudaDriver.cuEventRecord(start, stream));
-        launch.run();
-        CudaAttention.check("cuEventRecord", JCudaDriver.cuEventRecord(stop, stream));
-        CudaAttention.check("cuEventSynchronize", JCudaDriver.cuEventSynchronize(stop));
-        float[] elapsed = new float[1];
-        CudaAttention.check("cuEventElapsedTime", JCudaDriver.cuEventElapsedTime(elapsed, start, stop));
-        if (i >= 0) {
-          ms[i] = elapsed[0];
-        }
-      }
-      Arrays.sort(ms);
-      return ms[ms.length / 2];
-    } finally {
-      JCudaDriver.cuEventDestroy(start);
-      JCudaDriver.cuEventDestroy(stop);
-    }
+    return smokeRepeats > 0 ? GpuCheck.medianMs(stream, 0, smokeRepeats, launch) : GpuCheck.medianMs(stream, 5, 20, launch);
   }
 }
