@@ -336,11 +336,12 @@ public final class ScoreJob {
     }
     checkTypes(df.schema(), what, path);
     // A problem of the row found while reading, reported by validateKey / validateQuery with the row's place:
-    // a malformed JSON line, else the first null element of a vector (the bean encoder would fail on it with a
-    // message that names neither the file nor the row).
+    // a malformed JSON line, else the first vector with a null element (the bean encoder would fail on it with
+    // a message that names neither the file nor the row), kept whole in nullVec for readProblem to find the index.
     Column bad = json ? functions.when(col(CORRUPT).isNotNull(), functions.concat(lit("malformed JSON record "
         + "(not JSON, or a value of the wrong type): "), functions.substring(col(CORRUPT), 1, 300))) : lit(null);
     Column floats = lit(null).cast(DataTypes.createArrayType(DataTypes.FloatType));
+    Column nullVec = floats;
     Map<String, Column> vec = new HashMap<>();
     for (String v : isKeys ? (withQ ? List.of("k", "v", "q") : List.of("k", "v")) : List.of("q")) {
       Column x = col(v).cast("array<float>");
@@ -348,12 +349,12 @@ public final class ScoreJob {
         vec.put(v, x); // the file's schema rules out null elements
         continue;
       }
-      // Cheap test first (compiled, no per-element lambda): arrays_overlap is null exactly when x holds a null
-      // and no element equal to the probe value; the lambda that finds the index runs only on such rows.
+      // Compiled, no per-element lambda: arrays_overlap is null exactly when x holds a null and no element equal
+      // to the probe value. (An index-finding transform() here ran on every row inside Spark's generated code,
+      // building a SQLConf per element: a fifth of the executors' time in a JFR profile of a prefill job.)
       Column hasNull = x.isNotNull().and(functions.arrays_overlap(x, functions.array(lit(Float.MAX_VALUE))).isNull());
-      Column at = functions.array_position(functions.transform(x, Column::isNull), true);
-      bad = functions.coalesce(bad, functions.when(hasNull, functions.concat(lit(v + "["),
-          at.minus(1).cast("string"), lit("] is null (vectors must be finite)"))));
+      bad = functions.coalesce(bad, functions.when(hasNull, lit(NULL_ELEMENT + v)));
+      nullVec = functions.coalesce(nullVec, functions.when(hasNull, x));
       vec.put(v, functions.when(hasNull, floats).otherwise(x));
     }
     Dataset<Row> sel = df.select(
@@ -364,11 +365,26 @@ public final class ScoreJob {
         vec.getOrDefault("v", floats).as("v"),
         vec.getOrDefault("q", floats).as("q"),
         functions.input_file_name().as("file"),
-        bad.cast("string").as("bad"));
+        bad.cast("string").as("bad"),
+        nullVec.as("nullVec"));
     return sel.as(Encoders.bean(Token.class));
   }
 
   static final String CORRUPT = "_corrupt_record";
+
+  /** Marker of a {@code bad} value naming the first vector with a null element (the name follows it). */
+  static final String NULL_ELEMENT = "null element in ";
+
+  /** The row's problem found while reading, as a message (null: none). */
+  static String readProblem(Token t) {
+    String b = t.getBad();
+    if (b == null || !b.startsWith(NULL_ELEMENT)) {
+      return b;
+    }
+    List<Float> x = t.getNullVec();
+    return b.substring(NULL_ELEMENT.length()) + "[" + (x == null ? -1 : x.indexOf(null))
+        + "] is null (vectors must be finite)";
+  }
 
   /** Column types that cannot be read as the expected ones are an error naming the input and the column. */
   static void checkTypes(StructType schema, String what, String path) {
@@ -465,9 +481,10 @@ public final class ScoreJob {
 
   static Token validateKey(Token t, Shape s, boolean prefill) {
     String file = t.getFile();
-    if (t.getBad() != null) {
-      throw new InputError("KEYS file " + file + (t.getBad().startsWith("malformed") ? "" : ", doc '" + t.getDocId()
-          + "', pos " + t.getPos()) + ": " + t.getBad());
+    String bad = readProblem(t);
+    if (bad != null) {
+      throw new InputError("KEYS file " + file + (bad.startsWith("malformed") ? "" : ", doc '" + t.getDocId()
+          + "', pos " + t.getPos()) + ": " + bad);
     }
     if (t.getDocId() == null) {
       throw new InputError("KEYS file " + file + ": a row has no doc_id (pos " + t.getPos() + ")");
@@ -489,8 +506,9 @@ public final class ScoreJob {
     String file = t.getFile();
     String where = "QUERIES file " + file + ", query '" + t.getQueryId() + "', doc '" + t.getDocId() + "', pos "
         + (t.getPos() == null ? "(none)" : t.getPos());
-    if (t.getBad() != null) {
-      throw new InputError((t.getBad().startsWith("malformed") ? "QUERIES file " + file : where) + ": " + t.getBad());
+    String bad = readProblem(t);
+    if (bad != null) {
+      throw new InputError((bad.startsWith("malformed") ? "QUERIES file " + file : where) + ": " + bad);
     }
     if (t.getQueryId() == null) {
       throw new InputError(where + ": column 'query_id' is missing or null");

@@ -5,7 +5,7 @@ import java.io.Serializable;
 /**
  * One input row as read: a key token (docId, pos, k, v and in prefill q) or a query (queryId,
  * docId, optional pos, q). {@code file} is the input file, kept only until the row is validated; {@code bad} a
- * problem found while reading.
+ * problem found while reading ({@link ScoreJob#readProblem}).
  */
 public class Token implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -17,6 +17,7 @@ public class Token implements Serializable {
   private float[] q;
   private String file;
   private String bad;
+  private java.util.List<Float> nullVec;
 
   public Token() {}
 
@@ -37,4 +38,7 @@ public class Token implements Serializable {
   /** A problem found while reading (malformed JSON line, null vector element), reported by validation. */
   public String getBad() { return bad; }
   public void setBad(String bad) { this.bad = bad; }
+  /** The first vector with a null element, as read (null for every other row). */
+  public java.util.List<Float> getNullVec() { return nullVec; }
+  public void setNullVec(java.util.List<Float> nullVec) { this.nullVec = nullVec; }
 }
