@@ -212,6 +212,17 @@ class BadInputTest {
   }
 
   @Test
+  void nullElementInTheSecondVectorIsNamedWithItsIndex() throws Exception {
+    // k is clean, v holds the null: the message must name v and v's own index, not k's.
+    TestData d = good();
+    List<Float> v = new ArrayList<>(TestData.boxed(d.vec(8)));
+    v.set(2, null);
+    Path keys = keysWith(d, "beta", 107, "v", v, false);
+    fails(keys, d.writeQueries(spark, tmp, "parquet"), "bad-keys.parquet/part-", "doc 'beta'", "pos 107",
+        "v[2] is null");
+  }
+
+  @Test
   void duplicateQueryIdInADocument() throws Exception {
     TestData d = good().query("q1", "alpha", 20L);
     fails(d.writeKeys(spark, tmp, "parquet", false), d.writeQueries(spark, tmp, "parquet"), "queries.parquet",
