@@ -336,12 +336,12 @@ public final class ScoreJob {
     }
     checkTypes(df.schema(), what, path);
     // A problem of the row found while reading, reported by validateKey / validateQuery with the row's place:
-    // a malformed JSON line, else the first vector with a null element (the bean encoder would fail on it with
-    // a message that names neither the file nor the row), kept whole in nullVec for readProblem to find the index.
+    // a malformed JSON line, else the first vector holding a null or NaN element (the bean encoder would fail on a
+    // null with a message that names neither the file nor the row), kept whole in suspectVec for readProblem.
     Column bad = json ? functions.when(col(CORRUPT).isNotNull(), functions.concat(lit("malformed JSON record "
         + "(not JSON, or a value of the wrong type): "), functions.substring(col(CORRUPT), 1, 300))) : lit(null);
     Column floats = lit(null).cast(DataTypes.createArrayType(DataTypes.FloatType));
-    Column nullVec = floats;
+    Column suspectVec = floats;
     Map<String, Column> vec = new HashMap<>();
     for (String v : isKeys ? (withQ ? List.of("k", "v", "q") : List.of("k", "v")) : List.of("q")) {
       Column x = col(v).cast("array<float>");
@@ -349,13 +349,13 @@ public final class ScoreJob {
         vec.put(v, x); // the file's schema rules out null elements
         continue;
       }
-      // Compiled, no per-element lambda: arrays_overlap is null exactly when x holds a null and no element equal
-      // to the probe value. (An index-finding transform() here ran on every row inside Spark's generated code,
-      // building a SQLConf per element: a fifth of the executors' time in a JFR profile of a prefill job.)
-      Column hasNull = x.isNotNull().and(functions.arrays_overlap(x, functions.array(lit(Float.MAX_VALUE))).isNull());
-      bad = functions.coalesce(bad, functions.when(hasNull, lit(NULL_ELEMENT + v)));
-      nullVec = functions.coalesce(nullVec, functions.when(hasNull, x));
-      vec.put(v, functions.when(hasNull, floats).otherwise(x));
+      // array_contains(x, NaN) is true with a NaN, null with a null element and no NaN, else false: one compiled
+      // loop per vector. (Exact null tests by transform() or arrays_overlap() run interpreted per element, with a
+      // SQLConf lookup each: a fifth of the executors' time in a JFR profile of a prefill job.)
+      Column suspect = x.isNotNull().and(functions.coalesce(functions.array_contains(x, lit(Float.NaN)), lit(true)));
+      bad = functions.coalesce(bad, functions.when(suspect, lit(SUSPECT_ELEMENT + v)));
+      suspectVec = functions.coalesce(suspectVec, functions.when(suspect, x));
+      vec.put(v, functions.when(suspect, floats).otherwise(x));
     }
     Dataset<Row> sel = df.select(
         isKeys ? lit(null).cast("string").as("queryId") : col("query_id").cast("string").as("queryId"),
@@ -366,24 +366,42 @@ public final class ScoreJob {
         vec.getOrDefault("q", floats).as("q"),
         functions.input_file_name().as("file"),
         bad.cast("string").as("bad"),
-        nullVec.as("nullVec"));
+        suspectVec.as("suspectVec"));
     return sel.as(Encoders.bean(Token.class));
   }
 
   static final String CORRUPT = "_corrupt_record";
 
-  /** Marker of a {@code bad} value naming the first vector with a null element (the name follows it). */
-  static final String NULL_ELEMENT = "null element in ";
+  /** Marker of a {@code bad} value naming the first vector with a null or NaN element (the name follows it). */
+  static final String SUSPECT_ELEMENT = "null or NaN element in ";
 
-  /** The row's problem found while reading, as a message (null: none). */
+  /**
+   * The row's problem found while reading, as a message (null: none). A suspect vector without a null
+   * element holds a NaN: it goes back on the row, and validation reports it like any non-finite value.
+   */
   static String readProblem(Token t) {
     String b = t.getBad();
-    if (b == null || !b.startsWith(NULL_ELEMENT)) {
+    if (b == null || !b.startsWith(SUSPECT_ELEMENT)) {
       return b;
     }
-    List<Float> x = t.getNullVec();
-    return b.substring(NULL_ELEMENT.length()) + "[" + (x == null ? -1 : x.indexOf(null))
-        + "] is null (vectors must be finite)";
+    String name = b.substring(SUSPECT_ELEMENT.length());
+    List<Float> x = t.getSuspectVec();
+    int i = x == null ? -1 : x.indexOf(null);
+    if (i >= 0 || x == null) {
+      return name + "[" + i + "] is null (vectors must be finite)";
+    }
+    float[] f = new float[x.size()];
+    for (int j = 0; j < f.length; j++) {
+      f[j] = x.get(j);
+    }
+    switch (name) {
+      case "k" -> t.setK(f);
+      case "v" -> t.setV(f);
+      default -> t.setQ(f);
+    }
+    t.setBad(null);
+    t.setSuspectVec(null);
+    return null;
   }
 
   /** Column types that cannot be read as the expected ones are an error naming the input and the column. */
@@ -409,8 +427,9 @@ public final class ScoreJob {
   }
 
   static Shape resolveShape(ScoreOptions opt, Dataset<Token> keys, Dataset<Token> queries, boolean prefill) {
-    List<Token> firstK = keys.filter((org.apache.spark.api.java.function.FilterFunction<Token>) t -> t.getK() != null
-        && (!prefill || t.getQ() != null)).limit(1).collectAsList();
+    // readProblem puts a vector with a NaN (held aside while reading) back on its row: its length counts here.
+    List<Token> firstK = keys.filter((org.apache.spark.api.java.function.FilterFunction<Token>) t -> readProblem(t) == null
+        && t.getK() != null && (!prefill || t.getQ() != null)).limit(1).collectAsList();
     if (firstK.isEmpty()) {
       List<Token> any = keys.limit(1).collectAsList();
       if (any.isEmpty()) {
@@ -424,10 +443,11 @@ public final class ScoreJob {
           + (t.getK() == null ? "k" : "q") + "' is missing or null (and in every other row)");
     }
     Token k0 = firstK.get(0);
+    readProblem(k0);
     Token q0 = k0;
     if (!prefill) {
-      List<Token> firstQ = queries.filter((org.apache.spark.api.java.function.FilterFunction<Token>) t -> t.getQ() != null)
-          .limit(1).collectAsList();
+      List<Token> firstQ = queries.filter((org.apache.spark.api.java.function.FilterFunction<Token>) t ->
+          readProblem(t) == null && t.getQ() != null).limit(1).collectAsList();
       if (firstQ.isEmpty()) {
         List<Token> any = queries.limit(1).collectAsList();
         if (any.isEmpty()) {
@@ -441,6 +461,7 @@ public final class ScoreJob {
             + "', pos " + (t.getPos() == null ? "(none)" : t.getPos()) + ": column 'q' is missing or null (and in every other row)");
       }
       q0 = firstQ.get(0);
+      readProblem(q0);
     }
     int kLen = k0.getK().length, qLen = q0.getQ().length;
     int heads = opt.heads, kvHeads = opt.kvHeads, dim = opt.dim;

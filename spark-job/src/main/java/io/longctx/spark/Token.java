@@ -17,7 +17,7 @@ public class Token implements Serializable {
   private float[] q;
   private String file;
   private String bad;
-  private java.util.List<Float> nullVec;
+  private java.util.List<Float> suspectVec;
 
   public Token() {}
 
@@ -35,10 +35,10 @@ public class Token implements Serializable {
   public void setQ(float[] q) { this.q = q; }
   public String getFile() { return file; }
   public void setFile(String file) { this.file = file; }
-  /** A problem found while reading (malformed JSON line, null vector element), reported by validation. */
+  /** A problem found while reading (malformed JSON line, null or NaN vector element), reported by validation. */
   public String getBad() { return bad; }
   public void setBad(String bad) { this.bad = bad; }
-  /** The first vector with a null element, as read (null for every other row). */
-  public java.util.List<Float> getNullVec() { return nullVec; }
-  public void setNullVec(java.util.List<Float> nullVec) { this.nullVec = nullVec; }
+  /** The first vector with a null or NaN element, as read (null for every other row). */
+  public java.util.List<Float> getSuspectVec() { return suspectVec; }
+  public void setSuspectVec(java.util.List<Float> suspectVec) { this.suspectVec = suspectVec; }
 }

@@ -223,6 +223,38 @@ class BadInputTest {
   }
 
   @Test
+  void nullAfterANaNInOneVectorIsNamedAsTheNull() throws Exception {
+    // The read-time check flags NaN and null alike; a null must still be named as a null, at its own index.
+    TestData d = good();
+    List<Float> k = new ArrayList<>(TestData.boxed(d.vec(8)));
+    k.set(1, Float.NaN);
+    k.set(6, null);
+    Path keys = keysWith(d, "alpha", 9, "k", k, false);
+    fails(keys, d.writeQueries(spark, tmp, "parquet"), "bad-keys.parquet/part-", "doc 'alpha'", "pos 9",
+        "k[6] is null");
+  }
+
+  @Test
+  void nanInEveryKeyRowIsReportedAsNaNNotAsAShapeProblem() throws Exception {
+    // Vectors with a NaN are held aside while reading; shape resolution must still see their lengths.
+    TestData d = good();
+    List<Row> rows = new ArrayList<>();
+    for (Row r : d.keyRows(false)) {
+      Object[] x = new Object[r.length()];
+      for (int i = 0; i < x.length; i++) {
+        x[i] = r.get(i);
+      }
+      List<Float> k = new ArrayList<>(TestData.boxed(d.vec(8)));
+      k.set(4, Float.NaN);
+      x[TestData.keysSchema(false).fieldIndex("k")] = k;
+      rows.add(RowFactory.create(x));
+    }
+    Path keys = tmp.resolve("all-nan.parquet");
+    TestData.write(spark, rows, TestData.keysSchema(false), "parquet", keys, 1);
+    fails(keys, d.writeQueries(spark, tmp, "parquet"), "all-nan.parquet/part-", "k[4] is NaN");
+  }
+
+  @Test
   void duplicateQueryIdInADocument() throws Exception {
     TestData d = good().query("q1", "alpha", 20L);
     fails(d.writeKeys(spark, tmp, "parquet", false), d.writeQueries(spark, tmp, "parquet"), "queries.parquet",
