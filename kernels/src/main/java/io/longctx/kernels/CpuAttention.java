@@ -2,6 +2,11 @@ package io.longctx.kernels;
 
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ForkJoinPool;
+import java.util.concurrent.ForkJoinTask;
+import java.util.concurrent.ForkJoinWorkerThread;
+import java.util.function.IntConsumer;
 import java.util.stream.IntStream;
 
 /**
@@ -17,8 +22,8 @@ import java.util.stream.IntStream;
  * </ul>
  *
  * Positions are absolute token indices (null means 0..T-1), shared by every batch entry; masks
- * follow {@link AttentionOptions}. Work runs on the common fork-join pool, parallel over
- * (batch, head, query block) or (batch, kv head, split). Instances are immutable and thread-safe.
+ * follow {@link AttentionOptions}. Work runs on one fork-join pool of the kernels ({@link #POOL}), parallel
+ * over (batch, head, query block) or (batch, kv head, split). Instances are immutable and thread-safe.
  */
 public final class CpuAttention implements AttentionBackend {
 
@@ -29,6 +34,60 @@ public final class CpuAttention implements AttentionBackend {
 
   /** Tile sizes chosen by measurement (docs/BENCHMARKS.md). */
   public static final CpuAttention DEFAULT = new CpuAttention(32, 128);
+
+  /**
+   * The kernels' worker pool, one thread per core, shared by every caller. Not the common pool: with
+   * two threads calling at once (two Spark tasks, two inference threads) on a 2-core machine, whose
+   * common pool has one worker, the same kernel calls took twice as long as one after another; on
+   * this pool they take the same time (docs/BENCHMARKS.md, "Spark job").
+   */
+  static final ForkJoinPool POOL = new ForkJoinPool(Runtime.getRuntime().availableProcessors(),
+      pool -> {
+        ForkJoinWorkerThread t = ForkJoinPool.defaultForkJoinWorkerThreadFactory.newThread(pool);
+        t.setName("longctx-kernel-" + t.getPoolIndex());
+        return t;
+      }, null, false);
+
+  /**
+   * body(0 .. tasks-1) on {@link #POOL}; the caller waits (or, on a pool thread, takes part). The first
+   * exception of the body reaches the caller as itself (fork-join would hand back a copy).
+   */
+  static void parallelFor(int tasks, IntConsumer body) {
+    java.util.concurrent.atomic.AtomicReference<Throwable> failed = new java.util.concurrent.atomic.AtomicReference<>();
+    Runnable loop = () -> IntStream.range(0, tasks).parallel().forEach(i -> {
+      if (failed.get() == null) {
+        try {
+          body.accept(i);
+        } catch (Throwable t) {
+          failed.compareAndSet(null, t);
+        }
+      }
+    });
+    if (Thread.currentThread() instanceof ForkJoinWorkerThread w && w.getPool() == POOL) {
+      loop.run(); // already on the pool: the stream's forks stay on it
+    } else {
+      ForkJoinTask<?> job = POOL.submit(loop);
+      try {
+        job.get();
+      } catch (InterruptedException e) {
+        job.cancel(true);
+        Thread.currentThread().interrupt();
+        throw new java.util.concurrent.CancellationException("interrupted while the attention kernel ran");
+      } catch (ExecutionException e) {
+        failed.compareAndSet(null, e.getCause());
+      }
+    }
+    Throwable t = failed.get();
+    if (t instanceof RuntimeException r) {
+      throw r;
+    }
+    if (t instanceof Error err) {
+      throw err;
+    }
+    if (t != null) {
+      throw new IllegalStateException(t);
+    }
+  }
 
   private final int blockQ;
   private final int blockK;
@@ -72,7 +131,7 @@ public final class CpuAttention implements AttentionBackend {
     float[] lse = poisoned(p.rows * p.heads);
     int qBlocks = (p.tq + blockQ - 1) / blockQ;
     int tasks = p.batch * p.heads * qBlocks;
-    IntStream.range(0, tasks).parallel().forEach(task -> {
+    parallelFor(tasks, task -> {
       int qb = task % qBlocks;
       int bh = task / qBlocks;
       int b = bh / p.heads, h = bh % p.heads;
@@ -147,7 +206,7 @@ public final class CpuAttention implements AttentionBackend {
     }
     long[] recomputed = new long[p.batch * p.kvHeads * splits * rowBlocks];
     int tasks = recomputed.length;
-    IntStream.range(0, tasks).parallel().forEach(task -> {
+    parallelFor(tasks, task -> {
       int rb = task % rowBlocks;
       int rest = task / rowBlocks;
       int s = rest % splits;

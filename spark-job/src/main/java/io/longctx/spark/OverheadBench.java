@@ -63,13 +63,18 @@ final class OverheadBench {
       double cpu1 = cpuSeconds();
       double[] wall = new double[runs], cpu = new double[runs];
       ScoreJob.Summary s = null;
+      StageTimes stages = new StageTimes();
+      spark.sparkContext().addSparkListener(stages);
       for (int r = 0; r < runs; r++) {
+        stages.clear();
         double c = cpuSeconds();
         s = ScoreJob.run(spark, o);
         cpu[r] = cpuSeconds() - c;
         wall[r] = s.wallSeconds();
         System.err.print(s);
       }
+      spark.sparkContext().listenerBus().waitUntilEmpty();
+      spark.sparkContext().removeSparkListener(stages);
       double cpu2 = cpuSeconds();
       double after = pairs.run();
       double cpu3 = cpuSeconds();
@@ -90,6 +95,9 @@ final class OverheadBench {
       }
       out.printf(Locale.ROOT, "  (%d pairs computed, %d skipped; overhead = job / kernel-only. CPU is this JVM's CPU"
           + " seconds, JIT and GC included, and hardly moved by other processes)%n", s.pairsComputed(), s.pairsSkipped());
+      out.printf(Locale.ROOT, "  stages of the last run (task threads only: the kernel runs on its own pool, so a"
+          + " stage's task CPU is Spark's work around it):%n");
+      stages.print(out);
       out.printf(Locale.ROOT, "  load average       %.2f at the start, %.2f at the end (%d cores; above that, other"
           + " processes shared the machine)%n", load0, load1,
           Runtime.getRuntime().availableProcessors());
@@ -98,6 +106,45 @@ final class OverheadBench {
       if (owned) {
         spark.stop();
       }
+    }
+  }
+
+  /** Per stage of a job: tasks, task wall and CPU time, shuffle bytes (Spark's task metrics). */
+  private static final class StageTimes extends org.apache.spark.scheduler.SparkListener {
+    private final java.util.Map<Integer, String> names = new java.util.concurrent.ConcurrentHashMap<>();
+    private final java.util.Map<Integer, double[]> sums = new java.util.concurrent.ConcurrentSkipListMap<>();
+
+    void clear() {
+      names.clear();
+      sums.clear();
+    }
+
+    @Override
+    public void onStageCompleted(org.apache.spark.scheduler.SparkListenerStageCompleted e) {
+      names.put(e.stageInfo().stageId(), e.stageInfo().name());
+    }
+
+    @Override
+    public void onTaskEnd(org.apache.spark.scheduler.SparkListenerTaskEnd e) {
+      org.apache.spark.executor.TaskMetrics m = e.taskMetrics();
+      if (m == null) {
+        return;
+      }
+      double[] x = sums.computeIfAbsent(e.stageId(), k -> new double[5]);
+      synchronized (x) {
+        x[0]++;
+        x[1] += m.executorRunTime() / 1e3;
+        x[2] += m.executorCpuTime() / 1e9;
+        x[3] += m.shuffleReadMetrics().totalBytesRead() / 1048576.0;
+        x[4] += m.shuffleWriteMetrics().bytesWritten() / 1048576.0;
+      }
+    }
+
+    void print(PrintStream out) {
+      out.printf(Locale.ROOT, "    %-6s %6s %10s %9s %12s %13s  %s%n", "stage", "tasks", "task wall", "task CPU",
+          "shuffle read", "shuffle write", "operation");
+      sums.forEach((id, x) -> out.printf(Locale.ROOT, "    %-6d %6d %9.1fs %8.1fs %10.0f MiB %11.0f MiB  %s%n", id,
+          (long) x[0], x[1], x[2], x[3], x[4], names.getOrDefault(id, "?")));
     }
   }
 
