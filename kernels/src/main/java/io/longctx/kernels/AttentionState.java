@@ -145,15 +145,26 @@ public final class AttentionState {
     if (states.isEmpty()) {
       throw new IllegalArgumentException("mergeAll needs at least one state");
     }
-    return mergeRange(states, 0, states.size());
+    return mergeAll(states.size(), states.iterator());
   }
 
-  private static AttentionState mergeRange(List<AttentionState> states, int from, int to) {
-    if (to - from == 1) {
-      return states.get(from);
+  /**
+   * {@link #mergeAll(List)} of the next {@code n} states of {@code states}, taken in order as they are
+   * needed: the same tree and bits, while at most about log2(n) merged states are held at a time
+   * (a caller can compute each state just before it is taken).
+   */
+  public static AttentionState mergeAll(int n, java.util.Iterator<AttentionState> states) {
+    if (n < 1) {
+      throw new IllegalArgumentException("mergeAll needs at least one state, got n=" + n);
     }
-    int mid = (from + to) >>> 1;
-    return mergeRange(states, from, mid).merge(mergeRange(states, mid, to));
+    if (n == 1) {
+      if (!states.hasNext()) {
+        throw new IllegalArgumentException("mergeAll: fewer states than the n given");
+      }
+      return states.next();
+    }
+    AttentionState left = mergeAll(n / 2, states); // the first half is the smaller one, as in ((s0 s1) (s2 s3 s4))
+    return left.merge(mergeAll(n - n / 2, states));
   }
 
   /**

@@ -48,6 +48,46 @@ class AttentionStateTest {
     }
   }
 
+  /** The documented tree, written out: halves [from, mid) and [mid, to) with mid = (from + to) / 2. */
+  private static AttentionState tree(List<AttentionState> s, int from, int to) {
+    if (to - from == 1) {
+      return s.get(from);
+    }
+    int mid = (from + to) >>> 1;
+    return tree(s, from, mid).merge(tree(s, mid, to));
+  }
+
+  @Test
+  void streamedMergeAllIsTheBalancedTreeBitForBitAndPullsLazily() {
+    SplittableRandom rng = new SplittableRandom(41);
+    for (int n = 1; n <= 17; n++) {
+      List<AttentionState> states = new java.util.ArrayList<>();
+      for (int i = 0; i < n; i++) {
+        states.add(randomState(rng));
+      }
+      AttentionState whole = tree(states, 0, n);
+      int[] pulled = {0};
+      java.util.Iterator<AttentionState> it = new java.util.Iterator<>() {
+        @Override
+        public boolean hasNext() {
+          return true; // more than n on offer: mergeAll must take exactly n
+        }
+
+        @Override
+        public AttentionState next() {
+          return states.get(pulled[0]++ % states.size());
+        }
+      };
+      AttentionState streamed = AttentionState.mergeAll(n, it);
+      assertEquals(n, pulled[0], "states taken for n=" + n);
+      assertArrayEquals(whole.o(), streamed.o(), "o, n=" + n);
+      assertArrayEquals(whole.lse(), streamed.lse(), "lse, n=" + n);
+      assertArrayEquals(whole.o(), AttentionState.mergeAll(states).o(), "list form, n=" + n);
+    }
+    assertThrows(IllegalArgumentException.class,
+        () -> AttentionState.mergeAll(3, List.of(randomState(rng), randomState(rng)).iterator()));
+  }
+
   @Test
   void mergeIsCommutativeBitForBitAndAssociativeWithinRounding() {
     long seed = Accuracy.seed();

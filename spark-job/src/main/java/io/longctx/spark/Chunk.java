@@ -5,7 +5,8 @@ import java.io.Serializable;
 /**
  * The keys of one document whose positions fall in [chunk * chunkLen, (chunk + 1) * chunkLen),
  * sorted by position: kPos [Tk], k and v as [kvHeads, Tk, dim] (the kernels' Tensor layout, batch 1).
- * In prefill mode q [heads, Tk, dim] holds the same tokens' queries; otherwise null.
+ * In prefill mode q [heads, Tk, dim] holds the same tokens' queries; otherwise null. {@code block}: on
+ * the copies of K/V sent to prefill query blocks, the receiving block (-1 otherwise).
  */
 public class Chunk implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -15,8 +16,21 @@ public class Chunk implements Serializable {
   private float[] k;
   private float[] v;
   private float[] q;
+  private long block = -1;
 
   public Chunk() {}
+
+  /** This chunk's keys and values, without q, addressed to prefill query block {@code b}. */
+  Chunk kvFor(long b) {
+    Chunk c = new Chunk();
+    c.docId = docId;
+    c.chunk = chunk;
+    c.kPos = kPos;
+    c.k = k;
+    c.v = v;
+    c.block = b;
+    return c;
+  }
 
   public String getDocId() { return docId; }
   public void setDocId(String docId) { this.docId = docId; }
@@ -30,4 +44,6 @@ public class Chunk implements Serializable {
   public void setV(float[] v) { this.v = v; }
   public float[] getQ() { return q; }
   public void setQ(float[] q) { this.q = q; }
+  public long getBlock() { return block; }
+  public void setBlock(long block) { this.block = block; }
 }

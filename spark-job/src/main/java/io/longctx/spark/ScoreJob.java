@@ -214,28 +214,59 @@ public final class ScoreJob {
       }
       Broadcast<HashMap<String, long[]>> planB = JavaSparkContext.fromSparkContext(spark.sparkContext()).broadcast(plan);
 
-      Dataset<QueryBlock> pairs = blocks.flatMap((FlatMapFunction<QueryBlock, QueryBlock>) b -> {
-        long[] cs = planB.value().get(b.getDocId() + '\u0000' + b.getBlock());
-        List<QueryBlock> r = new ArrayList<>(Math.max(1, cs.length));
-        for (long c : cs) {
-          r.add(b.withChunk(c));
-        }
-        if (r.isEmpty()) {
-          r.add(b.withChunk(-1)); // no visible chunk: the block still yields (empty) states
-        }
-        return r.iterator();
-      }, Encoders.bean(QueryBlock.class));
-      Dataset<Chunk> kv = prefill
-          ? chunks.map((MapFunction<Chunk, Chunk>) c -> { c.setQ(null); return c; }, Encoders.bean(Chunk.class))
-          : chunks;
-
-      Dataset<Partial> partials = pairs
-          .groupByKey((MapFunction<QueryBlock, String>) b -> b.getDocId() + '\u0000' + b.getChunk(), Encoders.STRING())
-          .cogroup(kv.groupByKey((MapFunction<Chunk, String>) c -> c.getDocId() + '\u0000' + c.getChunk(),
-                  Encoders.STRING()),
-              (CoGroupFunction<String, QueryBlock, Chunk, Partial>) (key, bs, cs) -> computePairs(bs, cs, sh,
-                  spec.get()),
-              Encoders.bean(Partial.class));
+      Dataset<Partial> partials;
+      if (prefill) {
+        // Prefill: the work is keyed by query block. Each block receives the K/V of the chunks it sees, in
+        // chunk order, and merges its partial states there (the tree lse_merge would build), so one state per
+        // token leaves the task. K/V per pair is smaller than the q per pair plus a partial state per (token,
+        // chunk) that keying by chunk ships (2 * kv-heads <= 2 * heads), and a task holds one block, not
+        // every block that sees chunk 0.
+        HashMap<String, List<Long>> seenBy = new HashMap<>();
+        plan.forEach((block, cs) -> {
+          String doc = block.substring(0, block.indexOf('\u0000'));
+          long b = Long.parseLong(block.substring(doc.length() + 1));
+          for (long c : cs) {
+            seenBy.computeIfAbsent(doc + '\u0000' + c, k -> new ArrayList<>()).add(b);
+          }
+        });
+        Broadcast<HashMap<String, List<Long>>> seenByB = JavaSparkContext.fromSparkContext(spark.sparkContext())
+            .broadcast(seenBy);
+        Dataset<Chunk> kvToBlocks = chunks.flatMap((FlatMapFunction<Chunk, Chunk>) c -> {
+          List<Long> bs = seenByB.value().getOrDefault(c.getDocId() + '\u0000' + c.getChunk(), List.of());
+          List<Chunk> r = new ArrayList<>(bs.size());
+          for (long b : bs) {
+            r.add(c.kvFor(b));
+          }
+          return r.iterator();
+        }, Encoders.bean(Chunk.class));
+        partials = blocks
+            .groupByKey((MapFunction<QueryBlock, String>) b -> b.getDocId() + '\u0000' + b.getBlock(), Encoders.STRING())
+            .cogroupSorted(kvToBlocks.groupByKey((MapFunction<Chunk, String>) c -> c.getDocId() + '\u0000' + c.getBlock(),
+                    Encoders.STRING()), new Column[0], new Column[] {col("chunk")},
+                (CoGroupFunction<String, QueryBlock, Chunk, Partial>) (key, bs, cs) -> computeBlock(bs, cs,
+                    planB.value().get(key), sh, spec.get()),
+                Encoders.bean(Partial.class));
+      } else {
+        // Decode: few query blocks, many chunks: each chunk receives the (small) query blocks that see it.
+        Dataset<QueryBlock> pairs = blocks.flatMap((FlatMapFunction<QueryBlock, QueryBlock>) b -> {
+          long[] cs = planB.value().get(b.getDocId() + '\u0000' + b.getBlock());
+          List<QueryBlock> r = new ArrayList<>(Math.max(1, cs.length));
+          for (long c : cs) {
+            r.add(b.withChunk(c));
+          }
+          if (r.isEmpty()) {
+            r.add(b.withChunk(-1)); // no visible chunk: the block still yields (empty) states
+          }
+          return r.iterator();
+        }, Encoders.bean(QueryBlock.class));
+        partials = pairs
+            .groupByKey((MapFunction<QueryBlock, String>) b -> b.getDocId() + '\u0000' + b.getChunk(), Encoders.STRING())
+            .cogroup(chunks.groupByKey((MapFunction<Chunk, String>) c -> c.getDocId() + '\u0000' + c.getChunk(),
+                    Encoders.STRING()),
+                (CoGroupFunction<String, QueryBlock, Chunk, Partial>) (key, bs, cs) -> computePairs(bs, cs, sh,
+                    spec.get()),
+                Encoders.bean(Partial.class));
+      }
 
       UserDefinedFunction lseMerge = LseMerge.register(spark);
       Dataset<Row> merged = partials.toDF()
@@ -721,6 +752,72 @@ public final class ScoreJob {
         return current.next();
       }
     };
+  }
+
+  /**
+   * Prefill: one query block over the chunks it sees ({@code visible}, ascending), which arrive in
+   * that order. Each chunk's state is computed when the merge takes it, and the states merge as
+   * {@link AttentionState#mergeAll} merges them (the tree {@link LseMerge} would build from the same
+   * partial states), so a task holds the block, one chunk and about log2(chunks) states. Yields one
+   * row per query, tagged with the first visible chunk.
+   */
+  static Iterator<Partial> computeBlock(Iterator<QueryBlock> blocks, Iterator<Chunk> chunks, long[] visible, Shape s,
+      AttentionOptions attn) {
+    FaultHooks.at(FaultHooks.MAP); // test-only fault injection, off by default
+    if (!blocks.hasNext()) {
+      return java.util.Collections.emptyIterator(); // chunk copies without a block: cannot happen with our plan
+    }
+    QueryBlock b = blocks.next();
+    int n = b.getQPos().length, h = s.heads(), d = s.dim(), w = h * d;
+    long[] keys = new long[n];
+    AttentionState st;
+    if (visible.length == 0) {
+      float[] l = new float[n * h];
+      Arrays.fill(l, Float.NEGATIVE_INFINITY);
+      st = AttentionState.of(new float[n * w], l, n, h, d);
+    } else {
+      Iterator<AttentionState> states = new Iterator<>() {
+        private int i;
+
+        @Override
+        public boolean hasNext() {
+          return chunks.hasNext();
+        }
+
+        @Override
+        public AttentionState next() {
+          Chunk c = chunks.next();
+          if (i >= visible.length || c.getChunk() != visible[i]) {
+            throw new IllegalStateException("query block " + b.getBlock() + " of doc '" + b.getDocId() + "': chunk "
+                + c.getChunk() + " arrived where the plan has " + (i < visible.length ? "chunk " + visible[i] : "none"));
+          }
+          i++;
+          int tk = c.getKPos().length;
+          for (int t = 0; t < n; t++) {
+            keys[t] += visibleKeys(c.getKPos(), b.getQPos()[t], attn);
+          }
+          return CpuAttention.DEFAULT.forward(new Tensor(b.getQ(), 1, h, n, d), new Tensor(c.getK(), 1, s.kvHeads(), tk, d),
+              new Tensor(c.getV(), 1, s.kvHeads(), tk, d), b.getQPos(), c.getKPos(), attn);
+        }
+      };
+      st = AttentionState.mergeAll(visible.length, states);
+      if (chunks.hasNext()) {
+        throw new IllegalStateException("query block " + b.getBlock() + " of doc '" + b.getDocId()
+            + "': more chunks arrived than the plan's " + visible.length);
+      }
+    }
+    float[] so = st.o(), sl = st.lse();
+    long first = visible.length == 0 ? -1 : visible[0];
+    return java.util.stream.IntStream.range(0, n).mapToObj(t -> {
+      Partial p = new Partial();
+      p.setDocId(b.getDocId());
+      p.setPos(b.getQPos()[t]);
+      p.setChunk(first);
+      p.setKeyCount(keys[t]);
+      p.setLse(Arrays.copyOfRange(sl, t * h, (t + 1) * h));
+      p.setO(Arrays.copyOfRange(so, t * w, (t + 1) * w));
+      return p;
+    }).iterator();
   }
 
   /** One pair's partial states, a row per query (chunk c null: no visible chunk, empty states). */

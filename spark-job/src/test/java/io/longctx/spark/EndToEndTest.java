@@ -123,6 +123,50 @@ class EndToEndTest {
   }
 
   @Test
+  void prefillPartitionsDoNotChangeABitAndChunkLenOnlyRounding() throws Exception {
+    // Prefill merges a query block's partial states inside its task (chunks arriving in order); the bits
+    // must still not depend on partitioning, and a block sees 1 to 7 chunks here (odd counts included).
+    long seed = System.nanoTime();
+    TestData data = new TestData(seed, 6, 2, 24).doc("a", 211, 0, 1).doc("b", 90, 5, 3);
+    Path keys = data.writeKeys(spark, tmp, "parquet", true);
+    Map<String, Outputs.Result> base = null;
+    for (int[] run : new int[][] {{32, 1}, {32, 5}, {32, 16}, {45, 3}}) {
+      ScoreOptions o = options(keys, null, "pf" + run[0] + "-" + run[1]);
+      o.mode = ScoreOptions.Mode.PREFILL;
+      o.dim = 24;
+      o.chunkLen = run[0];
+      o.partitions = run[1];
+      ScoreJob.run(spark, o);
+      Map<String, Outputs.Result> got = Outputs.read(spark, Path.of(o.output), "parquet", true);
+      assertEquals(301, got.size());
+      if (base == null) {
+        base = got;
+        continue;
+      }
+      for (Map.Entry<String, Outputs.Result> e : base.entrySet()) {
+        Outputs.Result a = e.getValue(), b = got.get(e.getKey());
+        String what = e.getKey() + " at chunk-len " + run[0] + ", partitions " + run[1] + " (seed " + seed + ")";
+        assertEquals(a.nKeys(), b.nKeys(), what);
+        if (run[0] == 32) {
+          assertArrayEquals(bits(a.o()), bits(b.o()), "o bits of " + what);
+          assertArrayEquals(bits(a.lse()), bits(b.lse()), "lse bits of " + what);
+        } else {
+          double num = 0, den = 0;
+          for (int i = 0; i < a.o().length; i++) {
+            num += Math.pow(a.o()[i] - b.o()[i], 2);
+            den += Math.pow(a.o()[i], 2);
+          }
+          assertTrue(den == 0 ? num == 0 : Math.sqrt(num / den) <= 1e-6, "o of " + what + " changed by "
+              + Math.sqrt(num / den));
+          for (int h = 0; h < a.lse().length; h++) {
+            assertTrue(Math.abs(a.lse()[h] - b.lse()[h]) <= 1e-6 * Math.max(1, Math.abs(a.lse()[h])), "lse of " + what);
+          }
+        }
+      }
+    }
+  }
+
+  @Test
   void partitionsDoNotChangeABitAndChunkLenOnlyRounding() throws Exception {
     long seed = System.nanoTime();
     TestData data = corpus(seed);
