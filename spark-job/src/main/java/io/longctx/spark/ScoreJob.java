@@ -64,8 +64,10 @@ import org.apache.spark.storage.StorageLevel;
  *       attend the whole document: their blocks run unmasked.
  *   <li>Pairs: planned on the driver from (doc, index, min pos, max pos) of every chunk and block;
  *       pairs invisible by position range are skipped (counted). Each visible (block, chunk) pair
- *       runs {@link CpuAttention#forward} on that chunk only, with absolute positions, and gives
- *       one partial state per query row.
+ *       runs {@link CpuAttention#forward} on that chunk only, with absolute positions. Decode: each
+ *       block goes to the chunks it sees ({@link #computePairs}), one partial state per (query,
+ *       chunk). Prefill: each chunk's K/V goes to the blocks that see it, arriving in chunk order,
+ *       and the block merges its states there ({@link #computeBlock}), one state per token.
  *   <li>Reduce: {@link LseMerge} (SQL {@code lse_merge}) per query: partials merged in chunk-index
  *       order with {@link AttentionState#mergeAll}, so the bits do not depend on partitioning.
  *   <li>Write to a hidden sibling directory, then rename to OUT.
