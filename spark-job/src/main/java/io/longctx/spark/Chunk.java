@@ -6,7 +6,8 @@ import java.io.Serializable;
  * The keys of one document whose positions fall in [chunk * chunkLen, (chunk + 1) * chunkLen),
  * sorted by position: kPos [Tk], k and v as [kvHeads, Tk, dim] (the kernels' Tensor layout, batch 1).
  * In prefill mode q [heads, Tk, dim] holds the same tokens' queries; otherwise null. {@code block}: on
- * the copies of K/V sent to prefill query blocks, the receiving block (-1 otherwise).
+ * the copies sent to prefill query blocks (a chunk's q to its own block, its K/V to every block that
+ * sees it), the receiving block (-1 otherwise).
  */
 public class Chunk implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -19,6 +20,17 @@ public class Chunk implements Serializable {
   private long block = -1;
 
   public Chunk() {}
+
+  /** This chunk's q and positions, without K/V, addressed to its own prefill query block. */
+  Chunk qForOwnBlock() {
+    Chunk c = new Chunk();
+    c.docId = docId;
+    c.chunk = chunk;
+    c.kPos = kPos;
+    c.q = q;
+    c.block = chunk;
+    return c;
+  }
 
   /** This chunk's keys and values, without q, addressed to prefill query block {@code b}. */
   Chunk kvFor(long b) {

@@ -63,18 +63,19 @@ final class OverheadBench {
       double cpu1 = cpuSeconds();
       double[] wall = new double[runs], cpu = new double[runs];
       ScoreJob.Summary s = null;
-      StageTimes stages = new StageTimes();
-      spark.sparkContext().addSparkListener(stages);
+      List<StageTimes> stages = new java.util.ArrayList<>();
       for (int r = 0; r < runs; r++) {
-        stages.clear();
+        StageTimes st = new StageTimes();
+        stages.add(st);
+        spark.sparkContext().addSparkListener(st);
         double c = cpuSeconds();
         s = ScoreJob.run(spark, o);
         cpu[r] = cpuSeconds() - c;
         wall[r] = s.wallSeconds();
+        spark.sparkContext().listenerBus().waitUntilEmpty();
+        spark.sparkContext().removeSparkListener(st);
         System.err.print(s);
       }
-      spark.sparkContext().listenerBus().waitUntilEmpty();
-      spark.sparkContext().removeSparkListener(stages);
       double cpu2 = cpuSeconds();
       double after = pairs.run();
       double cpu3 = cpuSeconds();
@@ -95,9 +96,11 @@ final class OverheadBench {
       }
       out.printf(Locale.ROOT, "  (%d pairs computed, %d skipped; overhead = job / kernel-only. CPU is this JVM's CPU"
           + " seconds, JIT and GC included, and hardly moved by other processes)%n", s.pairsComputed(), s.pairsSkipped());
-      out.printf(Locale.ROOT, "  stages of the last run (task threads only: the kernel runs on its own pool, so a"
-          + " stage's task CPU is Spark's work around it):%n");
-      stages.print(out);
+      for (int r = 0; r < runs; r++) {
+        out.printf(Locale.ROOT, "  stages of run %d (task threads only: the kernel runs on its own pool, so a stage's"
+            + " task CPU is Spark's work around it):%n", r + 1);
+        stages.get(r).print(out);
+      }
       out.printf(Locale.ROOT, "  load average       %.2f at the start, %.2f at the end (%d cores; above that, other"
           + " processes shared the machine)%n", load0, load1,
           Runtime.getRuntime().availableProcessors());
@@ -113,11 +116,6 @@ final class OverheadBench {
   private static final class StageTimes extends org.apache.spark.scheduler.SparkListener {
     private final java.util.Map<Integer, String> names = new java.util.concurrent.ConcurrentHashMap<>();
     private final java.util.Map<Integer, double[]> sums = new java.util.concurrent.ConcurrentSkipListMap<>();
-
-    void clear() {
-      names.clear();
-      sums.clear();
-    }
 
     @Override
     public void onStageCompleted(org.apache.spark.scheduler.SparkListenerStageCompleted e) {
@@ -141,10 +139,16 @@ final class OverheadBench {
     }
 
     void print(PrintStream out) {
+      double[] all = new double[2];
+      sums.values().forEach(x -> {
+        all[0] += x[1];
+        all[1] += x[2];
+      });
       out.printf(Locale.ROOT, "    %-6s %6s %10s %9s %12s %13s  %s%n", "stage", "tasks", "task wall", "task CPU",
           "shuffle read", "shuffle write", "operation");
       sums.forEach((id, x) -> out.printf(Locale.ROOT, "    %-6d %6d %9.1fs %8.1fs %10.0f MiB %11.0f MiB  %s%n", id,
           (long) x[0], x[1], x[2], x[3], x[4], names.getOrDefault(id, "?")));
+      out.printf(Locale.ROOT, "    %-6s %6s %9.1fs %8.1fs%n", "all", "", all[0], all[1]);
     }
   }
 

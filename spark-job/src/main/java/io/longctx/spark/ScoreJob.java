@@ -169,10 +169,8 @@ public final class ScoreJob {
     // per task and ran a 2 GiB executor out of memory on a 1M-token document. The pair stage reads the
     // chunks from the shuffle once more instead; the plan below needs only each chunk's position range.
 
-    Dataset<QueryBlock> blocks;
-    if (prefill) {
-      blocks = chunks.map((MapFunction<Chunk, QueryBlock>) ScoreJob::prefillBlock, Encoders.bean(QueryBlock.class));
-    } else {
+    Dataset<QueryBlock> blocks = null; // decode only: a prefill block is its chunk's own tokens
+    if (!prefill) {
       final String queriesPath = opt.queries;
       final int qb = opt.queryBlock;
       blocks = queryRows
@@ -233,20 +231,22 @@ public final class ScoreJob {
         });
         Broadcast<HashMap<String, List<Long>>> seenByB = JavaSparkContext.fromSparkContext(spark.sparkContext())
             .broadcast(seenBy);
-        Dataset<Chunk> kvToBlocks = chunks.flatMap((FlatMapFunction<Chunk, Chunk>) c -> {
+        // One pass over the chunks: each sends its q to its own block and its K/V to the blocks that see it. A
+        // block's group sorts its q first, then the K/V in chunk order.
+        Dataset<Chunk> routed = chunks.flatMap((FlatMapFunction<Chunk, Chunk>) c -> {
           List<Long> bs = seenByB.value().getOrDefault(c.getDocId() + '\u0000' + c.getChunk(), List.of());
-          List<Chunk> r = new ArrayList<>(bs.size());
+          List<Chunk> r = new ArrayList<>(bs.size() + 1);
+          r.add(c.qForOwnBlock());
           for (long b : bs) {
             r.add(c.kvFor(b));
           }
           return r.iterator();
         }, Encoders.bean(Chunk.class));
-        partials = blocks
-            .groupByKey((MapFunction<QueryBlock, String>) b -> b.getDocId() + '\u0000' + b.getBlock(), Encoders.STRING())
-            .cogroupSorted(kvToBlocks.groupByKey((MapFunction<Chunk, String>) c -> c.getDocId() + '\u0000' + c.getBlock(),
-                    Encoders.STRING()), new Column[0], new Column[] {col("chunk")},
-                (CoGroupFunction<String, QueryBlock, Chunk, Partial>) (key, bs, cs) -> computeBlock(bs, cs,
-                    planB.value().get(key), sh, spec.get()),
+        partials = routed
+            .groupByKey((MapFunction<Chunk, String>) c -> c.getDocId() + '\u0000' + c.getBlock(), Encoders.STRING())
+            .flatMapSortedGroups(new Column[] {col("q").isNull(), col("chunk")},
+                (FlatMapGroupsFunction<String, Chunk, Partial>) (key, it) -> computeBlock(it, planB.value().get(key), sh,
+                    spec.get()),
                 Encoders.bean(Partial.class));
       } else {
         // Decode: few query blocks, many chunks: each chunk receives the (small) query blocks that see it.
@@ -757,19 +757,20 @@ public final class ScoreJob {
   }
 
   /**
-   * Prefill: one query block over the chunks it sees ({@code visible}, ascending), which arrive in
-   * that order. Each chunk's state is computed when the merge takes it, and the states merge as
+   * Prefill: one query block (the first row: its chunk's q) over the chunks it sees ({@code visible},
+   * ascending), whose K/V rows follow in that order. Each chunk's state is computed when the merge takes it, and the states merge as
    * {@link AttentionState#mergeAll} merges them (the tree {@link LseMerge} would build from the same
    * partial states), so a task holds the block, one chunk and about log2(chunks) states. Yields one
    * row per query, tagged with the first visible chunk.
    */
-  static Iterator<Partial> computeBlock(Iterator<QueryBlock> blocks, Iterator<Chunk> chunks, long[] visible, Shape s,
-      AttentionOptions attn) {
+  static Iterator<Partial> computeBlock(Iterator<Chunk> chunks, long[] visible, Shape s, AttentionOptions attn) {
     FaultHooks.at(FaultHooks.MAP); // test-only fault injection, off by default
-    if (!blocks.hasNext()) {
-      return java.util.Collections.emptyIterator(); // chunk copies without a block: cannot happen with our plan
+    Chunk own = chunks.next(); // a group exists because its block's q row does: it sorts first
+    if (own.getQ() == null) {
+      throw new IllegalStateException("query block " + own.getBlock() + " of doc '" + own.getDocId()
+          + "': K/V arrived without the block's q");
     }
-    QueryBlock b = blocks.next();
+    QueryBlock b = prefillBlock(own);
     int n = b.getQPos().length, h = s.heads(), d = s.dim(), w = h * d;
     long[] keys = new long[n];
     AttentionState st;
