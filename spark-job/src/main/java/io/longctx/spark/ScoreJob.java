@@ -68,8 +68,9 @@ import org.apache.spark.storage.StorageLevel;
  *       block goes to the chunks it sees ({@link #computePairs}), one partial state per (query,
  *       chunk). Prefill: each chunk's K/V goes to the blocks that see it, arriving in chunk order,
  *       and the block merges its states there ({@link #computeBlock}), one state per token.
- *   <li>Reduce: {@link LseMerge} (SQL {@code lse_merge}) per query: partials merged in chunk-index
- *       order with {@link AttentionState#mergeAll}, so the bits do not depend on partitioning.
+ *   <li>Reduce (decode): {@link LseMerge} (SQL {@code lse_merge}) per query: partials merged in
+ *       chunk-index order with {@link AttentionState#mergeAll}, so the bits do not depend on
+ *       partitioning. Prefill's states are already merged, by the same tree, in their block's task.
  *   <li>Write to a hidden sibling directory, then rename to OUT.
  * </ol>
  */
@@ -270,15 +271,20 @@ public final class ScoreJob {
                 Encoders.bean(Partial.class));
       }
 
-      UserDefinedFunction lseMerge = LseMerge.register(spark);
-      Dataset<Row> merged = partials.toDF()
-          .groupBy(col("docId"), col("queryId"), col("pos"))
-          .agg(lseMerge.apply(col("chunk"), col("keyCount"), col("lse"), col("o")).as("m"));
-      Column[] outCols = prefill
-          ? new Column[] {col("docId").as("doc_id"), col("pos").as("pos")}
-          : new Column[] {col("queryId").as("query_id"), col("docId").as("doc_id")};
-      Dataset<Row> result = merged.select(concat(outCols, col("m.o").as("o"), col("m.lse").as("lse"),
-          col("m.keyCount").as("n_keys")));
+      Dataset<Row> result;
+      if (prefill) {
+        // A token's states were all merged in its block's task (computeBlock, the tree lse_merge builds): its
+        // one state is final, and an aggregation of single states would only add a shuffle.
+        result = partials.toDF().select(col("docId").as("doc_id"), col("pos"), col("o"), col("lse"),
+            col("keyCount").as("n_keys"));
+      } else {
+        UserDefinedFunction lseMerge = LseMerge.register(spark);
+        result = partials.toDF()
+            .groupBy(col("docId"), col("queryId"), col("pos"))
+            .agg(lseMerge.apply(col("chunk"), col("keyCount"), col("lse"), col("o")).as("m"))
+            .select(col("queryId").as("query_id"), col("docId").as("doc_id"), col("m.o").as("o"),
+                col("m.lse").as("lse"), col("m.keyCount").as("n_keys"));
+      }
 
       Path tmp = new Path(out.getParent(), "." + out.getName() + "-tmp-" + UUID.randomUUID());
       try {
@@ -307,12 +313,6 @@ public final class ScoreJob {
         blocks.unpersist();
       }
     }
-  }
-
-  private static Column[] concat(Column[] a, Column... b) {
-    Column[] r = Arrays.copyOf(a, a.length + b.length);
-    System.arraycopy(b, 0, r, a.length, b.length);
-    return r;
   }
 
   private static void requireExists(FileSystem fs, Configuration hconf, String path, String what) throws IOException {
