@@ -2,7 +2,10 @@ package io.longctx.spark;
 
 import java.io.Serializable;
 
-/** One query row's partial state over one chunk, with the row's identity (queryId null in prefill). */
+/**
+ * One query row's state with the row's identity: in decode the partial state over chunk {@code chunk};
+ * in prefill (queryId null) the token's final state, merged in its block's task (chunk unused).
+ */
 public class Partial implements Serializable {
   private static final long serialVersionUID = 1L;
   private String docId;

@@ -215,7 +215,7 @@ public final class ScoreJob {
       }
       Broadcast<HashMap<String, long[]>> planB = JavaSparkContext.fromSparkContext(spark.sparkContext()).broadcast(plan);
 
-      Dataset<Partial> partials;
+      Dataset<Row> result;
       if (prefill) {
         // Prefill: the work is keyed by query block. Each block receives the K/V of the chunks it sees, in
         // chunk order, and merges its partial states there (the tree lse_merge would build), so one state per
@@ -243,12 +243,16 @@ public final class ScoreJob {
           }
           return r.iterator();
         }, Encoders.bean(Chunk.class));
-        partials = routed
+        // A token's states are all merged in its block's task: its one state is final, written from there (an
+        // lse_merge of single states would only add a shuffle).
+        result = routed
             .groupByKey((MapFunction<Chunk, String>) c -> c.getDocId() + '\u0000' + c.getBlock(), Encoders.STRING())
             .flatMapSortedGroups(new Column[] {col("q").isNull(), col("chunk")},
                 (FlatMapGroupsFunction<String, Chunk, Partial>) (key, it) -> computeBlock(it, planB.value().get(key), sh,
                     spec.get()),
-                Encoders.bean(Partial.class));
+                Encoders.bean(Partial.class))
+            .toDF()
+            .select(col("docId").as("doc_id"), col("pos"), col("o"), col("lse"), col("keyCount").as("n_keys"));
       } else {
         // Decode: few query blocks, many chunks: each chunk receives the (small) query blocks that see it.
         Dataset<QueryBlock> pairs = blocks.flatMap((FlatMapFunction<QueryBlock, QueryBlock>) b -> {
@@ -262,22 +266,14 @@ public final class ScoreJob {
           }
           return r.iterator();
         }, Encoders.bean(QueryBlock.class));
-        partials = pairs
+        Dataset<Partial> partials = pairs
             .groupByKey((MapFunction<QueryBlock, String>) b -> b.getDocId() + '\u0000' + b.getChunk(), Encoders.STRING())
             .cogroup(chunks.groupByKey((MapFunction<Chunk, String>) c -> c.getDocId() + '\u0000' + c.getChunk(),
                     Encoders.STRING()),
                 (CoGroupFunction<String, QueryBlock, Chunk, Partial>) (key, bs, cs) -> computePairs(bs, cs, sh,
                     spec.get()),
                 Encoders.bean(Partial.class));
-      }
-
-      Dataset<Row> result;
-      if (prefill) {
-        // A token's states were all merged in its block's task (computeBlock, the tree lse_merge builds): its
-        // one state is final, and an aggregation of single states would only add a shuffle.
-        result = partials.toDF().select(col("docId").as("doc_id"), col("pos"), col("o"), col("lse"),
-            col("keyCount").as("n_keys"));
-      } else {
+        // The states of one query come from many tasks: lse_merge reduces them in chunk order.
         UserDefinedFunction lseMerge = LseMerge.register(spark);
         result = partials.toDF()
             .groupBy(col("docId"), col("queryId"), col("pos"))
@@ -758,10 +754,10 @@ public final class ScoreJob {
 
   /**
    * Prefill: one query block (the first row: its chunk's q) over the chunks it sees ({@code visible},
-   * ascending), whose K/V rows follow in that order. Each chunk's state is computed when the merge takes it, and the states merge as
-   * {@link AttentionState#mergeAll} merges them (the tree {@link LseMerge} would build from the same
-   * partial states), so a task holds the block, one chunk and about log2(chunks) states. Yields one
-   * row per query, tagged with the first visible chunk.
+   * ascending), whose K/V rows follow in that order. Each chunk's state is computed when the merge
+   * takes it, and the states merge as {@link AttentionState#mergeAll} merges them (the tree
+   * {@link LseMerge} would build from the same partial states), so a task holds the block, one chunk
+   * and about log2(chunks) states. Yields each token's final state.
    */
   static Iterator<Partial> computeBlock(Iterator<Chunk> chunks, long[] visible, Shape s, AttentionOptions attn) {
     FaultHooks.at(FaultHooks.MAP); // test-only fault injection, off by default
@@ -810,12 +806,10 @@ public final class ScoreJob {
       }
     }
     float[] so = st.o(), sl = st.lse();
-    long first = visible.length == 0 ? -1 : visible[0];
     return java.util.stream.IntStream.range(0, n).mapToObj(t -> {
       Partial p = new Partial();
       p.setDocId(b.getDocId());
       p.setPos(b.getQPos()[t]);
-      p.setChunk(first);
       p.setKeyCount(keys[t]);
       p.setLse(Arrays.copyOfRange(sl, t * h, (t + 1) * h));
       p.setO(Arrays.copyOfRange(so, t * w, (t + 1) * w));
