@@ -2,10 +2,12 @@ package io.longctx.kernels;
 
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.CancellationException;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ForkJoinPool;
 import java.util.concurrent.ForkJoinTask;
 import java.util.concurrent.ForkJoinWorkerThread;
+import java.util.concurrent.atomic.AtomicReference;
 import java.util.function.IntConsumer;
 import java.util.stream.IntStream;
 
@@ -39,7 +41,7 @@ public final class CpuAttention implements AttentionBackend {
    * The kernels' worker pool, one thread per core, shared by every caller. Not the common pool: with
    * two threads calling at once (two Spark tasks, two inference threads) on a 2-core machine, whose
    * common pool has one worker, the same kernel calls took twice as long as one after another; on
-   * this pool they take the same time (docs/BENCHMARKS.md, "Spark job").
+   * this pool they take the same time within noise (docs/BENCHMARKS.md, "Spark job").
    */
   static final ForkJoinPool POOL = new ForkJoinPool(Runtime.getRuntime().availableProcessors(),
       pool -> {
@@ -53,7 +55,7 @@ public final class CpuAttention implements AttentionBackend {
    * exception of the body reaches the caller as itself (fork-join would hand back a copy).
    */
   static void parallelFor(int tasks, IntConsumer body) {
-    java.util.concurrent.atomic.AtomicReference<Throwable> failed = new java.util.concurrent.atomic.AtomicReference<>();
+    AtomicReference<Throwable> failed = new AtomicReference<>();
     Runnable loop = () -> IntStream.range(0, tasks).parallel().forEach(i -> {
       if (failed.get() == null) {
         try {
@@ -72,7 +74,7 @@ public final class CpuAttention implements AttentionBackend {
       } catch (InterruptedException e) {
         job.cancel(true);
         Thread.currentThread().interrupt();
-        throw new java.util.concurrent.CancellationException("interrupted while the attention kernel ran");
+        throw new CancellationException("interrupted while the attention kernel ran");
       } catch (ExecutionException e) {
         failed.compareAndSet(null, e.getCause());
       }
