@@ -198,7 +198,8 @@ public final class ScoreJob {
         chunksByDoc.computeIfAbsent(c.getDocId(), d -> new ArrayList<>()).add(c);
         tokens += c.getCount();
       }
-      HashMap<String, long[]> plan = new HashMap<>();
+      HashMap<String, long[]> plan = new HashMap<>(); // (doc, block) -> visible chunks
+      HashMap<String, List<Long>> seenBy = new HashMap<>(); // (doc, chunk) -> blocks that see it (prefill routing)
       long computed = 0, skipped = 0, queries = 0;
       for (RangeMeta b : blockMeta) {
         queries += b.getCount();
@@ -212,6 +213,9 @@ public final class ScoreJob {
         computed += visible.length;
         skipped += cs.size() - visible.length;
         plan.put(b.getDocId() + '\u0000' + b.getIndex(), visible);
+        for (long c : visible) {
+          seenBy.computeIfAbsent(b.getDocId() + '\u0000' + c, k -> new ArrayList<>()).add(b.getIndex());
+        }
       }
       Broadcast<HashMap<String, long[]>> planB = JavaSparkContext.fromSparkContext(spark.sparkContext()).broadcast(plan);
 
@@ -222,14 +226,6 @@ public final class ScoreJob {
         // token leaves the task. K/V per pair is smaller than the q per pair plus a partial state per (token,
         // chunk) that keying by chunk ships (2 * kv-heads <= 2 * heads), and a task holds one block, not
         // every block that sees chunk 0.
-        HashMap<String, List<Long>> seenBy = new HashMap<>();
-        plan.forEach((block, cs) -> {
-          String doc = block.substring(0, block.indexOf('\u0000'));
-          long b = Long.parseLong(block.substring(doc.length() + 1));
-          for (long c : cs) {
-            seenBy.computeIfAbsent(doc + '\u0000' + c, k -> new ArrayList<>()).add(b);
-          }
-        });
         Broadcast<HashMap<String, List<Long>>> seenByB = JavaSparkContext.fromSparkContext(spark.sparkContext())
             .broadcast(seenBy);
         // One pass over the chunks: each sends its q to its own block and its K/V to the blocks that see it. A
@@ -767,13 +763,11 @@ public final class ScoreJob {
           + "': K/V arrived without the block's q");
     }
     QueryBlock b = prefillBlock(own);
-    int n = b.getQPos().length, h = s.heads(), d = s.dim(), w = h * d;
+    int n = b.getQPos().length, h = s.heads(), d = s.dim();
     long[] keys = new long[n];
     AttentionState st;
     if (visible.length == 0) {
-      float[] l = new float[n * h];
-      Arrays.fill(l, Float.NEGATIVE_INFINITY);
-      st = AttentionState.of(new float[n * w], l, n, h, d);
+      st = AttentionState.empty(n, h, d);
     } else {
       Iterator<AttentionState> states = new Iterator<>() {
         private int i;
@@ -805,47 +799,40 @@ public final class ScoreJob {
             + "': more chunks arrived than the plan's " + visible.length);
       }
     }
+    return rows(b, st, t -> keys[t]);
+  }
+
+  /** One pair's partial states, a row per query (chunk c null: no visible chunk, empty states). */
+  private static Iterator<Partial> pairRows(QueryBlock b, Chunk c, Shape s, AttentionOptions attn) {
+    int n = b.getQPos().length, h = s.heads(), d = s.dim();
+    AttentionOptions o = b.getHasPos() ? attn : attn.withCausal(false).withWindow(0);
+    if (c == null) {
+      return rows(b, AttentionState.empty(n, h, d), t -> 0);
+    }
+    int tk = c.getKPos().length;
+    AttentionState st = CpuAttention.DEFAULT.forward(new Tensor(b.getQ(), 1, h, n, d),
+        new Tensor(c.getK(), 1, s.kvHeads(), tk, d), new Tensor(c.getV(), 1, s.kvHeads(), tk, d), b.getQPos(),
+        c.getKPos(), o);
+    return rows(b, st, t -> visibleKeys(c.getKPos(), b.getQPos()[t], o));
+  }
+
+  /** The block's state as one row per query: its identity, the keys it attended, its lse and o. */
+  private static Iterator<Partial> rows(QueryBlock b, AttentionState st, java.util.function.IntToLongFunction keys) {
     float[] so = st.o(), sl = st.lse();
-    return java.util.stream.IntStream.range(0, n).mapToObj(t -> {
+    int h = st.heads(), w = h * st.dim();
+    return java.util.stream.IntStream.range(0, st.rows()).mapToObj(t -> {
       Partial p = new Partial();
       p.setDocId(b.getDocId());
-      p.setPos(b.getQPos()[t]);
-      p.setKeyCount(keys[t]);
+      p.setQueryId(b.getIds() == null ? null : b.getIds()[t]);
+      p.setPos(b.getHasPos() ? b.getQPos()[t] : null);
+      p.setChunk(b.getChunk());
+      p.setKeyCount(keys.applyAsLong(t));
       p.setLse(Arrays.copyOfRange(sl, t * h, (t + 1) * h));
       p.setO(Arrays.copyOfRange(so, t * w, (t + 1) * w));
       return p;
     }).iterator();
   }
 
-  /** One pair's partial states, a row per query (chunk c null: no visible chunk, empty states). */
-  private static Iterator<Partial> pairRows(QueryBlock b, Chunk c, Shape s, AttentionOptions attn) {
-    int n = b.getQPos().length, h = s.heads(), d = s.dim(), w = h * d;
-    AttentionOptions o = b.getHasPos() ? attn : attn.withCausal(false).withWindow(0);
-    float[] so, sl;
-    if (c == null) {
-      so = new float[n * w];
-      sl = new float[n * h];
-      Arrays.fill(sl, Float.NEGATIVE_INFINITY);
-    } else {
-      int tk = c.getKPos().length;
-      AttentionState st = CpuAttention.DEFAULT.forward(new Tensor(b.getQ(), 1, h, n, d),
-          new Tensor(c.getK(), 1, s.kvHeads(), tk, d), new Tensor(c.getV(), 1, s.kvHeads(), tk, d), b.getQPos(),
-          c.getKPos(), o);
-      so = st.o();
-      sl = st.lse();
-    }
-    return java.util.stream.IntStream.range(0, n).mapToObj(t -> {
-      Partial p = new Partial();
-      p.setDocId(b.getDocId());
-      p.setQueryId(b.getIds() == null ? null : b.getIds()[t]);
-      p.setPos(b.getHasPos() ? b.getQPos()[t] : null);
-      p.setChunk(b.getChunk());
-      p.setKeyCount(c == null ? 0 : visibleKeys(c.getKPos(), b.getQPos()[t], o));
-      p.setLse(Arrays.copyOfRange(sl, t * h, (t + 1) * h));
-      p.setO(Arrays.copyOfRange(so, t * w, (t + 1) * w));
-      return p;
-    }).iterator();
-  }
 
   /** Keys of the sorted position list that a query at qPos sees. */
   static long visibleKeys(long[] kPos, long qPos, AttentionOptions o) {
