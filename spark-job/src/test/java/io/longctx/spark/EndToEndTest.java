@@ -136,7 +136,9 @@ class EndToEndTest {
       o.dim = 24;
       o.chunkLen = run[0];
       o.partitions = run[1];
-      ScoreJob.run(spark, o);
+      int files = runUncoalesced(o);
+      // 16 blocks over 1, 5 and 16 reduce tasks: the partitioning really differs
+      assertTrue(run[1] == 1 ? files == 1 : files > 1, files + " part files with --partitions " + run[1]);
       Map<String, Outputs.Result> got = Outputs.read(spark, Path.of(o.output), "parquet", true);
       assertEquals(301, got.size());
       if (base == null) {
@@ -173,11 +175,12 @@ class EndToEndTest {
     Path keys = data.writeKeys(spark, tmp, "parquet", false);
     Path queries = data.writeQueries(spark, tmp, "parquet");
     Map<String, Outputs.Result> base = null;
+    int[] files = new int[2];
     for (int parts : new int[] {1, 7}) {
       ScoreOptions o = options(keys, queries, "p" + parts);
       o.causal = true;
       o.partitions = parts;
-      ScoreJob.run(spark, o);
+      files[parts == 1 ? 0 : 1] = runUncoalesced(o);
       Map<String, Outputs.Result> got = Outputs.read(spark, Path.of(o.output), "parquet", false);
       if (base == null) {
         base = got;
@@ -189,6 +192,8 @@ class EndToEndTest {
         assertArrayEquals(bits(e.getValue().lse()), bits(g.lse()), "lse bits of " + e.getKey() + " (seed " + seed + ")");
       }
     }
+    // 1 merge task (and the blocks that see no chunk) vs 7: the runs above really were cut differently.
+    assertTrue(files[0] <= 2 && files[1] >= 3, "part files with --partitions 1 and 7: " + files[0] + ", " + files[1]);
     for (int chunkLen : new int[] {37, 1000}) {
       ScoreOptions o = options(keys, queries, "c" + chunkLen);
       o.causal = true;
@@ -235,6 +240,24 @@ class EndToEndTest {
     assertEquals(0, LongctxMain.run(again, System.out, System.err));
     try (var s = Files.list(tmp)) {
       assertTrue(s.noneMatch(p -> p.getFileName().toString().contains("-tmp-")), "no temp output left behind");
+    }
+  }
+
+  /**
+   * Runs the job with Spark's partition coalescing off, so --partitions N really means N reduce tasks
+   * (with it on, 1 and 7 would most likely run as one); returns the number of part files written.
+   */
+  int runUncoalesced(ScoreOptions o) throws java.io.IOException {
+    String key = "spark.sql.adaptive.coalescePartitions.enabled";
+    String was = spark.conf().get(key);
+    spark.conf().set(key, "false");
+    try {
+      ScoreJob.run(spark, o);
+    } finally {
+      spark.conf().set(key, was);
+    }
+    try (var s = Files.list(Path.of(o.output))) {
+      return (int) s.filter(p -> p.getFileName().toString().startsWith("part-")).count();
     }
   }
 
