@@ -6,11 +6,11 @@ import ai.djl.ndarray.NDList;
 import ai.djl.ndarray.NDManager;
 import ai.djl.ndarray.types.DataType;
 import ai.djl.ndarray.types.Shape;
+import io.longctx.kernels.AttentionBackends;
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.AttentionState;
 import io.longctx.kernels.CpuAttention;
 import io.longctx.kernels.CudaAttention;
-import io.longctx.kernels.CudaProbe;
 import io.longctx.kernels.Tensor;
 import java.util.ArrayList;
 import java.util.List;
@@ -41,8 +41,9 @@ import java.util.Objects;
  * {@link LibtorchSdpa}; zero-copy, the arrays are passed as they are) or our Java kernel
  * ({@link CpuAttention}; the kernel reads {@code float[]}, so q, k, v are copied once into the JVM
  * and o, lse once out, O(T*D) each). Memory is O(T*D) on both paths; no T x T matrix is formed.
- * Decoding and merging always use the Java kernels. Where a CUDA device is present (the kernels'
- * {@link CudaProbe}), forward calls go to the JCuda backend ({@link Path#CUDA}) from host arrays:
+ * Decoding and merging always use the Java kernels. Where the one backend selector
+ * ({@link AttentionBackends}, {@code -Dlongctx.backend}) picks CUDA (named, or {@code auto} with a
+ * usable device), forward calls go to the JCuda backend ({@link Path#CUDA}) from host arrays:
  * DJL gives no CUDA data pointer, so arrays stay on the CPU device here (non-CPU arrays are
  * rejected at {@link #requireCpu}) and the backend copies them over. That path has not run on a GPU
  * yet (docs/CUDA.md).
@@ -72,7 +73,7 @@ public final class AttentionOp {
     JAVA,
     /** libtorch's fused CPU attention ({@link LibtorchSdpa}). */
     LIBTORCH,
-    /** The CUDA kernels through JCuda ({@link CudaAttention}); AUTO takes it where a GPU is present. */
+    /** The CUDA kernels through JCuda ({@link CudaAttention}); AUTO takes it where the selector picks CUDA. */
     CUDA
   }
 
@@ -184,7 +185,9 @@ public final class AttentionOp {
   }
 
   private Path choose(Dims d, long[] qPos, long[] kPos, AttentionOptions opt) {
-    if (d.dim <= CudaAttention.MAX_DIM && CudaProbe.status().available()) {
+    // The one selector (-Dlongctx.backend): cuda, or auto where CUDA is usable, takes the CUDA path
+    // (which fails loudly when CUDA was named but is missing); cpu and other providers the CPU paths.
+    if (d.dim <= CudaAttention.MAX_DIM && AttentionBackends.provider(AttentionBackends.choice()).name().equals("cuda")) {
       return Path.CUDA;
     }
     if (libtorchUnsupported(d, qPos, kPos, opt) != null) {
@@ -487,12 +490,12 @@ public final class AttentionOp {
     }
   }
 
-  /** The GPU plug-in point: a CUDA array would dispatch to the JCuda backend here (issue 3). */
+  /** Arrays must be on the CPU device: DJL gives no CUDA data pointer, so the CUDA path copies from host arrays. */
   static void requireCpu(NDArray a, String name) {
     Device dev = a.getDevice();
     if (!Device.Type.CPU.equals(dev.getDeviceType())) {
-      throw new IllegalArgumentException(name + " is on " + dev + ": only CPU arrays are supported until the JCuda "
-          + "backend lands (the GPU path is pending); move it with toDevice(Device.cpu(), false)");
+      throw new IllegalArgumentException(name + " is on " + dev + ": only CPU-device arrays are supported (DJL gives "
+          + "no CUDA data pointer; the CUDA path copies host arrays itself); move it with toDevice(Device.cpu(), false)");
     }
   }
 

@@ -27,7 +27,7 @@ public final class CudaAttention implements AttentionBackend {
   private static final int TC_ROWS_PER_BLOCK = 64; // kRows in flash_forward_tc.cu
   private static final int THREADS = 128; // both kernels
 
-  private static volatile CudaAttention instance;
+  private static final java.util.Map<Integer, CudaAttention> INSTANCES = new java.util.concurrent.ConcurrentHashMap<>();
 
   private final CUcontext context = new CUcontext();
   private final java.util.Map<String, CUfunction> kernels = new java.util.HashMap<>();
@@ -72,11 +72,11 @@ public final class CudaAttention implements AttentionBackend {
     }
   }
 
-  private CudaAttention(String device) {
-    this.device = device;
+  private CudaAttention(int ordinal, String device) {
+    this.device = ordinal + " " + device;
     check("cuInit", JCudaDriver.cuInit(0));
     CUdevice dev = new CUdevice();
-    check("cuDeviceGet", JCudaDriver.cuDeviceGet(dev, 0));
+    check("cuDeviceGet(" + ordinal + ")", JCudaDriver.cuDeviceGet(dev, ordinal));
     check("cuDevicePrimaryCtxRetain", JCudaDriver.cuDevicePrimaryCtxRetain(context, dev));
     check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
     java.util.List<CUmodule> modules = new java.util.ArrayList<>();
@@ -101,17 +101,30 @@ public final class CudaAttention implements AttentionBackend {
 
   /** The process-wide backend on device 0; fails with the probe's reason when CUDA is unavailable. */
   public static CudaAttention instance() {
-    CudaAttention c = instance;
+    return instance(0);
+  }
+
+  /**
+   * The process-wide backend on device {@code ordinal} (a Spark task's assigned GPU address); fails
+   * with the probe's reason when CUDA is unavailable.
+   */
+  public static CudaAttention instance(int ordinal) {
+    CudaAttention c = INSTANCES.get(ordinal);
     if (c == null) {
       synchronized (CudaAttention.class) {
-        if (instance == null) {
+        c = INSTANCES.get(ordinal);
+        if (c == null) {
           CudaProbe.Status s = CudaProbe.status();
           if (!s.available()) {
             throw new IllegalStateException("CUDA is unavailable: " + s.reason());
           }
-          instance = new CudaAttention(s.device());
+          if (ordinal < 0 || ordinal >= s.devices()) {
+            throw new IllegalStateException("CUDA device " + ordinal + " does not exist: this machine has "
+                + s.devices() + " device(s)");
+          }
+          c = new CudaAttention(ordinal, ordinal == 0 ? s.device() : "device " + ordinal);
+          INSTANCES.put(ordinal, c);
         }
-        c = instance;
       }
     }
     return c;
@@ -480,5 +493,29 @@ public final class CudaAttention implements AttentionBackend {
 
   private static String shape(DeviceTensor t) {
     return "[" + t.batch() + ", " + t.heads() + ", " + t.tokens() + ", " + t.dim() + "] " + t.type();
+  }
+
+  /** The CUDA kernels through JCuda: usable where the driver, a device and the fatbins are. */
+  public static final class Provider implements AttentionBackendProvider {
+    @Override
+    public String name() {
+      return "cuda";
+    }
+
+    @Override
+    public int priority() {
+      return 100;
+    }
+
+    @Override
+    public String unavailableReason() {
+      CudaProbe.Status s = CudaProbe.status();
+      return s.available() ? null : s.reason();
+    }
+
+    @Override
+    public AttentionBackend open(int device) {
+      return CudaAttention.instance(device);
+    }
   }
 }

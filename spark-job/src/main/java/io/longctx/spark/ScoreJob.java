@@ -3,6 +3,7 @@ package io.longctx.spark;
 import static org.apache.spark.sql.functions.col;
 import static org.apache.spark.sql.functions.lit;
 
+import io.longctx.kernels.AttentionBackend;
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.AttentionState;
 import io.longctx.kernels.CpuAttention;
@@ -49,6 +50,7 @@ import org.apache.spark.sql.types.StringType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.storage.StorageLevel;
+import org.apache.spark.util.CollectionAccumulator;
 
 /**
  * The scoring job. Stages:
@@ -76,8 +78,6 @@ import org.apache.spark.storage.StorageLevel;
  * </ol>
  */
 public final class ScoreJob {
-
-  public static final String BACKEND = "cpu (Java Vector API kernels, io.longctx.kernels.CpuAttention)";
 
   private ScoreJob() {}
 
@@ -138,6 +138,9 @@ public final class ScoreJob {
     }
     AttentionOptions attn = prefill ? opt.attention().withCausal(true) : opt.attention();
     final AttnSpec spec = new AttnSpec(attn);
+    final JobBackend backend = JobBackend.resolve(spark, opt.backend);
+    // The backends the tasks actually ran on (one name, or the job failed): for the summary.
+    final CollectionAccumulator<String> used = spark.sparkContext().collectionAccumulator("longctx backends used");
     Configuration hconf = spark.sparkContext().hadoopConfiguration();
 
     requireExists(hconf, opt.keys, "KEYS");
@@ -244,7 +247,7 @@ public final class ScoreJob {
             .groupByKey((MapFunction<Chunk, String>) c -> c.getDocId() + '\u0000' + c.getBlock(), Encoders.STRING())
             .flatMapSortedGroups(new Column[] {col("q").isNull(), col("chunk")},
                 (FlatMapGroupsFunction<String, Chunk, Partial>) (key, it) -> computeBlock(it, planB.value().get(key), sh,
-                    spec.get()),
+                    spec.get(), task(backend, used)),
                 Encoders.bean(Partial.class))
             .toDF()
             .select(col("docId").as("doc_id"), col("pos"), col("o"), col("lse"), col("keyCount").as("n_keys"));
@@ -263,7 +266,7 @@ public final class ScoreJob {
             .cogroup(chunks.groupByKey((MapFunction<Chunk, String>) c -> c.getDocId() + '\u0000' + c.getChunk(),
                     Encoders.STRING()),
                 (CoGroupFunction<String, QueryBlock, Chunk, Partial>) (key, bs, cs) -> computePairs(bs, cs, sh,
-                    spec.get()),
+                    spec.get(), task(backend, used)),
                 Encoders.bean(Partial.class));
         // The states of one query come from many tasks: lse_merge reduces them in chunk order.
         UserDefinedFunction lseMerge = LseMerge.register(spark);
@@ -289,7 +292,10 @@ public final class ScoreJob {
       // writer builds a hash map per page, then falls back to plain (a few percent of the job's CPU in a JFR profile).
       commit.write(spark, result.write().format(fmt).option("parquet.enable.dictionary", "false"));
       double wall = (System.nanoTime() - t0) / 1e9;
-      return new Summary(chunksByDoc.size(), tokens, queries, chunkMeta.size(), computed, skipped, BACKEND, wall,
+      java.util.TreeSet<String> ran = new java.util.TreeSet<>(used.value());
+      String backendUsed = backend.name + (ran.isEmpty() ? " (no pair computed)" : " (tasks ran on " + String.join(", ",
+          ran) + ")");
+      return new Summary(chunksByDoc.size(), tokens, queries, chunkMeta.size(), computed, skipped, backendUsed, wall,
           commit.output().toString());
     } finally {
       if (!prefill) {
@@ -709,8 +715,15 @@ public final class ScoreJob {
    * previous block's partial rows have been consumed, so a task holds one block's state at a time,
    * not the partials of every block that sees the chunk.
    */
+  /** The job's backend opened in this task, its name recorded for the summary. */
+  private static AttentionBackend task(JobBackend backend, CollectionAccumulator<String> used) {
+    AttentionBackend b = backend.open();
+    used.add(b.name());
+    return b;
+  }
+
   static Iterator<Partial> computePairs(Iterator<QueryBlock> blocks, Iterator<Chunk> chunks, Shape s,
-      AttentionOptions attn) {
+      AttentionOptions attn, AttentionBackend backend) {
     FaultHooks.at(FaultHooks.MAP); // test-only fault injection, off by default
     Chunk c = chunks.hasNext() ? chunks.next() : null;
     return new Iterator<>() {
@@ -724,7 +737,7 @@ public final class ScoreJob {
             throw new IllegalStateException("query block " + b.getBlock() + " of doc '" + b.getDocId()
                 + "': the planned key chunk " + b.getChunk() + " did not arrive");
           }
-          current = pairRows(b, c, s, attn);
+          current = pairRows(backend, b, c, s, attn);
         }
         return current.hasNext();
       }
@@ -746,7 +759,8 @@ public final class ScoreJob {
    * {@link LseMerge} would build from the same partial states), so a task holds the block, one chunk
    * and about log2(chunks) states. Yields each token's final state.
    */
-  static Iterator<Partial> computeBlock(Iterator<Chunk> chunks, long[] visible, Shape s, AttentionOptions attn) {
+  static Iterator<Partial> computeBlock(Iterator<Chunk> chunks, long[] visible, Shape s, AttentionOptions attn,
+      AttentionBackend backend) {
     FaultHooks.at(FaultHooks.MAP); // test-only fault injection, off by default
     Chunk own = chunks.next(); // a group exists because its block's q row does: it sorts first
     if (own.getQ() == null) {
@@ -779,7 +793,7 @@ public final class ScoreJob {
           for (int t = 0; t < n; t++) {
             keys[t] += attn.visibleCount(c.getKPos(), b.getQPos()[t]);
           }
-          return kernel(b, c, s, attn);
+          return kernel(backend, b, c, s, attn);
         }
       };
       st = AttentionState.mergeAll(visible.length, states);
@@ -792,17 +806,18 @@ public final class ScoreJob {
   }
 
   /** One pair's partial states, a row per query. */
-  private static Iterator<Partial> pairRows(QueryBlock b, Chunk c, Shape s, AttentionOptions attn) {
+  private static Iterator<Partial> pairRows(AttentionBackend backend, QueryBlock b, Chunk c, Shape s,
+      AttentionOptions attn) {
     AttentionOptions o = b.getHasPos() ? attn : attn.withCausal(false).withWindow(0);
-    AttentionState st = kernel(b, c, s, o);
+    AttentionState st = kernel(backend, b, c, s, o);
     return rows(b, st, t -> o.visibleCount(c.getKPos(), b.getQPos()[t]));
   }
 
   /** The kernel on one (block, chunk) pair; a non-finite score is bad input named by document and query. */
-  private static AttentionState kernel(QueryBlock b, Chunk c, Shape s, AttentionOptions o) {
+  private static AttentionState kernel(AttentionBackend backend, QueryBlock b, Chunk c, Shape s, AttentionOptions o) {
     int n = b.getQPos().length, tk = c.getKPos().length, d = s.dim();
     try {
-      return CpuAttention.DEFAULT.forward(new Tensor(b.getQ(), 1, s.heads(), n, d),
+      return backend.forward(new Tensor(b.getQ(), 1, s.heads(), n, d),
           new Tensor(c.getK(), 1, s.kvHeads(), tk, d), new Tensor(c.getV(), 1, s.kvHeads(), tk, d), b.getQPos(),
           c.getKPos(), o);
     } catch (NonFiniteScoreException e) {
@@ -811,6 +826,13 @@ public final class ScoreJob {
       throw new InputError("doc '" + b.getDocId() + "', " + query + ", head " + e.head + ", against the key at pos "
           + e.keyPos + ": the attention score is " + e.score + " in float32 (q.k overflows: q and k hold values too "
           + "large for float32 attention)");
+    } catch (IllegalArgumentException e) { // e.g. an output that overflows float32: v too large
+      long[] p = b.getQPos();
+      String[] ids = b.getIds();
+      String queries = ids != null ? "queries '" + ids[0] + "'..'" + ids[ids.length - 1] + "'"
+          : "the tokens at pos " + p[0] + ".." + p[p.length - 1];
+      throw new InputError("doc '" + b.getDocId() + "', " + queries + " against the keys at pos " + c.getKPos()[0]
+          + ".." + c.getKPos()[tk - 1] + ": " + e.getMessage());
     }
   }
 
