@@ -80,24 +80,10 @@ public final class AttentionOp {
   private static final System.Logger LOG = System.getLogger(AttentionOp.class.getName());
 
   /**
-   * Dispatch rule, by measurement ({@code bin/longctx bench --op forward --t TQ [--tk TK] --heads H
-   * --kv-heads HKV --dim 128 [--causal] --no-plain}, median ms, 2-core AMD EPYC (AVX2), JDK 17,
-   * 2026-11-22; the machine was shared, so single figures are noisy to ~15%):
-   *
-   * <pre>
-   *   H = Hkv = 8, Tq = Tk = 128..4096, D = 64/128, causal or not: Java kernel 0.55x..0.9x libtorch
-   *   H = Hkv = 8, Tk = 8192, non-causal, Tq = 1 / 4 / 16 / 32: Java (split-K for Tq <= 16, incl. the
-   *     NDArray copy) 42.6 / 33.4 / 53.8 / 52.5 ms vs libtorch 14.2 / 15.9 / 28.9 / 37.0 ms
-   *   H = 32, Hkv = 8 (GQA; libtorch needs repeat_interleave of k and v on every call), Tk = 8192,
-   *     non-causal, Tq = 1 / 4 / 16 / 32 / 64 / 128: Java 68 / 43 / 84 / 102 / 145 / 468 ms vs
-   *     libtorch 757 / 306 / 383 / 296 / 262 / 699 ms
-   *   H = 32, Hkv = 8, Tq = Tk = 256: Java 34.5 (non-causal) / 46.4 (causal) vs libtorch 48.0 / 50.2;
-   *     Tq = Tk = 1024: Java 338 / 261 vs libtorch 279 / 240; 4096: Java 6236 / 5767 vs 6091 / 4109
-   * </pre>
-   *
-   * So: libtorch's fused attention whenever it computes the call exactly ({@link #libtorchSupports})
-   * and the heads are not grouped; with GQA/MQA, our Java kernel below
-   * {@link #GQA_LIBTORCH_MIN_QUERY_ROWS} query rows (the crossover lies between 256 and 1024; 512 is
+   * Dispatch rule, by measurement (docs/BENCHMARKS.md, "Operator dispatch"; measured on one AVX2
+   * machine, 2026-11-22): libtorch's fused attention whenever it computes the call exactly
+   * ({@link #libtorchSupports}) and the heads are not grouped; with GQA/MQA, our Java kernel below
+   * {@link #GQA_LIBTORCH_MIN_QUERY_ROWS} query rows (the crossover lay between 256 and 1024; 512 is
    * not measured), libtorch from there on; the Java kernel for everything libtorch cannot do.
    */
   static final int GQA_LIBTORCH_MIN_QUERY_ROWS = 512;

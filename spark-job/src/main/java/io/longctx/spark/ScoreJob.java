@@ -51,6 +51,7 @@ import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.storage.StorageLevel;
 import org.apache.spark.util.CollectionAccumulator;
+import scala.Tuple2;
 
 /**
  * The scoring job. Stages:
@@ -111,6 +112,10 @@ public final class ScoreJob {
     }
   }
 
+  /** Group key of a document's chunk or block: (doc_id, index), typed, never a joined string. */
+  static final org.apache.spark.sql.Encoder<Tuple2<String, Long>> KEY = Encoders.tuple(Encoders.STRING(),
+      Encoders.LONG());
+
   /** Resolved tensor shape of the job. */
   record Shape(int heads, int kvHeads, int dim) implements Serializable {}
 
@@ -163,9 +168,10 @@ public final class ScoreJob {
     Dataset<Token> validKeys = keyRows.map((MapFunction<Token, Token>) t -> validateKey(t, sh, prefill),
         Encoders.bean(Token.class));
     Dataset<Chunk> chunks = validKeys
-        .groupByKey((MapFunction<Token, String>) t -> t.getDocId() + '\u0000' + Chunking.index(t.getPos(), chunkLen),
-            Encoders.STRING())
-        .mapGroups((MapGroupsFunction<String, Token, Chunk>) (key, it) -> buildChunk(it, sh, chunkLen, prefill, keysPath),
+        .groupByKey((MapFunction<Token, Tuple2<String, Long>>) t -> new Tuple2<>(t.getDocId(),
+            Chunking.index(t.getPos(), chunkLen)), KEY)
+        .mapGroups((MapGroupsFunction<Tuple2<String, Long>, Token, Chunk>) (key, it) -> buildChunk(it, sh, chunkLen,
+            prefill, keysPath),
             Encoders.bean(Chunk.class));
     // Not persisted: Spark caches a Dataset as columnar batches built whole in the heap, and with rows
     // of one chunk each (32 MiB at 4096 tokens x 8 kv heads x 128) that held a whole shuffle partition
@@ -189,37 +195,8 @@ public final class ScoreJob {
       List<RangeMeta> blockMeta = prefill ? chunkMeta // a prefill block is its chunk's tokens
           : blocks.map((MapFunction<QueryBlock, RangeMeta>) ScoreJob::blockMeta, Encoders.bean(RangeMeta.class))
               .collectAsList();
-      if (chunkMeta.isEmpty()) {
-        throw new InputError("KEYS " + opt.keys + ": no key rows");
-      }
-
-      // Plan the pairs on the driver: small metadata, one row per chunk and per block.
-      Map<String, List<RangeMeta>> chunksByDoc = new HashMap<>();
-      long tokens = 0;
-      for (RangeMeta c : chunkMeta) {
-        chunksByDoc.computeIfAbsent(c.getDocId(), d -> new ArrayList<>()).add(c);
-        tokens += c.getCount();
-      }
-      HashMap<String, long[]> plan = new HashMap<>(); // (doc, block) -> visible chunks
-      HashMap<String, List<Long>> seenBy = new HashMap<>(); // (doc, chunk) -> blocks that see it (prefill routing)
-      long computed = 0, skipped = 0, queries = 0;
-      for (RangeMeta b : blockMeta) {
-        queries += b.getCount();
-        List<RangeMeta> cs = chunksByDoc.get(b.getDocId());
-        if (cs == null) {
-          throw new InputError("QUERIES " + opt.queries + ": query '" + b.getSample() + "' refers to document '"
-              + b.getDocId() + "', which has no keys in KEYS " + opt.keys);
-        }
-        long[] visible = cs.stream().filter(c -> pairVisible(b, c, attn)).mapToLong(RangeMeta::getIndex).sorted()
-            .toArray();
-        computed += visible.length;
-        skipped += cs.size() - visible.length;
-        plan.put(b.getDocId() + '\u0000' + b.getIndex(), visible);
-        for (long c : visible) {
-          seenBy.computeIfAbsent(b.getDocId() + '\u0000' + c, k -> new ArrayList<>()).add(b.getIndex());
-        }
-      }
-      Broadcast<HashMap<String, long[]>> planB = JavaSparkContext.fromSparkContext(spark.sparkContext()).broadcast(plan);
+      PairPlan plan = PairPlan.make(chunkMeta, blockMeta, attn, opt.keys, opt.queries);
+      Broadcast<PairPlan> planB = JavaSparkContext.fromSparkContext(spark.sparkContext()).broadcast(plan);
 
       Dataset<Row> result;
       if (prefill) {
@@ -228,13 +205,11 @@ public final class ScoreJob {
         // token leaves the task. K/V per pair is smaller than the q per pair plus a partial state per (token,
         // chunk) that keying by chunk ships (2 * kv-heads <= 2 * heads), and a task holds one block, not
         // every block that sees chunk 0.
-        Broadcast<HashMap<String, List<Long>>> seenByB = JavaSparkContext.fromSparkContext(spark.sparkContext())
-            .broadcast(seenBy);
         // One pass over the chunks: each sends its q to its own block and its K/V to the blocks that see it. A
         // block's group sorts its q first, then the K/V in chunk order.
         Dataset<Chunk> routed = chunks.flatMap((FlatMapFunction<Chunk, Chunk>) c -> {
-          List<Long> bs = seenByB.value().getOrDefault(c.getDocId() + '\u0000' + c.getChunk(), List.of());
-          List<Chunk> r = new ArrayList<>(bs.size() + 1);
+          long[] bs = planB.value().blocksOf(c.getDocId(), c.getChunk());
+          List<Chunk> r = new ArrayList<>(bs.length + 1);
           r.add(c.qForOwnBlock());
           for (long b : bs) {
             r.add(c.kvFor(b));
@@ -244,17 +219,17 @@ public final class ScoreJob {
         // A token's states are all merged in its block's task: its one state is final, written from there (an
         // lse_merge of single states would only add a shuffle).
         result = routed
-            .groupByKey((MapFunction<Chunk, String>) c -> c.getDocId() + '\u0000' + c.getBlock(), Encoders.STRING())
+            .groupByKey((MapFunction<Chunk, Tuple2<String, Long>>) c -> new Tuple2<>(c.getDocId(), c.getBlock()), KEY)
             .flatMapSortedGroups(new Column[] {col("q").isNull(), col("chunk")},
-                (FlatMapGroupsFunction<String, Chunk, Partial>) (key, it) -> computeBlock(it, planB.value().get(key), sh,
-                    spec.get(), task(backend, used)),
+                (FlatMapGroupsFunction<Tuple2<String, Long>, Chunk, Partial>) (key, it) -> computeBlock(it,
+                    planB.value().chunksOf(key._1(), key._2()), sh, spec.get(), task(backend, used)),
                 Encoders.bean(Partial.class))
             .toDF()
             .select(col("docId").as("doc_id"), col("pos"), col("o"), col("lse"), col("keyCount").as("n_keys"));
       } else {
         // Decode: few query blocks, many chunks: each chunk receives the (small) query blocks that see it.
         Dataset<QueryBlock> pairs = blocks.flatMap((FlatMapFunction<QueryBlock, QueryBlock>) b -> {
-          long[] cs = planB.value().get(b.getDocId() + '\u0000' + b.getBlock());
+          long[] cs = planB.value().chunksOf(b.getDocId(), b.getBlock());
           List<QueryBlock> r = new ArrayList<>(cs.length);
           for (long c : cs) {
             r.add(b.withChunk(c));
@@ -262,10 +237,10 @@ public final class ScoreJob {
           return r.iterator();
         }, Encoders.bean(QueryBlock.class));
         Dataset<Partial> partials = pairs
-            .groupByKey((MapFunction<QueryBlock, String>) b -> b.getDocId() + '\u0000' + b.getChunk(), Encoders.STRING())
-            .cogroup(chunks.groupByKey((MapFunction<Chunk, String>) c -> c.getDocId() + '\u0000' + c.getChunk(),
-                    Encoders.STRING()),
-                (CoGroupFunction<String, QueryBlock, Chunk, Partial>) (key, bs, cs) -> computePairs(bs, cs, sh,
+            .groupByKey((MapFunction<QueryBlock, Tuple2<String, Long>>) b -> new Tuple2<>(b.getDocId(), b.getChunk()), KEY)
+            .cogroup(chunks.groupByKey((MapFunction<Chunk, Tuple2<String, Long>>) c -> new Tuple2<>(c.getDocId(),
+                    c.getChunk()), KEY),
+                (CoGroupFunction<Tuple2<String, Long>, QueryBlock, Chunk, Partial>) (key, bs, cs) -> computePairs(bs, cs, sh,
                     spec.get(), task(backend, used)),
                 Encoders.bean(Partial.class));
         // The states of one query come from many tasks: lse_merge reduces them in chunk order.
@@ -279,7 +254,7 @@ public final class ScoreJob {
         // are the empty state (0, -inf), written as they are, with no chunk-index sentinel.
         Dataset<Row> unseen = blocks
             .filter((org.apache.spark.api.java.function.FilterFunction<QueryBlock>) b ->
-                planB.value().get(b.getDocId() + '\u0000' + b.getBlock()).length == 0)
+                planB.value().chunksOf(b.getDocId(), b.getBlock()).length == 0)
             .flatMap((FlatMapFunction<QueryBlock, Partial>) b -> rows(b, AttentionState.empty(b.getQPos().length,
                 sh.heads(), sh.dim()), t -> 0), Encoders.bean(Partial.class))
             .toDF()
@@ -295,7 +270,8 @@ public final class ScoreJob {
       java.util.TreeSet<String> ran = new java.util.TreeSet<>(used.value());
       String backendUsed = backend.name + (ran.isEmpty() ? " (no pair computed)" : " (tasks ran on " + String.join(", ",
           ran) + ")");
-      return new Summary(chunksByDoc.size(), tokens, queries, chunkMeta.size(), computed, skipped, backendUsed, wall,
+      return new Summary(plan.documents, plan.tokens, plan.queries, plan.chunks, plan.computed, plan.skipped, backendUsed,
+          wall,
           commit.output().toString());
     } finally {
       if (!prefill) {
@@ -701,11 +677,6 @@ public final class ScoreJob {
     m.setHasPos(b.getHasPos());
     m.setSample(b.getIds() == null ? null : b.getIds()[0]);
     return m;
-  }
-
-  /** Whether any query of the block may see any key of the chunk (by position ranges). */
-  static boolean pairVisible(RangeMeta block, RangeMeta chunk, AttentionOptions attn) {
-    return !block.getHasPos() || attn.anyVisible(block.getMin(), block.getMax(), chunk.getMin(), chunk.getMax());
   }
 
   // ---------------------------------------------------------------- the kernel on one pair
