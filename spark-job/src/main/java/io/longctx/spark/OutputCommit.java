@@ -87,7 +87,12 @@ public final class OutputCommit {
       if (in.getValue() == null) {
         continue;
       }
-      Path ip = fs.makeQualified(globFree(new Path(in.getValue())));
+      Path raw = globFree(new Path(in.getValue()));
+      Path ip = raw.getFileSystem(conf).makeQualified(raw);
+      if (!java.util.Objects.equals(ip.toUri().getScheme(), out.toUri().getScheme())
+          || !java.util.Objects.equals(ip.toUri().getAuthority(), out.toUri().getAuthority())) {
+        continue; // another file system: cannot overlap
+      }
       String inReal = realPath(fs, ip);
       if (inReal.equals(outReal) || inReal.startsWith(slash(outReal)) || outReal.startsWith(slash(inReal))) {
         throw new InputError("output " + out + (inReal.equals(outReal) ? " is " : inReal.startsWith(slash(outReal))
