@@ -36,8 +36,8 @@ import java.util.Objects;
  * through DJL; attention runs on our CPU kernels.
  *
  * <p>As a DJL {@link ai.djl.nn.Block}: input {@code (tokens [T] int32/int64)}, output
- * {@code (logprobs [T-1] float32)}; the chunk length comes from the forward param
- * {@link #CHUNK_LEN} (default {@link #DEFAULT_CHUNK_LEN}). Inference only. Weights are plain
+ * {@code (logprobs [T-1] float32, sumLogprob [1] float64)}; the chunk length comes from the forward param
+ * {@link #CHUNK_LEN} (default: the constructor's, {@link #DEFAULT_CHUNK_LEN} unless given). Inference only. Weights are plain
  * NDArrays loaded from the checkpoint ({@link #load}), not trainable DJL Parameters.
  *
  * <p>Thread-safe for concurrent {@link #score} calls once loaded.
@@ -54,6 +54,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
   private volatile Loaded w;
   private final int vocabShard;
   private final CpuAttention kernels;
+  private final int blockChunkLen;
 
   /** An empty model, to be filled by {@link #loadCheckpoint} (the DJL {@code Criteria} route). */
   public LlamaModel() {
@@ -61,11 +62,27 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
   }
 
   /**
+   * An empty model whose Block forward uses this chunk length when the forward params name none
+   * (a {@code Predictor} passes no params).
+   */
+  public LlamaModel(int chunkLen) {
+    this(DEFAULT_VOCAB_SHARD, CpuAttention.DEFAULT, chunkLen);
+  }
+
+  /**
    * @param vocabShard rows of the LM head per logits block (the widest logits row that exists)
    * @param kernels the CPU attention kernels
    */
   public LlamaModel(int vocabShard, CpuAttention kernels) {
+    this(vocabShard, kernels, DEFAULT_CHUNK_LEN);
+  }
+
+  private LlamaModel(int vocabShard, CpuAttention kernels, int chunkLen) {
     super(VERSION);
+    if (chunkLen < 1) {
+      throw new IllegalArgumentException("chunkLen must be >= 1, got " + chunkLen);
+    }
+    this.blockChunkLen = chunkLen;
     if (vocabShard < 1) {
       throw new IllegalArgumentException("vocabShard must be >= 1, got " + vocabShard);
     }
@@ -112,6 +129,11 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       wm.close();
       throw e;
     }
+  }
+
+  /** Whether a checkpoint is loaded. */
+  public boolean isLoaded() {
+    return w != null;
   }
 
   public LlamaConfig config() {
@@ -379,18 +401,20 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     }
     int[] tokens = t.getDataType() == DataType.INT32 ? t.toIntArray()
         : java.util.Arrays.stream(t.toLongArray()).mapToInt(Math::toIntExact).toArray();
-    int chunkLen = DEFAULT_CHUNK_LEN;
+    int chunkLen = blockChunkLen;
     if (params != null && params.get(CHUNK_LEN) != null) {
       chunkLen = (Integer) params.get(CHUNK_LEN);
     }
     DocumentScore sc = score(tokens, chunkLen, true);
-    return new NDList(t.getManager().create(sc.logprobs()));
+    NDManager out = t.getManager();
+    // The sum travels as float64 so that callers get the same double as score() gives.
+    return new NDList(out.create(sc.logprobs()), out.create(new double[] {sc.sumLogprob()}));
   }
 
   @Override
   public Shape[] getOutputShapes(Shape[] inputShapes) {
     long n = inputShapes[0].get(0);
-    return new Shape[] {new Shape(Math.max(0, n - 1))};
+    return new Shape[] {new Shape(Math.max(0, n - 1)), new Shape(1)};
   }
 
   @Override
