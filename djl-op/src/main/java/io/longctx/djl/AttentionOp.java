@@ -470,7 +470,11 @@ public final class AttentionOp {
   }
 
   static void checkType(NDArray a, String name) {
-    DataType t = a.getDataType();
+    checkType(a.getDataType(), a.getManager().getEngine().getEngineName(), name);
+  }
+
+  /** The dtype and engine rule alone (a bfloat16 NDArray cannot even be made in DJL 0.35.1 without a crash). */
+  static void checkType(DataType t, String engine, String name) {
     if (t == DataType.BFLOAT16) {
       throw new IllegalArgumentException(name + " is bfloat16, which DJL 0.35.1 cannot read safely (it crashes the "
           + "JVM): convert to float16 or float32 first");
@@ -478,9 +482,8 @@ public final class AttentionOp {
     if (t != DataType.FLOAT32 && t != DataType.FLOAT16) {
       throw new IllegalArgumentException(name + " must be float32 or float16, got " + t);
     }
-    if (!"PyTorch".equals(a.getManager().getEngine().getEngineName())) {
-      throw new IllegalArgumentException(name + " must be a PyTorch-engine NDArray, got engine "
-          + a.getManager().getEngine().getEngineName());
+    if (!"PyTorch".equals(engine)) {
+      throw new IllegalArgumentException(name + " must be a PyTorch-engine NDArray, got engine " + engine);
     }
   }
 

@@ -267,7 +267,10 @@ class AttentionOpTest {
       assertMessage(() -> OP.forward(q.toType(DataType.FLOAT64, false), k, k, opt), "float32 or float16");
       assertMessage(() -> OP.forward(q, k.toType(DataType.INT32, false), k, opt), "float32 or float16");
       assertMessage(() -> OP.forward(q, k, k, new long[3], null, opt, Layout.BHTD, Path.AUTO), "qPos");
-      // bfloat16: checked from the dtype alone, never read (reading crashes DJL 0.35.1).
+      // bfloat16: rejected from the dtype alone. The rule is tested without an array: making a bfloat16
+      // NDArray (toType) crashes the JVM in DJL 0.35.1 (tried: the surefire fork died with exit 134).
+      assertMessage(() -> AttentionOp.checkType(DataType.BFLOAT16, "PyTorch", "q"), "q is bfloat16");
+      assertMessage(() -> AttentionOp.checkType(DataType.FLOAT32, "MXNet", "k"), "PyTorch-engine");
       assertMessage(() -> OP.merge(List.of(), Layout.BHTD), "at least one");
       NDArray nanLse = m.create(new float[] {Float.NaN, 0, 0, 0}, new Shape(1, 4, 1));
       NDArray o = m.zeros(new Shape(1, 4, 1, 32));

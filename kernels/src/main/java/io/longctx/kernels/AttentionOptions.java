@@ -55,11 +55,63 @@ public record AttentionOptions(double scale, float softcap, boolean causal, long
     return causal || window > 0;
   }
 
+  // The visibility rule, in one place for the kernels, the Spark planner and the key counts. Positions
+  // may be any long: a window is compared with the exact distance q - k (0 <= q - k < 2^64 when k <= q,
+  // held as an unsigned long), never with q - window, which overflows near Long.MIN_VALUE.
+
   /** Whether a query at {@code qPos} sees a key at {@code kPos}. */
   public boolean visible(long qPos, long kPos) {
-    if ((causal || window > 0) && kPos > qPos) {
-      return false;
+    return !masked() || (kPos <= qPos && withinWindow(qPos, kPos));
+  }
+
+  /**
+   * Whether some query with position in [qMin, qMax] may see some key with position in [kMin, kMax]
+   * (both ranges non-empty). False means the pair can be skipped.
+   */
+  public boolean anyVisible(long qMin, long qMax, long kMin, long kMax) {
+    if (!masked()) {
+      return true;
     }
-    return window <= 0 || kPos > qPos - window;
+    if (kMin > qMax) {
+      return false; // every key after every query
+    }
+    return kMax >= qMin || withinWindow(qMin, kMax); // overlapping ranges hold a pair at distance 0
+  }
+
+  /** Whether every query in [qMin, qMax] sees every key in [kMin, kMax]: no mask work needed. */
+  public boolean allVisible(long qMin, long qMax, long kMin, long kMax) {
+    return !masked() || (kMax <= qMin && withinWindow(qMax, kMin));
+  }
+
+  /**
+   * How many keys of {@code sortedKPos} (ascending) a query at {@code qPos} sees: the keys in
+   * (qPos - window, qPos] (causal: (-inf, qPos]; unmasked: all).
+   */
+  public int visibleCount(long[] sortedKPos, long qPos) {
+    if (!masked()) {
+      return sortedKPos.length;
+    }
+    int hi = countAtMost(sortedKPos, qPos);
+    // keys with pos <= qPos - window; none when that bound is below Long.MIN_VALUE
+    int lo = window > 0 && qPos >= Long.MIN_VALUE + window ? countAtMost(sortedKPos, qPos - window) : 0;
+    return Math.max(0, hi - lo);
+  }
+
+  /** For k <= q: whether q - k < window (always true without a window). */
+  private boolean withinWindow(long q, long k) {
+    return window <= 0 || Long.compareUnsigned(q - k, window) < 0;
+  }
+
+  private static int countAtMost(long[] a, long x) {
+    int lo = 0, hi = a.length;
+    while (lo < hi) {
+      int m = (lo + hi) >>> 1;
+      if (a[m] <= x) {
+        lo = m + 1;
+      } else {
+        hi = m;
+      }
+    }
+    return lo;
   }
 }

@@ -130,9 +130,11 @@ final class TileWorker {
       }
       int kOff = kvBase + jt * d;
       TileMath.scores(p.k.data(), kOff, d, n, d, qt, blockQ, s, blockQ, lanes);
-      scaleScores(p.qScale, n, lanes);
+      boolean negInf = scaleScores(p.qScale, n, lanes);
       if (p.softcap > 0) {
-        softcap(p.softcap, n, lanes);
+        softcap(p.softcap, n, lanes); // caps an overflowed score at -cap: exact, no error
+      } else if (negInf) {
+        rejectNegativeInfinity(p, n, jt); // before the mask writes -inf of its own
       }
       if (vis == Visibility.PARTIAL) {
         mask(p, n, jt);
@@ -157,26 +159,44 @@ final class TileWorker {
       kMin = Math.min(kMin, kPos[j]);
       kMax = Math.max(kMax, kPos[j]);
     }
-    long w = opt.window();
-    if (kMin > rowPosMax || (w > 0 && kMax <= rowPosMin - w)) {
+    if (!opt.anyVisible(rowPosMin, rowPosMax, kMin, kMax)) {
       return Visibility.NONE;
     }
-    if (kMax <= rowPosMin && (w <= 0 || kMin > rowPosMax - w)) {
-      return Visibility.ALL;
-    }
-    return Visibility.PARTIAL;
+    return opt.allVisible(rowPosMin, rowPosMax, kMin, kMax) ? Visibility.ALL : Visibility.PARTIAL;
   }
 
-  /** score = q.k * qScale: the attention scale (divided by the softcap when capping). */
-  private void scaleScores(float qScale, int n, int lanes) {
-    if (qScale == 1f) {
-      return;
-    }
+  /**
+   * score = q.k * qScale: the attention scale (divided by the softcap when capping). Returns whether
+   * a score is -inf, which only a q.k that overflowed float32 gives here (a +inf or NaN shows in the
+   * softmax sum); the check rides on the pass, a compare per score against the dim FMAs of its dot product.
+   */
+  private boolean scaleScores(float qScale, int n, int lanes) {
+    FloatVector negInf = FloatVector.broadcast(SPECIES, Float.NEGATIVE_INFINITY);
+    VectorMask<Float> seen = SPECIES.maskAll(false);
     for (int c = 0; c < lanes; c += VL) {
       for (int j = 0, at = c; j < n; j++, at += blockQ) {
-        FloatVector.fromArray(SPECIES, s, at).mul(qScale).intoArray(s, at);
+        FloatVector x = FloatVector.fromArray(SPECIES, s, at).mul(qScale); // x * 1 is x: same bits as unscaled
+        x.intoArray(s, at);
+        seen = seen.or(x.eq(negInf));
       }
     }
+    return seen.anyTrue();
+  }
+
+  /** Throws for the first visible (query, key) pair of the tile whose score is -inf. */
+  private void rejectNegativeInfinity(CpuAttention.Problem p, int n, int jt) {
+    for (int j = 0; j < n; j++) {
+      for (int i = 0; i < rows; i++) {
+        if (s[j * blockQ + i] == Float.NEGATIVE_INFINITY && p.opt.visible(rowPos[i], p.kPos[jt + j])) {
+          throw nonFiniteAt(p, i, jt + j, Float.NEGATIVE_INFINITY);
+        }
+      }
+    }
+  }
+
+  private NonFiniteScoreException nonFiniteAt(CpuAttention.Problem p, int lane, int key, float score) {
+    int row = rowOut[lane] / p.heads, h = rowOut[lane] % p.heads;
+    return new NonFiniteScoreException(row / p.tq, h, row % p.tq, rowPos[lane], key, p.kPos[key], score);
   }
 
   /** score = cap * tanh(score / cap); the 1/cap is already folded into the score scale. */
@@ -196,10 +216,7 @@ final class TileWorker {
     for (int j = 0; j < n; j++) {
       for (int i = 0; i < rows; i++) {
         if (!Float.isFinite(s[j * blockQ + i])) {
-          int row = rowOut[i] / p.heads, h = rowOut[i] % p.heads;
-          return new IllegalArgumentException("non-finite attention score at batch " + row / p.tq + ", head " + h
-              + ", query token " + row % p.tq + " (position " + rowPos[i] + "), key token " + (jt + j)
-              + " (position " + p.kPos[jt + j] + "): q or k holds NaN, Infinity or values too large for float32");
+          return nonFiniteAt(p, i, jt + j, s[j * blockQ + i]);
         }
       }
     }

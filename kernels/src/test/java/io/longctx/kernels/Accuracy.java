@@ -7,9 +7,10 @@ final class Accuracy {
 
   private Accuracy() {}
 
-  /** Fresh seed for a test run; print it in failures. */
+  /** Fresh seed for a test run (print it in failures); {@code -Dlongctx.seed=S} replays one. */
   static long seed() {
-    return System.nanoTime() ^ Thread.currentThread().getId() * 0x9E3779B97F4A7C15L;
+    Long fixed = Long.getLong("longctx.seed");
+    return fixed != null ? fixed : System.nanoTime() ^ Thread.currentThread().getId() * 0x9E3779B97F4A7C15L;
   }
 
   static Tensor random(SplittableRandom rng, int b, int h, int t, int d, double amplitude) {

@@ -1,5 +1,6 @@
 package io.longctx.kernels;
 
+import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -67,5 +68,42 @@ class BadInputTest {
       assertNull(Accuracy.check(s, ReferenceAttention.compute(q, k, v, null, null, AttentionOptions.DEFAULT),
           ReferenceAttention.computeFloat32(q, k, v, null, null, AttentionOptions.DEFAULT)));
     }
+  }
+
+  /**
+   * A finite q and k whose q.k overflows float32 to -Infinity is bad input, named by position, on a
+   * visible pair; invisible pairs (masked) and softcapped scores (capped exactly at -cap) are not.
+   */
+  @Test
+  void scoreOverflowingToMinusInfinityIsNamed() {
+    Tensor q = Accuracy.random(rng, 1, 2, 5, 32, 1);
+    Tensor k = Accuracy.random(rng, 1, 1, 70, 32, 1);
+    Tensor v = Accuracy.random(rng, 1, 1, 70, 32, 1);
+    long[] pos = new long[70];
+    for (int i = 0; i < pos.length; i++) {
+      pos[i] = Long.MIN_VALUE + 3 * i; // and at the bottom of the long range
+    }
+    long[] qPos = {pos[10], pos[20], pos[30], pos[40], pos[50]};
+    for (int c = 0; c < 32; c++) {
+      q.data()[q.offset(0, 1, 2) + c] = 3e19f;
+      k.data()[k.offset(0, 0, 25) + c] = -3e19f; // q.k = -2.9e40: -Infinity in float32
+    }
+    AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
+    NonFiniteScoreException e = assertThrows(NonFiniteScoreException.class,
+        () -> cpu.forward(q, k, v, qPos, pos, causal));
+    assertTrue(e.getMessage().contains("overflows float32"), e.getMessage());
+    assertEquals(1, e.head);
+    assertEquals(2, e.queryToken);
+    assertEquals(25, e.keyToken);
+    assertEquals(pos[25], e.keyPos);
+    assertEquals(Float.NEGATIVE_INFINITY, e.score);
+    assertThrows(NonFiniteScoreException.class, () -> cpu.decode(q, k, v, qPos, pos, causal, 16));
+    // The same key is invisible to that query under a window of 5 positions (keys 26..30): no error.
+    AttentionOptions window = causal.withWindow(15);
+    AttentionState s = cpu.forward(q, k, v, qPos, pos, window);
+    assertTrue(Float.isFinite(s.lse(2, 1)), "lse " + s.lse(2, 1));
+    // Softcapped: the overflowed score is capped at -cap, which is the exact capped value.
+    AttentionState capped = cpu.forward(q, k, v, qPos, pos, causal.withSoftcap(20f));
+    assertTrue(Float.isFinite(capped.lse(2, 1)));
   }
 }

@@ -2,13 +2,15 @@ package io.longctx.spark;
 
 import static org.apache.spark.sql.functions.col;
 
+import java.io.IOException;
 import java.io.Serializable;
+import java.util.Map;
 import java.util.SplittableRandom;
+import org.apache.hadoop.conf.Configuration;
 import org.apache.spark.api.java.function.MapFunction;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
-import org.apache.spark.sql.SaveMode;
 import org.apache.spark.sql.SparkSession;
 
 /**
@@ -86,7 +88,7 @@ public final class Generator implements Serializable {
     return t;
   }
 
-  public void write(SparkSession spark, String dir, boolean overwrite) {
+  public void write(SparkSession spark, String dir, boolean overwrite) throws IOException {
     long[] starts = new long[docs + 1];
     for (int i = 0; i < docs; i++) {
       starts[i + 1] = starts[i] + docLength(i);
@@ -103,14 +105,18 @@ public final class Generator implements Serializable {
     Dataset<Row> keyRows = prefill
         ? keys.select(col("docId").as("doc_id"), col("pos"), col("k"), col("v"), col("q"))
         : keys.select(col("docId").as("doc_id"), col("pos"), col("k"), col("v"));
-    SaveMode mode = overwrite ? SaveMode.Overwrite : SaveMode.ErrorIfExists;
-    keyRows.write().mode(mode).format(format).save(dir + "/" + keysName());
-    if (queriesPerDoc > 0) {
+    // Both outputs are checked before either is written, and each is committed like score's OUT.
+    Configuration hconf = spark.sparkContext().hadoopConfiguration();
+    OutputCommit keysOut = OutputCommit.prepare(hconf, dir + "/" + keysName(), overwrite, "gen", Map.of());
+    OutputCommit queriesOut = queriesPerDoc > 0
+        ? OutputCommit.prepare(hconf, dir + "/" + queriesName(), overwrite, "gen", Map.of()) : null;
+    keysOut.write(spark, keyRows.write().format(format));
+    if (queriesOut != null) {
       int q = queriesPerDoc;
       Dataset<Row> queries = spark.range(0, (long) docs * q, 1, Math.max(1, Math.min(parts, docs)))
           .map((MapFunction<Long, Token>) id -> g.query((int) (id / q), (int) (id % q)), Encoders.bean(Token.class))
           .select(col("queryId").as("query_id"), col("docId").as("doc_id"), col("q"), col("pos"));
-      queries.write().mode(mode).format(format).save(dir + "/" + queriesName());
+      queriesOut.write(spark, queries.write().format(format));
     }
   }
 }

@@ -35,13 +35,15 @@ public final class LongctxMain {
       Output OUT (same format): decode: query_id, doc_id, o, lse, n_keys; prefill: doc_id, pos, o, lse,
       n_keys. o array<float> (heads*dim), lse array<float> (heads, natural log; -Infinity and o = 0
       where no key was visible), n_keys long (keys attended). Written to a hidden sibling directory
-      and renamed to OUT at the end: after a failure there is no OUT.
+      and renamed to OUT at the end: after a failure OUT is absent or, with --overwrite, the previous
+      output, unchanged. OUT may not be, contain or sit inside KEYS or QUERIES.
 
       Options:
         --keys PATH           key tokens (required)
         --queries PATH        queries (decode mode, required there)
         --output PATH         output directory (required; must not exist unless --overwrite)
-        --overwrite           replace an existing OUT
+        --overwrite           replace OUT if it is a previous longctx output (its _LONGCTX marker and
+                              only the files longctx writes); anything else is refused, never deleted
         --format F            parquet | json, input and output (default: from the KEYS extension
                               .json/.jsonl/.ndjson -> json, else parquet)
         --mode M              decode (default): QUERIES against documents; prefill: every KEYS token
@@ -52,8 +54,10 @@ public final class LongctxMain {
         --scale S             score scale (default 1/sqrt(dim))
         --softcap C           score = C*tanh(score/C) (default 0: off)
         --causal              a query with pos p attends keys with pos <= p
-        --window W            a query with pos p attends keys with pos in (p-W, p] (implies the causal bound)
-                              Queries without pos always attend the whole document.
+        --window W            a query with pos p attends keys with pos in (p-W, p] (implies the causal
+                              bound); W is 1..2^63-1, any size is exact; 0 (default) means no window
+                              Query positions matter only with --causal or --window: without either,
+                              or for a query without pos, a query attends the whole document.
         --chunk-len N         keys per chunk, by position: chunk c = pos in [c*N, (c+1)*N) (default 4096)
         --query-block N       decode queries of one document computed together (default 64)
         --partitions N        Spark shuffle partitions (default: spark.sql.shuffle.partitions)
@@ -188,7 +192,7 @@ public final class LongctxMain {
     }
   }
 
-  static int gen(String[] argv, PrintStream out, PrintStream err) {
+  static int gen(String[] argv, PrintStream out, PrintStream err) throws java.io.IOException {
     Args a = Args.parse(argv, List.of("--docs", "--tokens", "--min-tokens", "--heads", "--kv-heads", "--dim",
         "--queries-per-doc", "--seed", "--format", "--partitions", "--output"), List.of("--prefill", "--overwrite"));
     if (a.help) {

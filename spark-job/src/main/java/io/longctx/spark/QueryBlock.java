@@ -6,8 +6,8 @@ import java.io.Serializable;
  * Up to a block of queries of one document, computed together against each visible chunk:
  * q as [heads, Tq, dim], their positions and ids (ids null in prefill mode, where the rows are the
  * document's own tokens). {@code hasPos} false: the queries carry no position and attend the whole
- * document (no mask). {@code chunk} is set when the block is paired with a chunk (-1: no chunk
- * visible, the block yields empty states).
+ * document (no mask). {@code chunk} is the key chunk the block is paired with (decode); a block
+ * that sees no chunk is never paired.
  */
 public class QueryBlock implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -17,7 +17,7 @@ public class QueryBlock implements Serializable {
   private String[] ids;
   private long[] qPos;
   private float[] q;
-  private long chunk = -1;
+  private long chunk;
 
   public QueryBlock() {}
 

@@ -6,6 +6,7 @@ import static org.apache.spark.sql.functions.lit;
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.AttentionState;
 import io.longctx.kernels.CpuAttention;
+import io.longctx.kernels.NonFiniteScoreException;
 import io.longctx.kernels.Tensor;
 import java.io.IOException;
 import java.io.Serializable;
@@ -139,16 +140,14 @@ public final class ScoreJob {
     final AttnSpec spec = new AttnSpec(attn);
     Configuration hconf = spark.sparkContext().hadoopConfiguration();
 
-    Path out = new Path(opt.output);
-    FileSystem fs = out.getFileSystem(hconf);
-    out = fs.makeQualified(out);
-    if (fs.exists(out) && !opt.overwrite) {
-      throw new InputError("output " + out + " exists: refusing to overwrite it (pass --overwrite to replace it)");
-    }
-    requireExists(fs, hconf, opt.keys, "KEYS");
+    requireExists(hconf, opt.keys, "KEYS");
     if (!prefill) {
-      requireExists(fs, hconf, opt.queries, "QUERIES");
+      requireExists(hconf, opt.queries, "QUERIES");
     }
+    Map<String, String> inputs = new java.util.LinkedHashMap<>();
+    inputs.put("KEYS", opt.keys);
+    inputs.put("QUERIES", opt.queries);
+    OutputCommit commit = OutputCommit.prepare(hconf, opt.output, opt.overwrite, "score", inputs);
 
     Dataset<Token> keyRows = read(spark, fmt, opt.keys, true, prefill);
     Dataset<Token> queryRows = prefill ? null : read(spark, fmt, opt.queries, false, true);
@@ -161,7 +160,7 @@ public final class ScoreJob {
     Dataset<Token> validKeys = keyRows.map((MapFunction<Token, Token>) t -> validateKey(t, sh, prefill),
         Encoders.bean(Token.class));
     Dataset<Chunk> chunks = validKeys
-        .groupByKey((MapFunction<Token, String>) t -> t.getDocId() + '\u0000' + Math.floorDiv(t.getPos(), chunkLen),
+        .groupByKey((MapFunction<Token, String>) t -> t.getDocId() + '\u0000' + Chunking.index(t.getPos(), chunkLen),
             Encoders.STRING())
         .mapGroups((MapGroupsFunction<String, Token, Chunk>) (key, it) -> buildChunk(it, sh, chunkLen, prefill, keysPath),
             Encoders.bean(Chunk.class));
@@ -253,12 +252,9 @@ public final class ScoreJob {
         // Decode: few query blocks, many chunks: each chunk receives the (small) query blocks that see it.
         Dataset<QueryBlock> pairs = blocks.flatMap((FlatMapFunction<QueryBlock, QueryBlock>) b -> {
           long[] cs = planB.value().get(b.getDocId() + '\u0000' + b.getBlock());
-          List<QueryBlock> r = new ArrayList<>(Math.max(1, cs.length));
+          List<QueryBlock> r = new ArrayList<>(cs.length);
           for (long c : cs) {
             r.add(b.withChunk(c));
-          }
-          if (r.isEmpty()) {
-            r.add(b.withChunk(-1)); // no visible chunk: the block still yields (empty) states
           }
           return r.iterator();
         }, Encoders.bean(QueryBlock.class));
@@ -276,30 +272,25 @@ public final class ScoreJob {
             .agg(lseMerge.apply(col("chunk"), col("keyCount"), col("lse"), col("o")).as("m"))
             .select(col("queryId").as("query_id"), col("docId").as("doc_id"), col("m.o").as("o"),
                 col("m.lse").as("lse"), col("m.keyCount").as("n_keys"));
+        // Blocks that see no chunk at all (every key after them) pair with nothing: their queries' states
+        // are the empty state (0, -inf), written as they are, with no chunk-index sentinel.
+        Dataset<Row> unseen = blocks
+            .filter((org.apache.spark.api.java.function.FilterFunction<QueryBlock>) b ->
+                planB.value().get(b.getDocId() + '\u0000' + b.getBlock()).length == 0)
+            .flatMap((FlatMapFunction<QueryBlock, Partial>) b -> rows(b, AttentionState.empty(b.getQPos().length,
+                sh.heads(), sh.dim()), t -> 0), Encoders.bean(Partial.class))
+            .toDF()
+            .select(col("queryId").as("query_id"), col("docId").as("doc_id"), col("o"), col("lse"),
+                col("keyCount").as("n_keys"));
+        result = result.union(unseen);
       }
 
-      Path tmp = new Path(out.getParent(), "." + out.getName() + "-tmp-" + UUID.randomUUID());
-      try {
-        // Dictionary encoding is wasted on o/lse (float arrays with hardly a repeated value): the
-        // writer builds a hash map per page, then falls back to plain (a few percent of the job's CPU in a JFR profile).
-        result.write().format(fmt).option("parquet.enable.dictionary", "false").save(tmp.toString());
-        if (fs.exists(out)) {
-          if (!opt.overwrite) {
-            throw new InputError("output " + out + " appeared while the job ran: not overwriting it");
-          }
-          fs.delete(out, true);
-        }
-        if (!fs.rename(tmp, out)) {
-          throw new IOException("could not rename " + tmp + " to " + out);
-        }
-      } finally {
-        if (fs.exists(tmp)) {
-          fs.delete(tmp, true);
-        }
-      }
+      // Dictionary encoding is wasted on o/lse (float arrays with hardly a repeated value): the
+      // writer builds a hash map per page, then falls back to plain (a few percent of the job's CPU in a JFR profile).
+      commit.write(spark, result.write().format(fmt).option("parquet.enable.dictionary", "false"));
       double wall = (System.nanoTime() - t0) / 1e9;
       return new Summary(chunksByDoc.size(), tokens, queries, chunkMeta.size(), computed, skipped, BACKEND, wall,
-          out.toString());
+          commit.output().toString());
     } finally {
       if (!prefill) {
         blocks.unpersist();
@@ -307,7 +298,7 @@ public final class ScoreJob {
     }
   }
 
-  private static void requireExists(FileSystem fs, Configuration hconf, String path, String what) throws IOException {
+  private static void requireExists(Configuration hconf, String path, String what) throws IOException {
     Path p = new Path(path);
     FileSystem pfs = p.getFileSystem(hconf);
     if (!path.contains("*") && !pfs.exists(p)) {
@@ -512,15 +503,16 @@ public final class ScoreJob {
     String where = " (first rows: KEYS " + k0.getFile() + " doc '" + k0.getDocId() + "' pos " + k0.getPos() + ", "
         + (prefill ? "" : "QUERIES " + q0.getFile() + " query '" + q0.getQueryId() + "', ") + "k " + kLen + " floats, q "
         + qLen + " floats)";
-    if (heads < 1 || kvHeads < 1 || heads * dim != qLen || kvHeads * dim != kLen) {
+    if (dim > CpuAttention.MAX_DIM) {
+      throw new InputError("head dim " + dim + " is above the kernels' maximum " + CpuAttention.MAX_DIM + where);
+    }
+    // long products: --heads and --dim are any ints, and an int product can wrap onto the array length
+    if (heads < 1 || kvHeads < 1 || (long) heads * dim != qLen || (long) kvHeads * dim != kLen) {
       throw new InputError("shape heads=" + heads + " kv-heads=" + kvHeads + " dim=" + dim
           + " does not match the data: q needs heads*dim floats, k and v kv-heads*dim" + where);
     }
     if (heads % kvHeads != 0) {
       throw new InputError("heads (" + heads + ") must be a multiple of kv-heads (" + kvHeads + ")" + where);
-    }
-    if (dim > CpuAttention.MAX_DIM) {
-      throw new InputError("head dim " + dim + " is above the kernels' maximum " + CpuAttention.MAX_DIM + where);
     }
     return new Shape(heads, kvHeads, dim);
   }
@@ -611,7 +603,7 @@ public final class ScoreJob {
     }
     Chunk c = new Chunk();
     c.setDocId(toks.get(0).getDocId());
-    c.setChunk(Math.floorDiv(pos[0], chunkLen));
+    c.setChunk(Chunking.index(pos[0], chunkLen));
     c.setKPos(pos);
     c.setK(k);
     c.setV(v);
@@ -684,7 +676,7 @@ public final class ScoreJob {
     Column pos = col("pos");
     return keys.toDF()
         .where(col("docId").isNotNull().and(pos.isNotNull()))
-        .groupBy(col("docId"), functions.expr("(pos - pmod(pos, " + chunkLen + "L)) div " + chunkLen + "L").as("index"))
+        .groupBy(col("docId"), Chunking.indexColumn("pos", chunkLen).as("index"))
         .agg(functions.min(pos).as("min"), functions.max(pos).as("max"), functions.count(lit(1)).as("count"))
         .select(col("docId"), col("index"), col("min"), col("max"), col("count"), lit(true).as("hasPos"),
             lit(null).cast("string").as("sample"))
@@ -707,13 +699,7 @@ public final class ScoreJob {
 
   /** Whether any query of the block may see any key of the chunk (by position ranges). */
   static boolean pairVisible(RangeMeta block, RangeMeta chunk, AttentionOptions attn) {
-    if (!block.getHasPos() || !attn.masked()) {
-      return true;
-    }
-    if (chunk.getMin() > block.getMax()) {
-      return false; // every key is after every query
-    }
-    return attn.window() <= 0 || chunk.getMax() > block.getMin() - attn.window();
+    return !block.getHasPos() || attn.anyVisible(block.getMin(), block.getMax(), chunk.getMin(), chunk.getMax());
   }
 
   // ---------------------------------------------------------------- the kernel on one pair
@@ -733,7 +719,12 @@ public final class ScoreJob {
       @Override
       public boolean hasNext() {
         while (!current.hasNext() && blocks.hasNext()) {
-          current = pairRows(blocks.next(), c, s, attn);
+          QueryBlock b = blocks.next();
+          if (c == null) { // the plan pairs blocks only with chunks that exist: a lost chunk is a bug, not empty
+            throw new IllegalStateException("query block " + b.getBlock() + " of doc '" + b.getDocId()
+                + "': the planned key chunk " + b.getChunk() + " did not arrive");
+          }
+          current = pairRows(b, c, s, attn);
         }
         return current.hasNext();
       }
@@ -785,12 +776,10 @@ public final class ScoreJob {
                 + c.getChunk() + " arrived where the plan has " + (i < visible.length ? "chunk " + visible[i] : "none"));
           }
           i++;
-          int tk = c.getKPos().length;
           for (int t = 0; t < n; t++) {
-            keys[t] += visibleKeys(c.getKPos(), b.getQPos()[t], attn);
+            keys[t] += attn.visibleCount(c.getKPos(), b.getQPos()[t]);
           }
-          return CpuAttention.DEFAULT.forward(new Tensor(b.getQ(), 1, h, n, d), new Tensor(c.getK(), 1, s.kvHeads(), tk, d),
-              new Tensor(c.getV(), 1, s.kvHeads(), tk, d), b.getQPos(), c.getKPos(), attn);
+          return kernel(b, c, s, attn);
         }
       };
       st = AttentionState.mergeAll(visible.length, states);
@@ -802,18 +791,27 @@ public final class ScoreJob {
     return rows(b, st, t -> keys[t]);
   }
 
-  /** One pair's partial states, a row per query (chunk c null: no visible chunk, empty states). */
+  /** One pair's partial states, a row per query. */
   private static Iterator<Partial> pairRows(QueryBlock b, Chunk c, Shape s, AttentionOptions attn) {
-    int n = b.getQPos().length, h = s.heads(), d = s.dim();
     AttentionOptions o = b.getHasPos() ? attn : attn.withCausal(false).withWindow(0);
-    if (c == null) {
-      return rows(b, AttentionState.empty(n, h, d), t -> 0);
+    AttentionState st = kernel(b, c, s, o);
+    return rows(b, st, t -> o.visibleCount(c.getKPos(), b.getQPos()[t]));
+  }
+
+  /** The kernel on one (block, chunk) pair; a non-finite score is bad input named by document and query. */
+  private static AttentionState kernel(QueryBlock b, Chunk c, Shape s, AttentionOptions o) {
+    int n = b.getQPos().length, tk = c.getKPos().length, d = s.dim();
+    try {
+      return CpuAttention.DEFAULT.forward(new Tensor(b.getQ(), 1, s.heads(), n, d),
+          new Tensor(c.getK(), 1, s.kvHeads(), tk, d), new Tensor(c.getV(), 1, s.kvHeads(), tk, d), b.getQPos(),
+          c.getKPos(), o);
+    } catch (NonFiniteScoreException e) {
+      String query = b.getIds() != null ? "query '" + b.getIds()[e.queryToken] + "'"
+          + (b.getHasPos() ? " (pos " + e.queryPos + ")" : "") : "the token at pos " + e.queryPos;
+      throw new InputError("doc '" + b.getDocId() + "', " + query + ", head " + e.head + ", against the key at pos "
+          + e.keyPos + ": the attention score is " + e.score + " in float32 (q.k overflows: q and k hold values too "
+          + "large for float32 attention)");
     }
-    int tk = c.getKPos().length;
-    AttentionState st = CpuAttention.DEFAULT.forward(new Tensor(b.getQ(), 1, h, n, d),
-        new Tensor(c.getK(), 1, s.kvHeads(), tk, d), new Tensor(c.getV(), 1, s.kvHeads(), tk, d), b.getQPos(),
-        c.getKPos(), o);
-    return rows(b, st, t -> visibleKeys(c.getKPos(), b.getQPos()[t], o));
   }
 
   /** The block's state as one row per query: its identity, the keys it attended, its lse and o. */
@@ -834,26 +832,4 @@ public final class ScoreJob {
   }
 
 
-  /** Keys of the sorted position list that a query at qPos sees. */
-  static long visibleKeys(long[] kPos, long qPos, AttentionOptions o) {
-    if (!o.masked()) {
-      return kPos.length;
-    }
-    int hi = upperBound(kPos, qPos); // keys with pos <= qPos
-    int lo = o.window() > 0 ? upperBound(kPos, qPos - o.window()) : 0; // keys with pos <= qPos - window
-    return Math.max(0, hi - lo);
-  }
-
-  private static int upperBound(long[] a, long x) {
-    int lo = 0, hi = a.length;
-    while (lo < hi) {
-      int m = (lo + hi) >>> 1;
-      if (a[m] <= x) {
-        lo = m + 1;
-      } else {
-        hi = m;
-      }
-    }
-    return lo;
-  }
 }

@@ -11,19 +11,24 @@ import org.apache.spark.SparkConf;
 import org.apache.spark.sql.SparkSession;
 
 /**
- * Builds the SparkSession. Precedence, lowest first: built-in defaults (loopback binding, console
- * progress bar), the file named by system property {@code longctx.conf} or env {@code LONGCTX_CONF}
+ * Builds the SparkSession. Precedence, lowest first: built-in defaults (console progress bar), the file named by system property {@code longctx.conf} or env {@code LONGCTX_CONF}
  * (spark-defaults.conf syntax; bin/longctx passes conf/spark-defaults.conf), Spark properties
  * already set (SparkSubmit's --conf), then --master / --conf on the command line.
- * Master: --master, else spark.master if set (SparkSubmit), else local[*].
+ * Master: --master, else spark.master if set (SparkSubmit), else local[*]. With a local master
+ * (and only then) the driver binds to and advertises 127.0.0.1 unless a setting says otherwise.
  */
 public final class Sessions {
   private Sessions() {}
 
   public static SparkSession create(String appName, String master, List<String> confs) {
+    SparkSession.Builder b = SparkSession.builder().appName(appName);
+    settings(master, confs).forEach(b::config);
+    return b.getOrCreate();
+  }
+
+  /** The session's properties in precedence order (see the class comment). */
+  static Map<String, String> settings(String master, List<String> confs) {
     Map<String, String> conf = new LinkedHashMap<>();
-    conf.put("spark.driver.host", "127.0.0.1");
-    conf.put("spark.driver.bindAddress", "127.0.0.1");
     conf.put("spark.ui.showConsoleProgress", "true");
     String file = System.getProperty("longctx.conf", System.getenv("LONGCTX_CONF"));
     if (file != null && !file.isEmpty()) {
@@ -41,9 +46,18 @@ public final class Sessions {
       conf.put("spark.master", master);
     }
     conf.putIfAbsent("spark.master", "local[*]");
-    SparkSession.Builder b = SparkSession.builder().appName(appName);
-    conf.forEach(b::config);
-    return b.getOrCreate();
+    if (isLocal(conf.get("spark.master"))) {
+      // Everything runs on this machine: stay on loopback. On a cluster the executors must reach the driver
+      // at an address of the caller's choosing (spark.driver.host), so nothing is pinned there.
+      conf.putIfAbsent("spark.driver.host", "127.0.0.1");
+      conf.putIfAbsent("spark.driver.bindAddress", "127.0.0.1");
+    }
+    return conf;
+  }
+
+  /** local, local[N], local[*], local[N,F], local-cluster[...]: every JVM on this machine. */
+  static boolean isLocal(String master) {
+    return master.equals("local") || master.startsWith("local[") || master.startsWith("local-cluster[");
   }
 
   /** spark-defaults.conf syntax: "key value" or "key=value" per line, # comments. */

@@ -168,6 +168,53 @@ class BadInputTest {
     assertTrue(out.toString().contains("--chunk-len") && out.toString().contains("--queries-per-doc"));
   }
 
+  /**
+   * Finite q and k whose score overflows float32 are bad input found inside a task: exit 2 naming the
+   * document, the query (or token) and the key's position, in decode (-Infinity) and prefill (+Infinity).
+   */
+  @Test
+  void scoresThatOverflowFloat32AreBadInputNamedByPlace() throws Exception {
+    TestData d = good();
+    float[] big = new float[16], neg = new float[8], pos = new float[8];
+    java.util.Arrays.fill(big, 3e19f);
+    java.util.Arrays.fill(neg, -3e19f);
+    java.util.Arrays.fill(pos, 3e19f);
+    d.queries.set(0, new TestData.Query("q1", "alpha", 10L, big));
+    fails(keysWith(d, "alpha", 5, "k", TestData.boxed(neg), false), d.writeQueries(spark, tmp, "parquet"), "doc 'alpha'",
+        "query 'q1' (pos 10)", "key at pos 5", "-Infinity", "overflows");
+    Path twice = tmp.resolve("prefill");
+    TestData p = good();
+    List<Row> rows = new ArrayList<>();
+    for (Row r : p.keyRows(true)) {
+      Object[] x = new Object[r.length()];
+      for (int i = 0; i < x.length; i++) {
+        x[i] = r.get(i);
+      }
+      if (r.getString(0).equals("alpha") && r.getLong(1) == 4) {
+        x[2] = TestData.boxed(pos); // k at pos 4
+      }
+      if (r.getString(0).equals("alpha") && r.getLong(1) == 7) {
+        x[4] = TestData.boxed(big); // q at pos 7
+      }
+      rows.add(RowFactory.create(x));
+    }
+    TestData.write(spark, rows, TestData.keysSchema(true), "parquet", twice, 2);
+    fails(twice, null, "doc 'alpha'", "the token at pos 7", "key at pos 4", "overflows");
+  }
+
+  /** --heads * --dim is checked in long arithmetic: 536870914 * 8 wraps to 16 in an int. */
+  @Test
+  void shapeArithmeticDoesNotWrap() throws Exception {
+    TestData d = good();
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    int rc = LongctxMain.run(new String[] {"score", "--keys", d.writeKeys(spark, tmp, "parquet", false).toString(),
+        "--queries", d.writeQueries(spark, tmp, "parquet").toString(), "--output", tmp.resolve("o").toString(),
+        "--heads", "536870914", "--dim", "8"}, System.out, new PrintStream(err, true));
+    assertEquals(2, rc, err.toString());
+    assertTrue(err.toString().contains("heads=536870914") && err.toString().contains("does not match the data"),
+        err.toString());
+  }
+
   // ---------------------------------------------------------------- the rest of the matrix (docs/RELIABILITY.md)
 
   @Test

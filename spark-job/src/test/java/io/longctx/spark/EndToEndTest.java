@@ -136,7 +136,9 @@ class EndToEndTest {
       o.dim = 24;
       o.chunkLen = run[0];
       o.partitions = run[1];
-      ScoreJob.run(spark, o);
+      int files = runUncoalesced(o);
+      // 16 blocks over 1, 5 and 16 reduce tasks: the partitioning really differs
+      assertTrue(run[1] == 1 ? files == 1 : files > 1, files + " part files with --partitions " + run[1]);
       Map<String, Outputs.Result> got = Outputs.read(spark, Path.of(o.output), "parquet", true);
       assertEquals(301, got.size());
       if (base == null) {
@@ -173,11 +175,12 @@ class EndToEndTest {
     Path keys = data.writeKeys(spark, tmp, "parquet", false);
     Path queries = data.writeQueries(spark, tmp, "parquet");
     Map<String, Outputs.Result> base = null;
+    int[] files = new int[2];
     for (int parts : new int[] {1, 7}) {
       ScoreOptions o = options(keys, queries, "p" + parts);
       o.causal = true;
       o.partitions = parts;
-      ScoreJob.run(spark, o);
+      files[parts == 1 ? 0 : 1] = runUncoalesced(o);
       Map<String, Outputs.Result> got = Outputs.read(spark, Path.of(o.output), "parquet", false);
       if (base == null) {
         base = got;
@@ -189,6 +192,8 @@ class EndToEndTest {
         assertArrayEquals(bits(e.getValue().lse()), bits(g.lse()), "lse bits of " + e.getKey() + " (seed " + seed + ")");
       }
     }
+    // 1 merge task (and the blocks that see no chunk) vs 7: the runs above really were cut differently.
+    assertTrue(files[0] <= 2 && files[1] >= 3, "part files with --partitions 1 and 7: " + files[0] + ", " + files[1]);
     for (int chunkLen : new int[] {37, 1000}) {
       ScoreOptions o = options(keys, queries, "c" + chunkLen);
       o.causal = true;
@@ -214,6 +219,63 @@ class EndToEndTest {
     }
   }
 
+  /**
+   * Across chunk lengths the output changes only by float32 rounding, and that rounding grows with
+   * the size of the logits: a partial state's lse is a float32 near the largest logit, so it holds
+   * |lse| * 2^-24 of absolute error, which becomes relative error of the merge weights. The bound
+   * checked, per query: relative L2 change of o <= 4 * 2^-24 * max(1, |lse|), and of lse <= 4 ulp of
+   * max(1, |lse|). Logits here reach about 40 (scale 2 on dim 40).
+   */
+  @Test
+  void chunkLenChangesOnlyRoundingRelativeToTheLogits() throws Exception {
+    long seed = System.nanoTime();
+    TestData data = corpus(seed);
+    Path keys = data.writeKeys(spark, tmp, "parquet", false);
+    Path queries = data.writeQueries(spark, tmp, "parquet");
+    Map<String, Outputs.Result> base = null;
+    double worst = 0, maxLse = 0;
+    for (int chunkLen : new int[] {64, 37, 1000}) {
+      ScoreOptions o = options(keys, queries, "large-" + chunkLen);
+      o.causal = true;
+      o.scale = 2.0;
+      o.chunkLen = chunkLen;
+      ScoreJob.run(spark, o);
+      Map<String, Outputs.Result> got = Outputs.read(spark, Path.of(o.output), "parquet", false);
+      if (base == null) {
+        base = got;
+        continue;
+      }
+      for (Map.Entry<String, Outputs.Result> e : base.entrySet()) {
+        Outputs.Result a = e.getValue(), b = got.get(e.getKey());
+        double size = 1;
+        for (float l : a.lse()) {
+          size = Float.isFinite(l) ? Math.max(size, Math.abs(l)) : size;
+        }
+        maxLse = Math.max(maxLse, size);
+        double unit = Math.scalb(1.0, -24) * size;
+        double change = relL2(a.o(), b.o());
+        worst = Math.max(worst, change / unit);
+        String what = e.getKey() + " at chunk-len " + chunkLen + ", |lse| up to " + size + " (seed " + seed + ")";
+        assertTrue(change <= 4 * unit, "o of " + what + " changed by " + change + ", bound " + 4 * unit);
+        for (int h = 0; h < a.lse().length; h++) {
+          assertTrue(a.lse()[h] == b.lse()[h] || Math.abs(a.lse()[h] - b.lse()[h]) <= 4 * Math.ulp((float) size),
+              "lse of " + what + ": " + a.lse()[h] + " vs " + b.lse()[h]);
+        }
+      }
+    }
+    assertTrue(maxLse > 30, "the corpus reaches large logits: |lse| up to " + maxLse);
+    System.out.printf("chunk-len rounding at |lse| up to %.1f: worst o change %.2f x 2^-24 x |lse|%n", maxLse, worst);
+  }
+
+  static double relL2(float[] a, float[] b) {
+    double num = 0, den = 0;
+    for (int i = 0; i < a.length; i++) {
+      num += Math.pow((double) a[i] - b[i], 2);
+      den += Math.pow(a[i], 2);
+    }
+    return den == 0 ? (num == 0 ? 0 : Double.POSITIVE_INFINITY) : Math.sqrt(num / den);
+  }
+
   @Test
   void commandLineWritesOutputAndRefusesToOverwrite() throws Exception {
     TestData data = new TestData(7, 2, 2, 16).doc("d", 50, 3, 1).randomQueries(2);
@@ -235,6 +297,24 @@ class EndToEndTest {
     assertEquals(0, LongctxMain.run(again, System.out, System.err));
     try (var s = Files.list(tmp)) {
       assertTrue(s.noneMatch(p -> p.getFileName().toString().contains("-tmp-")), "no temp output left behind");
+    }
+  }
+
+  /**
+   * Runs the job with Spark's partition coalescing off, so --partitions N really means N reduce tasks
+   * (with it on, 1 and 7 would most likely run as one); returns the number of part files written.
+   */
+  int runUncoalesced(ScoreOptions o) throws java.io.IOException {
+    String key = "spark.sql.adaptive.coalescePartitions.enabled";
+    String was = spark.conf().get(key);
+    spark.conf().set(key, "false");
+    try {
+      ScoreJob.run(spark, o);
+    } finally {
+      spark.conf().set(key, was);
+    }
+    try (var s = Files.list(Path.of(o.output))) {
+      return (int) s.filter(p -> p.getFileName().toString().startsWith("part-")).count();
     }
   }
 

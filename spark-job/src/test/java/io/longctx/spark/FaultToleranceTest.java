@@ -235,6 +235,24 @@ class FaultToleranceTest {
     }
   }
 
+  /**
+   * README's cluster recipe, for real: SparkSubmit to the standalone Master with only
+   * {@code --conf spark.driver.host=ADDRESS}, the driver on another loopback address (127.0.0.3)
+   * than the Master and Workers (127.0.0.1), no SPARK_LOCAL_IP for the driver. The executors must
+   * reach the driver there: a driver still bound to 127.0.0.1 would leave them unable to connect.
+   */
+  @Test
+  @Order(5)
+  @Timeout(value = 150, unit = TimeUnit.SECONDS)
+  void readmeClusterRecipeWithTheDriverOnAnotherAddress() throws Exception {
+    Map<String, Outputs.Result> ref = reference();
+    Run r = submit("recipe", Map.of("spark.driver.host", "127.0.0.3"), false);
+    r.await(120);
+    assertEquals(0, r.exitCode(), r.tail());
+    assertTrue(r.log().contains("127.0.0.3"), "the driver advertised 127.0.0.3:\n" + r.tail());
+    assertSameBits(ref, r.output(), "the driver on 127.0.0.3");
+  }
+
   // ---------------------------------------------------------------- runs
 
   /** The fault-free cluster run, computed once. */
@@ -337,14 +355,21 @@ class FaultToleranceTest {
 
   /** Submits {@code score} on the cluster with SparkSubmit (client mode); extra Spark properties. */
   Run submit(String name, Map<String, String> conf) throws IOException {
+    return submit(name, conf, true);
+  }
+
+  /** loopback false: no driver address settings and no SPARK_LOCAL_IP for the driver (the README recipe). */
+  Run submit(String name, Map<String, String> conf, boolean loopback) throws IOException {
     Path dir = tmp.resolve("runs").resolve(name);
     Files.createDirectories(dir.resolve("pause"));
     Map<String, String> c = new LinkedHashMap<>();
     c.put("spark.executor.extraClassPath", sparkCp); // Spark itself; the job's classes come from the app jar
     c.put("spark.executor.extraJavaOptions", String.join(" ", flags));
     c.put("spark.executor.memory", "512m");
-    c.put("spark.driver.host", "127.0.0.1");
-    c.put("spark.driver.bindAddress", "127.0.0.1");
+    if (loopback) {
+      c.put("spark.driver.host", "127.0.0.1");
+      c.put("spark.driver.bindAddress", "127.0.0.1");
+    }
     c.put("spark.ui.enabled", "false");
     c.put("spark.ui.showConsoleProgress", "false");
     c.put("spark.sql.shuffle.partitions", "4");
@@ -362,7 +387,7 @@ class FaultToleranceTest {
     cmd.addAll(List.of(appJar.toString(), "score", "--keys", keys.toString(), "--queries", queries.toString(),
         "--output", dir.resolve("out").toString(), "--dim", "16", "--causal", "--chunk-len", "50",
         "--query-block", "3"));
-    Run r = new Run(process(cmd, dir.resolve("driver.log")), dir);
+    Run r = new Run(process(cmd, dir.resolve("driver.log"), loopback), dir);
     started.add(r);
     return r;
   }
@@ -380,12 +405,18 @@ class FaultToleranceTest {
   }
 
   Process process(List<String> cmd, Path log) throws IOException {
+    return process(cmd, log, true);
+  }
+
+  Process process(List<String> cmd, Path log, boolean loopback) throws IOException {
     ProcessBuilder pb = new ProcessBuilder(cmd).redirectErrorStream(true).redirectOutput(log.toFile());
     Map<String, String> env = pb.environment();
     env.keySet().removeIf(k -> k.startsWith("SPARK_") || k.startsWith("PYSPARK"));
     env.put("SPARK_HOME", home.toString());
     env.put("SPARK_SCALA_VERSION", "2.13");
-    env.put("SPARK_LOCAL_IP", "127.0.0.1");
+    if (loopback) {
+      env.put("SPARK_LOCAL_IP", "127.0.0.1");
+    }
     env.put("JAVA_HOME", System.getProperty("java.home"));
     return pb.start();
   }
