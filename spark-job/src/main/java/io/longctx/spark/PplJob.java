@@ -368,7 +368,9 @@ public final class PplJob {
     }
 
     static Loaded get(String dir) {
-      return CACHE.computeIfAbsent(dir, d -> {
+      // Keyed by the files' modification times too: a checkpoint rewritten in place is loaded again.
+      return CACHE.computeIfAbsent(dir + "@" + stamp(dir), key -> {
+        String d = dir;
         try {
           synchronized (Loaded.class) {
             if (manager == null) {
@@ -383,6 +385,18 @@ public final class PplJob {
           throw new InputError("MODEL " + d + ": " + e.getMessage());
         }
       });
+    }
+
+    private static String stamp(String dir) {
+      StringBuilder b = new StringBuilder();
+      try (var files = java.nio.file.Files.list(java.nio.file.Path.of(dir))) {
+        for (java.nio.file.Path f : (Iterable<java.nio.file.Path>) files.sorted()::iterator) {
+          b.append(f.getFileName()).append(':').append(java.nio.file.Files.getLastModifiedTime(f).toMillis()).append(';');
+        }
+      } catch (IOException e) {
+        throw new java.io.UncheckedIOException("listing the model directory " + dir, e);
+      }
+      return b.toString();
     }
 
     synchronized HuggingFaceTokenizer tokenizer() throws IOException {
