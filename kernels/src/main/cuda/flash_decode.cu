@@ -50,10 +50,9 @@
 //
 // Not yet run on a GPU (docs/CUDA.md): bin/gpu-check checks it against the float64 reference.
 
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
 #include <math_constants.h>
-#include <stdint.h>
+
+#include "longctx_device.cuh"
 
 #ifndef LONGCTX_DYNAMIC_SHARED
 #define LONGCTX_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
@@ -66,19 +65,8 @@ constexpr int kWarps = 4;
 constexpr int kTile = 32;    // keys per tile: one per lane
 constexpr int kStages = 2;   // shared-memory buffers per K and V
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
 
-__device__ __forceinline__ float warp_max(float x) {
-  for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
-  return x;
-}
 
 #ifndef LONGCTX_HOST_EMULATION
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -127,11 +115,6 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
-// Whether a query at qp sees a key at kp (causal: kp <= qp; window w > 0: qp - w < kp <= qp).
-__device__ __forceinline__ bool visible(long long qp, long long kp, int causal, long long window) {
-  if ((causal || window > 0) && kp > qp) return false;
-  return window <= 0 || kp > qp - window;
-}
 
 // Shared-memory carve-up; CudaAttention.decodeSmemBytes computes the same total.
 template <typename T>
@@ -272,8 +255,9 @@ __device__ void decode_partial(const DecodeArgs& a) {
   const long long s1 = min(s0 + a.split_len, a.tk);
   long long lo = s0, hi = s1;
   if (a.k_pos == nullptr) {
-    if (a.causal || a.window > 0) hi = min(hi, qp_max_s + 1);
-    if (a.window > 0) lo = max(lo, qp_min_s - a.window + 1);
+    // (bounds that would overflow narrow nothing)
+    if ((a.causal || a.window > 0) && qp_max_s < LLONG_MAX) hi = min(hi, qp_max_s + 1);
+    if (a.window > 0 && qp_min_s >= LLONG_MIN + a.window) lo = max(lo, qp_min_s - a.window + 1);
   }
 
   // q rows into shared memory as float, exactly (the scale multiplies the finished dot product:

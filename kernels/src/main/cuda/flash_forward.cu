@@ -15,10 +15,9 @@
 //   m' = max(m, s); l = l * exp(m - m') + exp(s - m'); o = o * exp(m - m') + exp(s - m') * v_j
 // finally o /= l, lse = m + log(l); l == 0 means no visible key: o = 0, lse = -inf.
 
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
 #include <math_constants.h>
-#include <stdint.h>
+
+#include "longctx_device.cuh"
 
 namespace {
 
@@ -27,20 +26,8 @@ constexpr int kKeyTile = 16;     // keys per shared-memory tile (2 x 16 x 256 fl
 constexpr int kMaxDim = 256;     // head dims up to this
 constexpr int kPerLane = kMaxDim / 32;
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
 
-// Whether a query at qp sees a key at kp (causal: kp <= qp; window w > 0: qp - w < kp <= qp).
-__device__ __forceinline__ bool visible(long long qp, long long kp, int causal, long long window) {
-  if ((causal || window > 0) && kp > qp) return false;
-  return window <= 0 || kp > qp - window;
-}
 
 template <typename T>
 __device__ void flash_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,

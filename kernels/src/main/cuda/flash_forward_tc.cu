@@ -15,10 +15,9 @@
 // Not yet run on a GPU (docs/CUDA.md): bin/gpu-check checks every variant against the float64
 // reference on the first GPU machine.
 
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
 #include <math_constants.h>
-#include <stdint.h>
+
+#include "longctx_device.cuh"
 
 namespace {
 
@@ -86,10 +85,6 @@ __device__ __forceinline__ uint32_t pack<__nv_bfloat16>(float x, float y) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-__device__ __forceinline__ bool visible(long long qp, long long kp, int causal, long long window) {
-  if ((causal || window > 0) && kp > qp) return false;
-  return window <= 0 || kp > qp - window;
-}
 
 // Copies rows [row0, row0 + 64) of a [rows, D] matrix into shared memory (row stride D + 8);
 // rows at or past `valid` are zero.
@@ -172,8 +167,8 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
           hi = max(hi, kp_s[i]);
         }
         long long qlo = range_s[0], qhi = range_s[1];
-        if (lo > qhi || (window > 0 && hi <= qlo - window)) vis = kNone;
-        else if (!(hi <= qlo && (window <= 0 || lo > qhi - window))) vis = kPartial;
+        if (!any_visible(qlo, qhi, lo, hi, causal, window)) vis = kNone;
+        else if (!all_visible(qlo, qhi, lo, hi, causal, window)) vis = kPartial;
       }
       vis_s = vis;
     }

@@ -6,11 +6,11 @@ import ai.djl.ndarray.NDList;
 import ai.djl.ndarray.NDManager;
 import ai.djl.ndarray.types.DataType;
 import ai.djl.ndarray.types.Shape;
+import io.longctx.kernels.AttentionBackends;
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.AttentionState;
 import io.longctx.kernels.CpuAttention;
 import io.longctx.kernels.CudaAttention;
-import io.longctx.kernels.CudaProbe;
 import io.longctx.kernels.Tensor;
 import java.util.ArrayList;
 import java.util.List;
@@ -41,8 +41,9 @@ import java.util.Objects;
  * {@link LibtorchSdpa}; zero-copy, the arrays are passed as they are) or our Java kernel
  * ({@link CpuAttention}; the kernel reads {@code float[]}, so q, k, v are copied once into the JVM
  * and o, lse once out, O(T*D) each). Memory is O(T*D) on both paths; no T x T matrix is formed.
- * Decoding and merging always use the Java kernels. Where a CUDA device is present (the kernels'
- * {@link CudaProbe}), forward calls go to the JCuda backend ({@link Path#CUDA}) from host arrays:
+ * Decoding and merging always use the Java kernels. Where the one backend selector
+ * ({@link AttentionBackends}, {@code -Dlongctx.backend}) picks CUDA (named, or {@code auto} with a
+ * usable device), forward calls go to the JCuda backend ({@link Path#CUDA}) from host arrays:
  * DJL gives no CUDA data pointer, so arrays stay on the CPU device here (non-CPU arrays are
  * rejected at {@link #requireCpu}) and the backend copies them over. That path has not run on a GPU
  * yet (docs/CUDA.md).
@@ -72,31 +73,17 @@ public final class AttentionOp {
     JAVA,
     /** libtorch's fused CPU attention ({@link LibtorchSdpa}). */
     LIBTORCH,
-    /** The CUDA kernels through JCuda ({@link CudaAttention}); AUTO takes it where a GPU is present. */
+    /** The CUDA kernels through JCuda ({@link CudaAttention}); AUTO takes it where the selector picks CUDA. */
     CUDA
   }
 
   private static final System.Logger LOG = System.getLogger(AttentionOp.class.getName());
 
   /**
-   * Dispatch rule, by measurement ({@code bin/longctx bench --op forward --t TQ [--tk TK] --heads H
-   * --kv-heads HKV --dim 128 [--causal] --no-plain}, median ms, 2-core AMD EPYC (AVX2), JDK 17,
-   * 2026-11-22; the machine was shared, so single figures are noisy to ~15%):
-   *
-   * <pre>
-   *   H = Hkv = 8, Tq = Tk = 128..4096, D = 64/128, causal or not: Java kernel 0.55x..0.9x libtorch
-   *   H = Hkv = 8, Tk = 8192, non-causal, Tq = 1 / 4 / 16 / 32: Java (split-K for Tq <= 16, incl. the
-   *     NDArray copy) 42.6 / 33.4 / 53.8 / 52.5 ms vs libtorch 14.2 / 15.9 / 28.9 / 37.0 ms
-   *   H = 32, Hkv = 8 (GQA; libtorch needs repeat_interleave of k and v on every call), Tk = 8192,
-   *     non-causal, Tq = 1 / 4 / 16 / 32 / 64 / 128: Java 68 / 43 / 84 / 102 / 145 / 468 ms vs
-   *     libtorch 757 / 306 / 383 / 296 / 262 / 699 ms
-   *   H = 32, Hkv = 8, Tq = Tk = 256: Java 34.5 (non-causal) / 46.4 (causal) vs libtorch 48.0 / 50.2;
-   *     Tq = Tk = 1024: Java 338 / 261 vs libtorch 279 / 240; 4096: Java 6236 / 5767 vs 6091 / 4109
-   * </pre>
-   *
-   * So: libtorch's fused attention whenever it computes the call exactly ({@link #libtorchSupports})
-   * and the heads are not grouped; with GQA/MQA, our Java kernel below
-   * {@link #GQA_LIBTORCH_MIN_QUERY_ROWS} query rows (the crossover lies between 256 and 1024; 512 is
+   * Dispatch rule, by measurement (docs/BENCHMARKS.md, "Operator dispatch"; measured on one AVX2
+   * machine, 2026-11-22): libtorch's fused attention whenever it computes the call exactly
+   * ({@link #libtorchSupports}) and the heads are not grouped; with GQA/MQA, our Java kernel below
+   * {@link #GQA_LIBTORCH_MIN_QUERY_ROWS} query rows (the crossover lay between 256 and 1024; 512 is
    * not measured), libtorch from there on; the Java kernel for everything libtorch cannot do.
    */
   static final int GQA_LIBTORCH_MIN_QUERY_ROWS = 512;
@@ -184,7 +171,9 @@ public final class AttentionOp {
   }
 
   private Path choose(Dims d, long[] qPos, long[] kPos, AttentionOptions opt) {
-    if (d.dim <= CudaAttention.MAX_DIM && CudaProbe.status().available()) {
+    // The one selector (-Dlongctx.backend): cuda, or auto where CUDA is usable, takes the CUDA path
+    // (which fails loudly when CUDA was named but is missing); cpu and other providers the CPU paths.
+    if (d.dim <= CudaAttention.MAX_DIM && AttentionBackends.provider(AttentionBackends.choice()).name().equals("cuda")) {
       return Path.CUDA;
     }
     if (libtorchUnsupported(d, qPos, kPos, opt) != null) {
@@ -487,12 +476,12 @@ public final class AttentionOp {
     }
   }
 
-  /** The GPU plug-in point: a CUDA array would dispatch to the JCuda backend here (issue 3). */
+  /** Arrays must be on the CPU device: DJL gives no CUDA data pointer, so the CUDA path copies from host arrays. */
   static void requireCpu(NDArray a, String name) {
     Device dev = a.getDevice();
     if (!Device.Type.CPU.equals(dev.getDeviceType())) {
-      throw new IllegalArgumentException(name + " is on " + dev + ": only CPU arrays are supported until the JCuda "
-          + "backend lands (the GPU path is pending); move it with toDevice(Device.cpu(), false)");
+      throw new IllegalArgumentException(name + " is on " + dev + ": only CPU-device arrays are supported (DJL gives "
+          + "no CUDA data pointer; the CUDA path copies host arrays itself); move it with toDevice(Device.cpu(), false)");
     }
   }
 

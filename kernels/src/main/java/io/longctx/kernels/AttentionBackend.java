@@ -2,7 +2,8 @@ package io.longctx.kernels;
 
 /**
  * Something that computes the attention state of queries over one key/value chunk: the CPU kernels
- * or the CUDA kernels. {@link #select()} picks one by {@code -Dlongctx.backend=auto|cpu|cuda}.
+ * or the CUDA kernels, or another registered {@link AttentionBackendProvider}. {@link #select()} picks
+ * one by {@code -Dlongctx.backend=auto|cpu|cuda|NAME}.
  */
 public interface AttentionBackend {
 
@@ -20,39 +21,18 @@ public interface AttentionBackend {
   CpuAttention.DecodeResult decodeUnifiedMax(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos,
       AttentionOptions opt, int splitLen, UnifiedMax um);
 
-  /** Short name for logs and summaries: "cpu" or "cuda:&lt;device&gt;". */
+  /** Short name for logs and summaries: "cpu" or "cuda:&lt;ordinal&gt; &lt;device name&gt;". */
   String name();
 
   /**
-   * The backend named by the system property {@code longctx.backend} (default {@code auto}):
-   * {@code cpu}; {@code cuda}, which fails loudly when CUDA is unavailable; or {@code auto}, CUDA
-   * when a device and the fatbin are there, else the CPU kernels, with one log line saying why.
+   * The backend named by the system property {@code longctx.backend} (default {@code auto}): see
+   * {@link AttentionBackends}, the one selector.
    */
   static AttentionBackend select() {
-    return select(System.getProperty("longctx.backend", "auto"));
+    return AttentionBackends.select(AttentionBackends.choice());
   }
 
   static AttentionBackend select(String choice) {
-    switch (choice) {
-      case "cpu":
-        return CpuAttention.DEFAULT;
-      case "cuda": {
-        CudaProbe.Status s = CudaProbe.status();
-        if (!s.available()) {
-          throw new IllegalStateException("longctx.backend=cuda but CUDA is unavailable: " + s.reason());
-        }
-        return CudaAttention.instance();
-      }
-      case "auto": {
-        CudaProbe.Status s = CudaProbe.status();
-        if (s.available()) {
-          return CudaAttention.instance();
-        }
-        CudaProbe.logFallbackOnce(s);
-        return CpuAttention.DEFAULT;
-      }
-      default:
-        throw new IllegalArgumentException("longctx.backend must be auto, cpu or cuda, got '" + choice + "'");
-    }
+    return AttentionBackends.select(choice);
   }
 }

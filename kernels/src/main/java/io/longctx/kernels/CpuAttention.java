@@ -312,4 +312,27 @@ public final class CpuAttention implements AttentionBackend {
       this.qScale = (float) (softcap > 0 ? scale / softcap : scale);
     }
   }
+
+  /** The CPU kernels: always usable. */
+  public static final class Provider implements AttentionBackendProvider {
+    @Override
+    public String name() {
+      return "cpu";
+    }
+
+    @Override
+    public int priority() {
+      return 0;
+    }
+
+    @Override
+    public String unavailableReason() {
+      return null;
+    }
+
+    @Override
+    public AttentionBackend open(int device) {
+      return CpuAttention.DEFAULT;
+    }
+  }
 }

@@ -1,5 +1,12 @@
 package io.longctx.kernels;
 
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Objects;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
 import jcuda.Pointer;
 import jcuda.driver.CUcontext;
 import jcuda.driver.CUdevice;
@@ -12,25 +19,25 @@ import jcuda.driver.JCudaDriver;
 
 /**
  * The CUDA attention backend through JCuda's driver API: loads the fatbin built by nvcc once into
- * device 0's primary context, and runs the forward kernel from host arrays ({@link #forward}) or on
+ * a device's primary context (one instance per device ordinal), and runs the forward kernel from host arrays ({@link #forward}) or on
  * buffers already on the device ({@link #forwardOnDevice}). Device memory is released
  * deterministically (try-with-resources); every CUDA error becomes a {@link CudaException} naming
- * the call. Obtain it through {@link AttentionBackend#select()}, which probes first.
+ * the call. Obtain it through {@link AttentionBackends} (the one selector), which probes first.
  */
 public final class CudaAttention implements AttentionBackend {
 
   /** Largest head dim the CUDA kernels take (kMaxDim in flash_forward.cu). */
   public static final int MAX_DIM = 256;
   /** Head dims with a tensor-core kernel (flash_forward_tc.cu), for fp16 and bf16 inputs. */
-  public static final java.util.Set<Integer> TENSOR_CORE_DIMS = java.util.Set.of(64, 128);
+  public static final Set<Integer> TENSOR_CORE_DIMS = Set.of(64, 128);
   private static final int PLAIN_ROWS_PER_BLOCK = 4; // kWarps in flash_forward.cu
   private static final int TC_ROWS_PER_BLOCK = 64; // kRows in flash_forward_tc.cu
   private static final int THREADS = 128; // both kernels
 
-  private static volatile CudaAttention instance;
+  private static final Map<Integer, CudaAttention> INSTANCES = new ConcurrentHashMap<>();
 
   private final CUcontext context = new CUcontext();
-  private final java.util.Map<String, CUfunction> kernels = new java.util.HashMap<>();
+  private final Map<String, CUfunction> kernels = new HashMap<>();
   private final String device;
 
   /** Element types the kernels read; outputs are always float32. */
@@ -53,8 +60,8 @@ public final class CudaAttention implements AttentionBackend {
   }
 
   /** Every kernel in the fatbins: forward (plain, tensor-core) and decode (partials, combine). */
-  public static java.util.List<String> kernelNames() {
-    java.util.List<String> names = new java.util.ArrayList<>();
+  public static List<String> kernelNames() {
+    List<String> names = new ArrayList<>();
     for (DType t : DType.values()) {
       names.add(kernelFor(t, 1));
       if (t != DType.F32) {
@@ -72,14 +79,14 @@ public final class CudaAttention implements AttentionBackend {
     }
   }
 
-  private CudaAttention(String device) {
-    this.device = device;
+  private CudaAttention(int ordinal, String device) {
+    this.device = ordinal + " " + device;
     check("cuInit", JCudaDriver.cuInit(0));
     CUdevice dev = new CUdevice();
-    check("cuDeviceGet", JCudaDriver.cuDeviceGet(dev, 0));
+    check("cuDeviceGet(" + ordinal + ")", JCudaDriver.cuDeviceGet(dev, ordinal));
     check("cuDevicePrimaryCtxRetain", JCudaDriver.cuDevicePrimaryCtxRetain(context, dev));
     check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
-    java.util.List<CUmodule> modules = new java.util.ArrayList<>();
+    List<CUmodule> modules = new ArrayList<>();
     for (String fatbin : CudaProbe.FATBINS) {
       CUmodule module = new CUmodule();
       check("cuModuleLoadData(" + fatbin + ")", JCudaDriver.cuModuleLoadData(module, CudaProbe.fatbin(fatbin)));
@@ -101,17 +108,30 @@ public final class CudaAttention implements AttentionBackend {
 
   /** The process-wide backend on device 0; fails with the probe's reason when CUDA is unavailable. */
   public static CudaAttention instance() {
-    CudaAttention c = instance;
+    return instance(0);
+  }
+
+  /**
+   * The process-wide backend on device {@code ordinal} (a Spark task's assigned GPU address); fails
+   * with the probe's reason when CUDA is unavailable.
+   */
+  public static CudaAttention instance(int ordinal) {
+    CudaAttention c = INSTANCES.get(ordinal);
     if (c == null) {
       synchronized (CudaAttention.class) {
-        if (instance == null) {
+        c = INSTANCES.get(ordinal);
+        if (c == null) {
           CudaProbe.Status s = CudaProbe.status();
           if (!s.available()) {
             throw new IllegalStateException("CUDA is unavailable: " + s.reason());
           }
-          instance = new CudaAttention(s.device());
+          if (ordinal < 0 || ordinal >= s.devices()) {
+            throw new IllegalStateException("CUDA device " + ordinal + " does not exist: this machine has "
+                + s.devices() + " device(s)");
+          }
+          c = new CudaAttention(ordinal, ordinal == 0 ? s.device() : "device " + ordinal);
+          INSTANCES.put(ordinal, c);
         }
-        c = instance;
       }
     }
     return c;
@@ -257,15 +277,15 @@ public final class CudaAttention implements AttentionBackend {
   @Override
   public CpuAttention.DecodeResult decode(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt,
       int splitLen) {
-    return decodeChunks(q, java.util.List.of(k), java.util.List.of(v), qPos, kPos, opt, splitLen, null, DType.F32);
+    return decodeChunks(q, List.of(k), List.of(v), qPos, kPos, opt, splitLen, null, DType.F32);
   }
 
   /** FlashDecoding++ decoding from host arrays: see {@link CpuAttention#decodeUnifiedMax}. */
   @Override
   public CpuAttention.DecodeResult decodeUnifiedMax(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos,
       AttentionOptions opt, int splitLen, UnifiedMax um) {
-    return decodeChunks(q, java.util.List.of(k), java.util.List.of(v), qPos, kPos, opt, splitLen,
-        java.util.Objects.requireNonNull(um, "um"), DType.F32);
+    return decodeChunks(q, List.of(k), List.of(v), qPos, kPos, opt, splitLen,
+        Objects.requireNonNull(um, "um"), DType.F32);
   }
 
   /**
@@ -274,7 +294,7 @@ public final class CudaAttention implements AttentionBackend {
    * float32 data is converted to {@code type} on the way (fp16 overflow is an error naming the
    * element). {@code um} null: synchronized split-K; else the unified maximum with its recompute count.
    */
-  public CpuAttention.DecodeResult decodeChunks(Tensor q, java.util.List<Tensor> kChunks, java.util.List<Tensor> vChunks,
+  public CpuAttention.DecodeResult decodeChunks(Tensor q, List<Tensor> kChunks, List<Tensor> vChunks,
       long[] qPos, long[] kPos, AttentionOptions opt, int splitLen, UnifiedMax um, DType type) {
     CudaDecode.Plan plan = hostPlan(q, kChunks, vChunks, qPos, kPos, opt, splitLen, type);
     float[] o = new float[Math.toIntExact(plan.states() * plan.dim())];
@@ -283,14 +303,14 @@ public final class CudaAttention implements AttentionBackend {
     check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
     CUstream stream = new CUstream();
     check("cuStreamCreate", JCudaDriver.cuStreamCreate(stream, 0));
-    java.util.List<DeviceBuffer> chunkBuffers = new java.util.ArrayList<>();
+    List<DeviceBuffer> chunkBuffers = new ArrayList<>();
     long recomputed;
     try (DeviceBuffer dq = upload(q, type, "q", stream);
          DeviceBuffer dqp = upload(qp, stream);
          DeviceBuffer dkp = kPos != null ? upload(kPos, stream) : null;
          DeviceBuffer dout = new DeviceBuffer(4L * o.length);
          DeviceBuffer dlse = new DeviceBuffer(4L * lse.length)) {
-      java.util.List<DeviceTensor> dk = new java.util.ArrayList<>(), dv = new java.util.ArrayList<>();
+      List<DeviceTensor> dk = new ArrayList<>(), dv = new ArrayList<>();
       for (int c = 0; c < kChunks.size(); c++) {
         Tensor k = kChunks.get(c), v = vChunks.get(c);
         DeviceBuffer bk = upload(k, type, "k chunk " + c, stream);
@@ -322,19 +342,19 @@ public final class CudaAttention implements AttentionBackend {
    * Validates a host decode call before any CUDA call: shapes, chunk lists, split length, positions.
    * Runs without a GPU.
    */
-  static CudaDecode.Plan hostPlan(Tensor q, java.util.List<Tensor> kChunks, java.util.List<Tensor> vChunks,
+  static CudaDecode.Plan hostPlan(Tensor q, List<Tensor> kChunks, List<Tensor> vChunks,
       long[] qPos, long[] kPos, AttentionOptions opt, int splitLen, DType type) {
-    java.util.Objects.requireNonNull(q, "q");
-    java.util.Objects.requireNonNull(kChunks, "kChunks");
-    java.util.Objects.requireNonNull(vChunks, "vChunks");
-    java.util.Objects.requireNonNull(opt, "opt");
-    java.util.Objects.requireNonNull(type, "type");
-    java.util.List<CudaDecode.Shape> ks = new java.util.ArrayList<>(), vs = new java.util.ArrayList<>();
+    Objects.requireNonNull(q, "q");
+    Objects.requireNonNull(kChunks, "kChunks");
+    Objects.requireNonNull(vChunks, "vChunks");
+    Objects.requireNonNull(opt, "opt");
+    Objects.requireNonNull(type, "type");
+    List<CudaDecode.Shape> ks = new ArrayList<>(), vs = new ArrayList<>();
     for (int c = 0; c < kChunks.size(); c++) {
-      ks.add(CudaDecode.Shape.of(java.util.Objects.requireNonNull(kChunks.get(c), "k chunk " + c), type));
+      ks.add(CudaDecode.Shape.of(Objects.requireNonNull(kChunks.get(c), "k chunk " + c), type));
     }
     for (int c = 0; c < vChunks.size(); c++) {
-      vs.add(CudaDecode.Shape.of(java.util.Objects.requireNonNull(vChunks.get(c), "v chunk " + c), type));
+      vs.add(CudaDecode.Shape.of(Objects.requireNonNull(vChunks.get(c), "v chunk " + c), type));
     }
     CudaDecode.Plan plan = CudaDecode.plan(CudaDecode.Shape.of(q, type), ks, vs, splitLen);
     CudaDecode.checkPositions(plan, qPos, kPos);
@@ -348,7 +368,7 @@ public final class CudaAttention implements AttentionBackend {
    * {@code kPos} null means positions 0..Tk-1 of the concatenated keys. For repeated launches of one
    * shape (timing), use {@link CudaDecode#plan}, a {@link CudaDecode.Workspace} and {@link #launchDecode}.
    */
-  public long decodeOnDevice(DeviceTensor q, java.util.List<DeviceTensor> kChunks, java.util.List<DeviceTensor> vChunks,
+  public long decodeOnDevice(DeviceTensor q, List<DeviceTensor> kChunks, List<DeviceTensor> vChunks,
       DeviceBuffer qPos, DeviceBuffer kPos, AttentionOptions opt, int splitLen, UnifiedMax um, DeviceBuffer o,
       DeviceBuffer lse, CUstream stream) {
     CudaDecode.Plan plan = devicePlan(q, kChunks, vChunks, splitLen);
@@ -362,14 +382,14 @@ public final class CudaAttention implements AttentionBackend {
   }
 
   /** The plan of a device decode call (validation only, no CUDA call). */
-  public static CudaDecode.Plan devicePlan(DeviceTensor q, java.util.List<DeviceTensor> kChunks,
-      java.util.List<DeviceTensor> vChunks, int splitLen) {
-    java.util.Objects.requireNonNull(q, "q");
-    java.util.List<CudaDecode.Shape> ks = new java.util.ArrayList<>(), vs = new java.util.ArrayList<>();
-    for (DeviceTensor t : java.util.Objects.requireNonNull(kChunks, "kChunks")) {
+  public static CudaDecode.Plan devicePlan(DeviceTensor q, List<DeviceTensor> kChunks,
+      List<DeviceTensor> vChunks, int splitLen) {
+    Objects.requireNonNull(q, "q");
+    List<CudaDecode.Shape> ks = new ArrayList<>(), vs = new ArrayList<>();
+    for (DeviceTensor t : Objects.requireNonNull(kChunks, "kChunks")) {
       ks.add(CudaDecode.Shape.of(t));
     }
-    for (DeviceTensor t : java.util.Objects.requireNonNull(vChunks, "vChunks")) {
+    for (DeviceTensor t : Objects.requireNonNull(vChunks, "vChunks")) {
       vs.add(CudaDecode.Shape.of(t));
     }
     CudaDecode.Plan plan = CudaDecode.plan(CudaDecode.Shape.of(q), ks, vs, splitLen);
@@ -381,8 +401,8 @@ public final class CudaAttention implements AttentionBackend {
   }
 
   /** A workspace for repeated {@link #launchDecode} calls of one plan (chunk tables uploaded once). */
-  public CudaDecode.Workspace decodeWorkspace(CudaDecode.Plan plan, java.util.List<DeviceTensor> kChunks,
-      java.util.List<DeviceTensor> vChunks, CUstream stream) {
+  public CudaDecode.Workspace decodeWorkspace(CudaDecode.Plan plan, List<DeviceTensor> kChunks,
+      List<DeviceTensor> vChunks, CUstream stream) {
     check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
     return new CudaDecode.Workspace(plan, kChunks, vChunks, stream);
   }
@@ -480,5 +500,29 @@ public final class CudaAttention implements AttentionBackend {
 
   private static String shape(DeviceTensor t) {
     return "[" + t.batch() + ", " + t.heads() + ", " + t.tokens() + ", " + t.dim() + "] " + t.type();
+  }
+
+  /** The CUDA kernels through JCuda: usable where the driver, a device and the fatbins are. */
+  public static final class Provider implements AttentionBackendProvider {
+    @Override
+    public String name() {
+      return "cuda";
+    }
+
+    @Override
+    public int priority() {
+      return 100;
+    }
+
+    @Override
+    public String unavailableReason() {
+      CudaProbe.Status s = CudaProbe.status();
+      return s.available() ? null : s.reason();
+    }
+
+    @Override
+    public AttentionBackend open(int device) {
+      return CudaAttention.instance(device);
+    }
   }
 }

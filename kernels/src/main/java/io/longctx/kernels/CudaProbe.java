@@ -31,7 +31,11 @@ public final class CudaProbe {
   private CudaProbe() {}
 
   /** Whether CUDA is usable, why not, and which device. */
-  public record Status(boolean available, String reason, String device) {}
+  public record Status(boolean available, String reason, String device, int devices) {
+    Status(boolean available, String reason, String device) {
+      this(available, reason, device, 0);
+    }
+  }
 
   public static Status status() {
     Status s = status;
@@ -82,7 +86,7 @@ public final class CudaProbe {
       while (len < name.length && name[len] != 0) {
         len++;
       }
-      return new Status(true, "ok", new String(name, 0, len, java.nio.charset.StandardCharsets.US_ASCII));
+      return new Status(true, "ok", new String(name, 0, len, java.nio.charset.StandardCharsets.US_ASCII), count[0]);
     } catch (LinkageError e) {
       return new Status(false, "the CUDA driver cannot be loaded: " + loaderCause(e), null);
     }

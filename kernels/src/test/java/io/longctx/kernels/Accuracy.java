@@ -9,7 +9,7 @@ final class Accuracy {
 
   /** Fresh seed for a test run (print it in failures); {@code -Dlongctx.seed=S} replays one. */
   static long seed() {
-    Long fixed = Long.getLong("longctx.seed");
+    Long fixed = Long.getLong("longctx.seed"); // null when unset or empty
     return fixed != null ? fixed : System.nanoTime() ^ Thread.currentThread().getId() * 0x9E3779B97F4A7C15L;
   }
 

@@ -65,7 +65,8 @@ class CudaBackendTest {
   void selectionByProperty() {
     assertSame(CpuAttention.DEFAULT, AttentionBackend.select("cpu"));
     IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> AttentionBackend.select("gpu"));
-    assertTrue(e.getMessage().contains("auto, cpu or cuda"), e.getMessage());
+    assertTrue(e.getMessage().contains("auto or one of [cuda, cpu]"), e.getMessage());
+    assertEquals(List.of("cuda", "cpu"), AttentionBackends.names(), "both built-in providers, by priority");
   }
 
   @Test
@@ -77,7 +78,7 @@ class CudaBackendTest {
     String reason = out.stream().filter(l -> l.startsWith("reason=")).findFirst().orElseThrow();
     assertTrue(reason.contains("libcuda") || reason.contains("fatbin"), reason);
     assertTrue(out.contains("auto=cpu"), out.toString());
-    assertTrue(out.stream().anyMatch(l -> l.startsWith("cuda=refused: longctx.backend=cuda but CUDA is unavailable")), out.toString());
+    assertTrue(out.stream().anyMatch(l -> l.startsWith("cuda=refused: longctx.backend=cuda but the cuda backend is unavailable")), out.toString());
     assertTrue(out.contains("again=" + reason.substring("reason=".length())), out.toString());
   }
 

@@ -40,16 +40,17 @@ class CudaDecodeFakeDeviceTest {
     String log = new String(gcc.getInputStream().readAllBytes());
     assertTrue(gcc.waitFor(170, TimeUnit.SECONDS) && gcc.exitValue() == 0, "g++ failed: " + log);
 
+    // The child prints its seed; -Dlongctx.seed=S replays one (passed on to the child).
     ProcessBuilder pb = new ProcessBuilder(Paths.get(System.getProperty("java.home"), "bin", "java").toString(),
-        "--add-modules=jdk.incubator.vector", "-cp", System.getProperty("java.class.path"),
-        CudaDecodeFakeDeviceMain.class.getName()).redirectErrorStream(true);
+        "--add-modules=jdk.incubator.vector", "-Dlongctx.seed=" + System.getProperty("longctx.seed", ""), "-cp",
+        System.getProperty("java.class.path"), CudaDecodeFakeDeviceMain.class.getName()).redirectErrorStream(true);
     pb.environment().putAll(Map.of("LD_LIBRARY_PATH", dir.toString()));
     Process p = pb.start();
     String text = new String(p.getInputStream().readAllBytes());
     assertTrue(p.waitFor(240, TimeUnit.SECONDS), "child JVM hung: " + text);
     assertTrue(p.exitValue() == 0, "child JVM failed (exit " + p.exitValue() + "): " + text);
     List<String> lines = text.lines().toList();
-    assertTrue(lines.contains("backend=cuda:host emulation (fake libcuda)"), text);
+    assertTrue(lines.contains("backend=cuda:0 host emulation (fake libcuda)"), text);
     for (String check : List.of("chunked-bf16", "backend-f32", "unified-recompute", "device-chunks", "fp16-overflow",
         "launch-error-names-the-call")) {
       assertTrue(lines.contains(check + "=pass"), check + ":\n" + text);

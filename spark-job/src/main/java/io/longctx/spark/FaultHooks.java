@@ -11,9 +11,11 @@ import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 
 /**
- * TEST-ONLY fault injection for the fault tests (docs/RELIABILITY.md). Off unless one of the
- * {@code spark.longctx.test.*} Spark properties below is set; with none set, {@link #at} is two map
- * lookups and returns. Never set these in production: they make tasks fail or stall on purpose.
+ * TEST-ONLY fault injection for the fault tests (docs/RELIABILITY.md). Off unless the JVM that runs
+ * the task has the system property {@value #ENABLE_PROPERTY}{@code =true} (a Spark {@code --conf}
+ * alone cannot switch it on) and one of the {@code spark.longctx.test.*} Spark properties below is
+ * set; otherwise {@link #at} is one property lookup and returns. Never enable it in production: it
+ * makes tasks fail or stall on purpose.
  *
  * <p>{@link #at} is called once per group in the two stages of the job that do the work:
  * {@link #MAP} in the stage that runs the kernel on (query block, key chunk) pairs and writes the
@@ -34,6 +36,9 @@ import org.apache.spark.TaskContext;
  * </ul>
  */
 public final class FaultHooks {
+  /** The JVM system property that arms the hooks. */
+  public static final String ENABLE_PROPERTY = "longctx.test.faultHooks";
+
   public static final String MAP = "map";
   public static final String REDUCE = "reduce";
 
@@ -47,6 +52,9 @@ public final class FaultHooks {
 
   /** The hook: a no-op unless a test property is set (see the class comment). */
   public static void at(String stage) {
+    if (!Boolean.getBoolean(ENABLE_PROPERTY)) {
+      return;
+    }
     TaskContext tc = TaskContext.get();
     SparkEnv env = SparkEnv.get();
     if (tc == null || env == null) {

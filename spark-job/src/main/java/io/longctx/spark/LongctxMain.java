@@ -61,6 +61,9 @@ public final class LongctxMain {
         --chunk-len N         keys per chunk, by position: chunk c = pos in [c*N, (c+1)*N) (default 4096)
         --query-block N       decode queries of one document computed together (default 64)
         --partitions N        Spark shuffle partitions (default: spark.sql.shuffle.partitions)
+        --backend B           auto (default; or -Dlongctx.backend): cuda when Spark schedules GPUs for the
+                              tasks (spark.task.resource.gpu.amount > 0), else cpu; or cpu, cuda. One
+                              backend for the whole job: an executor that cannot run it fails the job
 
       Queries for a document that has no keys are an error (exit 2), naming the query and document.
       A summary (documents, tokens, chunks, chunk pairs computed/skipped, backend, wall time,
@@ -150,7 +153,7 @@ public final class LongctxMain {
 
   static int score(String[] argv, PrintStream out, PrintStream err) {
     Args a = Args.parse(argv, List.of("--keys", "--queries", "--output", "--format", "--heads", "--kv-heads", "--dim",
-        "--scale", "--softcap", "--window", "--chunk-len", "--query-block", "--partitions", "--mode"),
+        "--scale", "--softcap", "--window", "--chunk-len", "--query-block", "--partitions", "--mode", "--backend"),
         List.of("--causal", "--overwrite"));
     if (a.help) {
       out.print(SCORE_HELP);
@@ -172,6 +175,7 @@ public final class LongctxMain {
     o.queryBlock = a.intValue("--query-block", o.queryBlock);
     o.partitions = a.intValue("--partitions", 0);
     o.overwrite = a.flag("--overwrite");
+    o.backend = a.get("--backend");
     String mode = a.get("--mode");
     if (mode != null) {
       switch (mode.toLowerCase(Locale.ROOT)) {

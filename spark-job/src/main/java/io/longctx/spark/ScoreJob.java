@@ -3,6 +3,7 @@ package io.longctx.spark;
 import static org.apache.spark.sql.functions.col;
 import static org.apache.spark.sql.functions.lit;
 
+import io.longctx.kernels.AttentionBackend;
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.AttentionState;
 import io.longctx.kernels.CpuAttention;
@@ -49,6 +50,8 @@ import org.apache.spark.sql.types.StringType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.storage.StorageLevel;
+import org.apache.spark.util.CollectionAccumulator;
+import scala.Tuple2;
 
 /**
  * The scoring job. Stages:
@@ -76,8 +79,6 @@ import org.apache.spark.storage.StorageLevel;
  * </ol>
  */
 public final class ScoreJob {
-
-  public static final String BACKEND = "cpu (Java Vector API kernels, io.longctx.kernels.CpuAttention)";
 
   private ScoreJob() {}
 
@@ -111,6 +112,10 @@ public final class ScoreJob {
     }
   }
 
+  /** Group key of a document's chunk or block: (doc_id, index), typed, never a joined string. */
+  static final org.apache.spark.sql.Encoder<Tuple2<String, Long>> KEY = Encoders.tuple(Encoders.STRING(),
+      Encoders.LONG());
+
   /** Resolved tensor shape of the job. */
   record Shape(int heads, int kvHeads, int dim) implements Serializable {}
 
@@ -138,6 +143,9 @@ public final class ScoreJob {
     }
     AttentionOptions attn = prefill ? opt.attention().withCausal(true) : opt.attention();
     final AttnSpec spec = new AttnSpec(attn);
+    final JobBackend backend = JobBackend.resolve(spark, opt.backend);
+    // The backends the tasks actually ran on (one name, or the job failed): for the summary.
+    final CollectionAccumulator<String> used = spark.sparkContext().collectionAccumulator("longctx backends used");
     Configuration hconf = spark.sparkContext().hadoopConfiguration();
 
     requireExists(hconf, opt.keys, "KEYS");
@@ -160,9 +168,10 @@ public final class ScoreJob {
     Dataset<Token> validKeys = keyRows.map((MapFunction<Token, Token>) t -> validateKey(t, sh, prefill),
         Encoders.bean(Token.class));
     Dataset<Chunk> chunks = validKeys
-        .groupByKey((MapFunction<Token, String>) t -> t.getDocId() + '\u0000' + Chunking.index(t.getPos(), chunkLen),
-            Encoders.STRING())
-        .mapGroups((MapGroupsFunction<String, Token, Chunk>) (key, it) -> buildChunk(it, sh, chunkLen, prefill, keysPath),
+        .groupByKey((MapFunction<Token, Tuple2<String, Long>>) t -> new Tuple2<>(t.getDocId(),
+            Chunking.index(t.getPos(), chunkLen)), KEY)
+        .mapGroups((MapGroupsFunction<Tuple2<String, Long>, Token, Chunk>) (key, it) -> buildChunk(it, sh, chunkLen,
+            prefill, keysPath),
             Encoders.bean(Chunk.class));
     // Not persisted: Spark caches a Dataset as columnar batches built whole in the heap, and with rows
     // of one chunk each (32 MiB at 4096 tokens x 8 kv heads x 128) that held a whole shuffle partition
@@ -186,37 +195,8 @@ public final class ScoreJob {
       List<RangeMeta> blockMeta = prefill ? chunkMeta // a prefill block is its chunk's tokens
           : blocks.map((MapFunction<QueryBlock, RangeMeta>) ScoreJob::blockMeta, Encoders.bean(RangeMeta.class))
               .collectAsList();
-      if (chunkMeta.isEmpty()) {
-        throw new InputError("KEYS " + opt.keys + ": no key rows");
-      }
-
-      // Plan the pairs on the driver: small metadata, one row per chunk and per block.
-      Map<String, List<RangeMeta>> chunksByDoc = new HashMap<>();
-      long tokens = 0;
-      for (RangeMeta c : chunkMeta) {
-        chunksByDoc.computeIfAbsent(c.getDocId(), d -> new ArrayList<>()).add(c);
-        tokens += c.getCount();
-      }
-      HashMap<String, long[]> plan = new HashMap<>(); // (doc, block) -> visible chunks
-      HashMap<String, List<Long>> seenBy = new HashMap<>(); // (doc, chunk) -> blocks that see it (prefill routing)
-      long computed = 0, skipped = 0, queries = 0;
-      for (RangeMeta b : blockMeta) {
-        queries += b.getCount();
-        List<RangeMeta> cs = chunksByDoc.get(b.getDocId());
-        if (cs == null) {
-          throw new InputError("QUERIES " + opt.queries + ": query '" + b.getSample() + "' refers to document '"
-              + b.getDocId() + "', which has no keys in KEYS " + opt.keys);
-        }
-        long[] visible = cs.stream().filter(c -> pairVisible(b, c, attn)).mapToLong(RangeMeta::getIndex).sorted()
-            .toArray();
-        computed += visible.length;
-        skipped += cs.size() - visible.length;
-        plan.put(b.getDocId() + '\u0000' + b.getIndex(), visible);
-        for (long c : visible) {
-          seenBy.computeIfAbsent(b.getDocId() + '\u0000' + c, k -> new ArrayList<>()).add(b.getIndex());
-        }
-      }
-      Broadcast<HashMap<String, long[]>> planB = JavaSparkContext.fromSparkContext(spark.sparkContext()).broadcast(plan);
+      PairPlan plan = PairPlan.make(chunkMeta, blockMeta, attn, opt.keys, opt.queries);
+      Broadcast<PairPlan> planB = JavaSparkContext.fromSparkContext(spark.sparkContext()).broadcast(plan);
 
       Dataset<Row> result;
       if (prefill) {
@@ -225,13 +205,11 @@ public final class ScoreJob {
         // token leaves the task. K/V per pair is smaller than the q per pair plus a partial state per (token,
         // chunk) that keying by chunk ships (2 * kv-heads <= 2 * heads), and a task holds one block, not
         // every block that sees chunk 0.
-        Broadcast<HashMap<String, List<Long>>> seenByB = JavaSparkContext.fromSparkContext(spark.sparkContext())
-            .broadcast(seenBy);
         // One pass over the chunks: each sends its q to its own block and its K/V to the blocks that see it. A
         // block's group sorts its q first, then the K/V in chunk order.
         Dataset<Chunk> routed = chunks.flatMap((FlatMapFunction<Chunk, Chunk>) c -> {
-          List<Long> bs = seenByB.value().getOrDefault(c.getDocId() + '\u0000' + c.getChunk(), List.of());
-          List<Chunk> r = new ArrayList<>(bs.size() + 1);
+          long[] bs = planB.value().blocksOf(c.getDocId(), c.getChunk());
+          List<Chunk> r = new ArrayList<>(bs.length + 1);
           r.add(c.qForOwnBlock());
           for (long b : bs) {
             r.add(c.kvFor(b));
@@ -241,17 +219,17 @@ public final class ScoreJob {
         // A token's states are all merged in its block's task: its one state is final, written from there (an
         // lse_merge of single states would only add a shuffle).
         result = routed
-            .groupByKey((MapFunction<Chunk, String>) c -> c.getDocId() + '\u0000' + c.getBlock(), Encoders.STRING())
+            .groupByKey((MapFunction<Chunk, Tuple2<String, Long>>) c -> new Tuple2<>(c.getDocId(), c.getBlock()), KEY)
             .flatMapSortedGroups(new Column[] {col("q").isNull(), col("chunk")},
-                (FlatMapGroupsFunction<String, Chunk, Partial>) (key, it) -> computeBlock(it, planB.value().get(key), sh,
-                    spec.get()),
+                (FlatMapGroupsFunction<Tuple2<String, Long>, Chunk, Partial>) (key, it) -> computeBlock(it,
+                    planB.value().chunksOf(key._1(), key._2()), sh, spec.get(), task(backend, used)),
                 Encoders.bean(Partial.class))
             .toDF()
             .select(col("docId").as("doc_id"), col("pos"), col("o"), col("lse"), col("keyCount").as("n_keys"));
       } else {
         // Decode: few query blocks, many chunks: each chunk receives the (small) query blocks that see it.
         Dataset<QueryBlock> pairs = blocks.flatMap((FlatMapFunction<QueryBlock, QueryBlock>) b -> {
-          long[] cs = planB.value().get(b.getDocId() + '\u0000' + b.getBlock());
+          long[] cs = planB.value().chunksOf(b.getDocId(), b.getBlock());
           List<QueryBlock> r = new ArrayList<>(cs.length);
           for (long c : cs) {
             r.add(b.withChunk(c));
@@ -259,11 +237,11 @@ public final class ScoreJob {
           return r.iterator();
         }, Encoders.bean(QueryBlock.class));
         Dataset<Partial> partials = pairs
-            .groupByKey((MapFunction<QueryBlock, String>) b -> b.getDocId() + '\u0000' + b.getChunk(), Encoders.STRING())
-            .cogroup(chunks.groupByKey((MapFunction<Chunk, String>) c -> c.getDocId() + '\u0000' + c.getChunk(),
-                    Encoders.STRING()),
-                (CoGroupFunction<String, QueryBlock, Chunk, Partial>) (key, bs, cs) -> computePairs(bs, cs, sh,
-                    spec.get()),
+            .groupByKey((MapFunction<QueryBlock, Tuple2<String, Long>>) b -> new Tuple2<>(b.getDocId(), b.getChunk()), KEY)
+            .cogroup(chunks.groupByKey((MapFunction<Chunk, Tuple2<String, Long>>) c -> new Tuple2<>(c.getDocId(),
+                    c.getChunk()), KEY),
+                (CoGroupFunction<Tuple2<String, Long>, QueryBlock, Chunk, Partial>) (key, bs, cs) -> computePairs(bs, cs, sh,
+                    spec.get(), task(backend, used)),
                 Encoders.bean(Partial.class));
         // The states of one query come from many tasks: lse_merge reduces them in chunk order.
         UserDefinedFunction lseMerge = LseMerge.register(spark);
@@ -276,7 +254,7 @@ public final class ScoreJob {
         // are the empty state (0, -inf), written as they are, with no chunk-index sentinel.
         Dataset<Row> unseen = blocks
             .filter((org.apache.spark.api.java.function.FilterFunction<QueryBlock>) b ->
-                planB.value().get(b.getDocId() + '\u0000' + b.getBlock()).length == 0)
+                planB.value().chunksOf(b.getDocId(), b.getBlock()).length == 0)
             .flatMap((FlatMapFunction<QueryBlock, Partial>) b -> rows(b, AttentionState.empty(b.getQPos().length,
                 sh.heads(), sh.dim()), t -> 0), Encoders.bean(Partial.class))
             .toDF()
@@ -289,7 +267,11 @@ public final class ScoreJob {
       // writer builds a hash map per page, then falls back to plain (a few percent of the job's CPU in a JFR profile).
       commit.write(spark, result.write().format(fmt).option("parquet.enable.dictionary", "false"));
       double wall = (System.nanoTime() - t0) / 1e9;
-      return new Summary(chunksByDoc.size(), tokens, queries, chunkMeta.size(), computed, skipped, BACKEND, wall,
+      java.util.TreeSet<String> ran = new java.util.TreeSet<>(used.value());
+      String backendUsed = backend.name + (ran.isEmpty() ? " (no pair computed)" : " (tasks ran on " + String.join(", ",
+          ran) + ")");
+      return new Summary(plan.documents, plan.tokens, plan.queries, plan.chunks, plan.computed, plan.skipped, backendUsed,
+          wall,
           commit.output().toString());
     } finally {
       if (!prefill) {
@@ -697,11 +679,6 @@ public final class ScoreJob {
     return m;
   }
 
-  /** Whether any query of the block may see any key of the chunk (by position ranges). */
-  static boolean pairVisible(RangeMeta block, RangeMeta chunk, AttentionOptions attn) {
-    return !block.getHasPos() || attn.anyVisible(block.getMin(), block.getMax(), chunk.getMin(), chunk.getMax());
-  }
-
   // ---------------------------------------------------------------- the kernel on one pair
 
   /**
@@ -709,8 +686,15 @@ public final class ScoreJob {
    * previous block's partial rows have been consumed, so a task holds one block's state at a time,
    * not the partials of every block that sees the chunk.
    */
+  /** The job's backend opened in this task, its name recorded for the summary. */
+  private static AttentionBackend task(JobBackend backend, CollectionAccumulator<String> used) {
+    AttentionBackend b = backend.open();
+    used.add(b.name());
+    return b;
+  }
+
   static Iterator<Partial> computePairs(Iterator<QueryBlock> blocks, Iterator<Chunk> chunks, Shape s,
-      AttentionOptions attn) {
+      AttentionOptions attn, AttentionBackend backend) {
     FaultHooks.at(FaultHooks.MAP); // test-only fault injection, off by default
     Chunk c = chunks.hasNext() ? chunks.next() : null;
     return new Iterator<>() {
@@ -724,7 +708,7 @@ public final class ScoreJob {
             throw new IllegalStateException("query block " + b.getBlock() + " of doc '" + b.getDocId()
                 + "': the planned key chunk " + b.getChunk() + " did not arrive");
           }
-          current = pairRows(b, c, s, attn);
+          current = pairRows(backend, b, c, s, attn);
         }
         return current.hasNext();
       }
@@ -746,7 +730,8 @@ public final class ScoreJob {
    * {@link LseMerge} would build from the same partial states), so a task holds the block, one chunk
    * and about log2(chunks) states. Yields each token's final state.
    */
-  static Iterator<Partial> computeBlock(Iterator<Chunk> chunks, long[] visible, Shape s, AttentionOptions attn) {
+  static Iterator<Partial> computeBlock(Iterator<Chunk> chunks, long[] visible, Shape s, AttentionOptions attn,
+      AttentionBackend backend) {
     FaultHooks.at(FaultHooks.MAP); // test-only fault injection, off by default
     Chunk own = chunks.next(); // a group exists because its block's q row does: it sorts first
     if (own.getQ() == null) {
@@ -779,7 +764,7 @@ public final class ScoreJob {
           for (int t = 0; t < n; t++) {
             keys[t] += attn.visibleCount(c.getKPos(), b.getQPos()[t]);
           }
-          return kernel(b, c, s, attn);
+          return kernel(backend, b, c, s, attn);
         }
       };
       st = AttentionState.mergeAll(visible.length, states);
@@ -792,17 +777,18 @@ public final class ScoreJob {
   }
 
   /** One pair's partial states, a row per query. */
-  private static Iterator<Partial> pairRows(QueryBlock b, Chunk c, Shape s, AttentionOptions attn) {
+  private static Iterator<Partial> pairRows(AttentionBackend backend, QueryBlock b, Chunk c, Shape s,
+      AttentionOptions attn) {
     AttentionOptions o = b.getHasPos() ? attn : attn.withCausal(false).withWindow(0);
-    AttentionState st = kernel(b, c, s, o);
+    AttentionState st = kernel(backend, b, c, s, o);
     return rows(b, st, t -> o.visibleCount(c.getKPos(), b.getQPos()[t]));
   }
 
   /** The kernel on one (block, chunk) pair; a non-finite score is bad input named by document and query. */
-  private static AttentionState kernel(QueryBlock b, Chunk c, Shape s, AttentionOptions o) {
+  private static AttentionState kernel(AttentionBackend backend, QueryBlock b, Chunk c, Shape s, AttentionOptions o) {
     int n = b.getQPos().length, tk = c.getKPos().length, d = s.dim();
     try {
-      return CpuAttention.DEFAULT.forward(new Tensor(b.getQ(), 1, s.heads(), n, d),
+      return backend.forward(new Tensor(b.getQ(), 1, s.heads(), n, d),
           new Tensor(c.getK(), 1, s.kvHeads(), tk, d), new Tensor(c.getV(), 1, s.kvHeads(), tk, d), b.getQPos(),
           c.getKPos(), o);
     } catch (NonFiniteScoreException e) {
@@ -811,6 +797,13 @@ public final class ScoreJob {
       throw new InputError("doc '" + b.getDocId() + "', " + query + ", head " + e.head + ", against the key at pos "
           + e.keyPos + ": the attention score is " + e.score + " in float32 (q.k overflows: q and k hold values too "
           + "large for float32 attention)");
+    } catch (IllegalArgumentException e) { // e.g. an output that overflows float32: v too large
+      long[] p = b.getQPos();
+      String[] ids = b.getIds();
+      String queries = ids != null ? "queries '" + ids[0] + "'..'" + ids[ids.length - 1] + "'"
+          : "the tokens at pos " + p[0] + ".." + p[p.length - 1];
+      throw new InputError("doc '" + b.getDocId() + "', " + queries + " against the keys at pos " + c.getKPos()[0]
+          + ".." + c.getKPos()[tk - 1] + ": " + e.getMessage());
     }
   }
 

@@ -27,6 +27,8 @@ public final class ScoreOptions implements Serializable {
   public int partitions;
   public Mode mode = Mode.DECODE;
   public boolean overwrite;
+  /** auto, cpu, cuda or another registered provider's name; null: -Dlongctx.backend, else auto. */
+  public String backend;
 
   public AttentionOptions attention() {
     return new AttentionOptions(scale, softcap, causal, window);

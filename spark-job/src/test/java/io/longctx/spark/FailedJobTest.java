@@ -93,9 +93,18 @@ class FailedJobTest {
     conf.set(FaultHooks.FAIL_FIRST_ATTEMPTS, "1");
     conf.set(FaultHooks.FAIL_STAGE, FaultHooks.REDUCE);
     try {
+      // The Spark properties alone do nothing: the hooks need the JVM property too.
+      assertEquals(0, LongctxMain.run(new String[] {"score", "--keys", keys.toString(), "--queries", queries.toString(),
+          "--output", tmp.resolve("unarmed").toString(), "--dim", "8", "--causal", "--chunk-len", "16"}, System.out,
+          System.err), "hooks off without " + FaultHooks.ENABLE_PROPERTY);
+      try (Stream<Path> s = Files.walk(tmp.resolve("unarmed"))) {
+        s.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
+      }
+      System.setProperty(FaultHooks.ENABLE_PROPERTY, "true");
       String msg = score(keys, queries, 1);
       assertTrue(msg.contains("injected test failure"), msg);
     } finally {
+      System.clearProperty(FaultHooks.ENABLE_PROPERTY);
       conf.remove(FaultHooks.FAIL_FIRST_ATTEMPTS);
       conf.remove(FaultHooks.FAIL_STAGE);
     }

@@ -110,7 +110,7 @@ class FaultToleranceTest {
     Files.createDirectories(home.resolve("launcher/target/scala-2.13"));
     // C1 only and small heaps: seven JVMs share two cores here.
     flags = new ArrayList<>(LocalClusterTest.ManagementFlags.jvmFlags());
-    flags.addAll(List.of("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"));
+    flags.addAll(List.of("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-D" + FaultHooks.ENABLE_PROPERTY + "=true"));
 
     // Should this JVM be ended from outside (surefire's timeout), take the cluster with it.
     Runtime.getRuntime().addShutdownHook(new Thread(() -> daemons.forEach(d -> {

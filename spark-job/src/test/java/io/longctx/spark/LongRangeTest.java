@@ -71,9 +71,10 @@ class LongRangeTest {
     String ansi = spark.conf().get("spark.sql.ansi.enabled");
     int run = 0;
     try {
+      // Each window size under one setting, three under each (a job run costs a few seconds).
       for (String mode : new String[] {"true", "false"}) {
         spark.conf().set("spark.sql.ansi.enabled", mode);
-        for (long w : new long[] {0, 1, 5, 3 * spread, MAX - 1, MAX}) {
+        for (long w : mode.equals("true") ? new long[] {0, 5, MAX} : new long[] {1, 3 * spread, MAX - 1}) {
           AttentionOptions attn = AttentionOptions.DEFAULT.withCausal(true).withWindow(w);
           ScoreOptions o = new ScoreOptions();
           o.keys = keys.toString();

@@ -1,0 +1,49 @@
+// Device helpers shared by every longctx kernel, and the device twin of the visibility rule
+// (io.longctx.kernels.AttentionOptions: visible, anyVisible, allVisible). Included by each .cu.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <climits>
+#include <stdint.h>
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+  for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+
+// Positions are any 64-bit value: a window compares the exact distance q - k (k <= q) as an
+// unsigned number, never q - window, which overflows near LLONG_MIN.
+__device__ __forceinline__ bool within_window(long long q, long long k, long long window) {
+  return window <= 0 || (unsigned long long)q - (unsigned long long)k < (unsigned long long)window;
+}
+
+// Whether a query at qp sees a key at kp (causal: kp <= qp; window w > 0: qp - w < kp <= qp).
+__device__ __forceinline__ bool visible(long long qp, long long kp, int causal, long long window) {
+  if (!causal && window <= 0) return true;
+  return kp <= qp && within_window(qp, kp, window);
+}
+
+// Whether some query in [qlo, qhi] may see some key in [klo, khi] (false: skip the pair).
+__device__ __forceinline__ bool any_visible(long long qlo, long long qhi, long long klo, long long khi, int causal,
+                                            long long window) {
+  if (!causal && window <= 0) return true;
+  if (klo > qhi) return false;
+  return khi >= qlo || within_window(qlo, khi, window);
+}
+
+// Whether every query in [qlo, qhi] sees every key in [klo, khi] (true: no mask work).
+__device__ __forceinline__ bool all_visible(long long qlo, long long qhi, long long klo, long long khi, int causal,
+                                            long long window) {
+  if (!causal && window <= 0) return true;
+  return khi <= qlo && within_window(qhi, klo, window);
+}

@@ -1,0 +1,73 @@
+package io.longctx.spark;
+
+import io.longctx.kernels.AttentionBackend;
+import io.longctx.kernels.AttentionBackends;
+import java.io.Serializable;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
+import org.apache.spark.resource.ResourceInformation;
+import org.apache.spark.sql.SparkSession;
+
+/**
+ * The one attention backend of a job: chosen on the driver from the one selector
+ * ({@link AttentionBackends}: {@code --backend}, else {@code -Dlongctx.backend}, else auto), opened
+ * in every task on the GPU Spark assigned to it. A job never mixes backends: an executor that cannot
+ * run the chosen one fails its tasks with the reason, and the job fails rather than change bits.
+ */
+final class JobBackend implements Serializable {
+  private static final long serialVersionUID = 1L;
+
+  /** Spark's task GPU resource name (spark.task.resource.gpu.amount, TaskContext.resources()). */
+  static final String GPU = "gpu";
+
+  private static final Map<String, AttentionBackend> OPEN = new ConcurrentHashMap<>();
+
+  final String name;
+
+  private JobBackend(String name) {
+    this.name = name;
+  }
+
+  /**
+   * Resolves a choice on the driver. {@code auto} is {@code cuda} when Spark schedules GPUs for the
+   * tasks ({@code spark.task.resource.gpu.amount > 0}), else {@code cpu}: the driver cannot see the
+   * executors' devices, and a job must not find out per task. An unknown name is bad input.
+   */
+  static JobBackend resolve(SparkSession spark, String choice) {
+    String c = choice != null ? choice : AttentionBackends.choice();
+    if (c.equals("auto")) {
+      double gpus = spark.sparkContext().getConf().getDouble("spark.task.resource." + GPU + ".amount", 0);
+      c = gpus > 0 ? "cuda" : "cpu";
+    }
+    try {
+      return new JobBackend(AttentionBackends.provider(c).name());
+    } catch (IllegalArgumentException e) {
+      throw new InputError("--backend: " + e.getMessage());
+    }
+  }
+
+  /** The backend in this task: on the task's assigned GPU address where Spark gave one, else device 0. */
+  AttentionBackend open() {
+    int device = 0;
+    TaskContext tc = TaskContext.get();
+    if (tc != null) {
+      ResourceInformation gpu = tc.resourcesJMap().get(GPU);
+      if (gpu != null && gpu.addresses().length > 0) {
+        device = Integer.parseInt(gpu.addresses()[0].strip());
+      }
+    }
+    int d = device;
+    try {
+      return OPEN.computeIfAbsent(name + "@" + d, k -> AttentionBackends.open(name, d));
+    } catch (IllegalStateException e) {
+      SparkEnv env = SparkEnv.get();
+      String where = env == null ? "this JVM" : "executor " + env.executorId();
+      throw new IllegalStateException("this job runs on the '" + name + "' backend (chosen on the driver), which "
+          + where + " cannot run: " + e.getMessage() + ". One job never mixes backends: give every executor what the "
+          + "backend needs (for cuda: spark.executor.resource.gpu.amount and the discovery script conf/gpu-discovery.sh)"
+          + " or choose another with --backend", e);
+    }
+  }
+}
