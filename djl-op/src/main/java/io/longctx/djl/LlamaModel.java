@@ -9,6 +9,8 @@ import ai.djl.nn.AbstractBlock;
 import ai.djl.nn.Activation;
 import ai.djl.training.ParameterStore;
 import ai.djl.util.PairList;
+import io.longctx.kernels.AttentionBackend;
+import io.longctx.kernels.AttentionBackends;
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.AttentionState;
 import io.longctx.kernels.CpuAttention;
@@ -33,7 +35,8 @@ import java.util.Objects;
  * is computed per vocabulary shard and merged with the same LSE arithmetic, so no logits row wider
  * than a shard exists either. Memory: O(T x layers x kvHeads x headDim) for the cache, O(chunk x
  * max(shard, ffn)) for the rest. Projections, norms and the MLP are libtorch matmuls (float32)
- * through DJL; attention runs on our CPU kernels.
+ * through DJL; attention runs on the longctx backend ({@link AttentionBackends}: {@code -Dlongctx.backend},
+ * default auto: CUDA where usable, else the CPU kernels).
  *
  * <p>As a DJL {@link ai.djl.nn.Block}: input {@code (tokens [T] int32/int64)}, output
  * {@code (logprobs [T-1] float32, sumLogprob [1] float64)}; the chunk length comes from the forward param
@@ -53,12 +56,13 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
 
   private volatile Loaded w;
   private final int vocabShard;
-  private final CpuAttention kernels;
+  private final AttentionBackend explicitBackend;
+  private volatile AttentionBackend backend;
   private final int blockChunkLen;
 
   /** An empty model, to be filled by {@link #loadCheckpoint} (the DJL {@code Criteria} route). */
   public LlamaModel() {
-    this(DEFAULT_VOCAB_SHARD, CpuAttention.DEFAULT);
+    this(DEFAULT_VOCAB_SHARD, null);
   }
 
   /**
@@ -66,18 +70,18 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
    * (a {@code Predictor} passes no params).
    */
   public LlamaModel(int chunkLen) {
-    this(DEFAULT_VOCAB_SHARD, CpuAttention.DEFAULT, chunkLen);
+    this(DEFAULT_VOCAB_SHARD, null, chunkLen);
   }
 
   /**
    * @param vocabShard rows of the LM head per logits block (the widest logits row that exists)
-   * @param kernels the CPU attention kernels
+   * @param backend the attention backend, or null for the selector's ({@link AttentionBackends#choice()})
    */
-  public LlamaModel(int vocabShard, CpuAttention kernels) {
-    this(vocabShard, kernels, DEFAULT_CHUNK_LEN);
+  public LlamaModel(int vocabShard, AttentionBackend backend) {
+    this(vocabShard, backend, DEFAULT_CHUNK_LEN);
   }
 
-  private LlamaModel(int vocabShard, CpuAttention kernels, int chunkLen) {
+  private LlamaModel(int vocabShard, AttentionBackend backend, int chunkLen) {
     super(VERSION);
     if (chunkLen < 1) {
       throw new IllegalArgumentException("chunkLen must be >= 1, got " + chunkLen);
@@ -87,7 +91,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       throw new IllegalArgumentException("vocabShard must be >= 1, got " + vocabShard);
     }
     this.vocabShard = vocabShard;
-    this.kernels = Objects.requireNonNull(kernels, "kernels");
+    this.explicitBackend = backend;
   }
 
   /** Loads a checkpoint directory (config.json, model.safetensors or shards) onto a sub-manager of {@code manager}. */
@@ -99,7 +103,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
 
   /** {@link #load} with a chosen vocabulary shard size. */
   public static LlamaModel load(Path dir, NDManager manager, int vocabShard) throws IOException {
-    LlamaModel m = new LlamaModel(vocabShard, CpuAttention.DEFAULT);
+    LlamaModel m = new LlamaModel(vocabShard, null);
     m.loadCheckpoint(dir, manager);
     return m;
   }
@@ -116,6 +120,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     Map<String, Safetensors.Entry> entries = Safetensors.checkpointEntries(dir);
     Map<String, long[]> expected = cfg.expectedTensors();
     Safetensors.requireExactly(entries, expected, dir);
+    backend = explicitBackend != null ? explicitBackend : AttentionBackends.select(AttentionBackends.choice());
     NDManager wm = manager.newSubManager();
     try {
       Map<String, NDArray> t = new java.util.HashMap<>();
@@ -312,7 +317,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
 
   /**
    * Attention of the chunk's queries over the cached chunks and its own keys (appended to the
-   * cache first): one attention state per visible chunk from the CPU kernels, merged in chunk order.
+   * cache first): one attention state per visible chunk from the backend, merged in chunk order.
    */
   private NDArray attention(Loaded m, NDManager cm, NDArray q, NDArray k, NDArray v, long[] pos, KvCache kv) {
     LlamaConfig c = m.cfg;
@@ -340,8 +345,9 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     for (int i = 0; i < kv.k.size(); i++) {
       // Few query rows: split-K also splits the keys, as AttentionOp's Java path does.
       states.add(len <= AttentionOp.SPLIT_K_MAX_QUERY_ROWS
-          ? kernels.decode(qt, kv.k.get(i), kv.v.get(i), pos, kv.pos.get(i), m.attn)
-          : kernels.forward(qt, kv.k.get(i), kv.v.get(i), pos, kv.pos.get(i), m.attn));
+          ? backend.decode(qt, kv.k.get(i), kv.v.get(i), pos, kv.pos.get(i), m.attn, CpuAttention.DEFAULT_SPLIT_LEN)
+              .state()
+          : backend.forward(qt, kv.k.get(i), kv.v.get(i), pos, kv.pos.get(i), m.attn));
     }
     AttentionState st = AttentionState.mergeAll(states);
     return cm.create(st.o(), new Shape(len, (long) c.heads * c.headDim));
