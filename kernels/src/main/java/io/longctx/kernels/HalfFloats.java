@@ -1,11 +1,11 @@
 package io.longctx.kernels;
 
 /** float32 to and from IEEE half and bfloat16 bit patterns, rounding to nearest even (JDK 17 has neither). */
-final class HalfFloats {
+public final class HalfFloats {
 
   private HalfFloats() {}
 
-  static short floatToBf16(float f) {
+  public static short floatToBf16(float f) {
     int bits = Float.floatToRawIntBits(f);
     if (Float.isNaN(f)) {
       return (short) ((bits >>> 16) | 0x40);
@@ -14,11 +14,11 @@ final class HalfFloats {
     return (short) ((bits + rounding) >>> 16);
   }
 
-  static float bf16ToFloat(short h) {
+  public static float bf16ToFloat(short h) {
     return Float.intBitsToFloat((h & 0xFFFF) << 16);
   }
 
-  static short floatToHalf(float f) {
+  public static short floatToHalf(float f) {
     int bits = Float.floatToRawIntBits(f);
     int sign = (bits >>> 16) & 0x8000;
     int exp = (bits >>> 23) & 0xFF;
@@ -52,7 +52,7 @@ final class HalfFloats {
     return (short) (sign | half);
   }
 
-  static float halfToFloat(short h) {
+  public static float halfToFloat(short h) {
     int bits = h & 0xFFFF;
     int sign = (bits & 0x8000) << 16;
     int exp = (bits >>> 10) & 0x1F;

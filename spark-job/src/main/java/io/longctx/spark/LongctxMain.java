@@ -107,6 +107,7 @@ public final class LongctxMain {
         score   exact long-context attention scoring (score --help)
         gen     generate a synthetic corpus (gen --help)
         demo    generate, score and check a small corpus (demo --help)
+        ppl     log-likelihood of whole documents under a Llama-family checkpoint (ppl --help)
         spark-bench   Spark overhead of a prefill: job wall time over kernel-only time (spark-bench --help)
       """;
 
@@ -127,6 +128,7 @@ public final class LongctxMain {
         case "gen" -> gen(rest, out, err);
         case "demo" -> demo(rest, out, err);
         case "spark-bench" -> OverheadBench.run(rest, out);
+        case "ppl" -> PplJob.cli(rest, out, err);
         default -> {
           err.println("longctx: unknown command '" + cmd + "'");
           err.print(MAIN_HELP);

@@ -1,0 +1,443 @@
+package io.longctx.spark;
+
+import ai.djl.huggingface.tokenizers.HuggingFaceTokenizer;
+import ai.djl.ndarray.NDManager;
+import io.longctx.djl.DocumentScore;
+import io.longctx.djl.LlamaConfig;
+import io.longctx.djl.LlamaModel;
+import io.longctx.djl.LlamaTranslator;
+import io.longctx.djl.Safetensors;
+import java.io.IOException;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashSet;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.spark.Partitioner;
+import org.apache.spark.api.java.JavaRDD;
+import org.apache.spark.sql.Column;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.functions;
+import org.apache.spark.sql.types.ArrayType;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import scala.Tuple2;
+
+/**
+ * {@code longctx ppl}: the log-likelihood of whole documents under a Llama-family checkpoint, one
+ * document per Spark task ({@link LlamaModel#score}: chunked over a KV chunk list, vocabulary LSE
+ * over shards, so neither T x T nor T x V ever exists). The model is loaded once per executor JVM
+ * and shared by its tasks.
+ */
+public final class PplJob {
+
+  public static final String HELP = """
+      usage: longctx ppl --model DIR --input PATH --output OUT [options]
+
+      Log-likelihood of whole documents under a Llama-family checkpoint (Hugging Face layout:
+      config.json, model.safetensors or shards with model.safetensors.index.json, tokenizer.json for
+      text input). One document per Spark task; each document runs chunk by chunk through the model
+      with its KV cache as a list of chunks, so memory is O(document) and never O(T^2) or O(T x vocab).
+
+      Input rows (Parquet or JSON Lines): doc_id string and exactly one of text string (tokenized with
+      tokenizer.json and its own special tokens) or tokens array<int> (scored exactly as given).
+      Output rows (same format): doc_id, n_tokens long, sum_logprob double (natural log, sum over
+      i = 1..n-1 of log p(t_i | t_<i); 0 for one token), ppl double (exp(-sum_logprob/(n_tokens-1));
+      null below 2 tokens), bits_per_byte double (text rows: -sum_logprob/ln 2/UTF-8 bytes; else null),
+      and with --per-token logprobs array<float> (n_tokens-1 values). Written to a hidden sibling and
+      renamed to OUT at the end (as score).
+
+      Options:
+        --model DIR           checkpoint directory (required)
+        --input PATH          documents (required)
+        --output OUT          output directory (required; must not exist unless --overwrite)
+        --overwrite           replace OUT if it is a previous longctx output
+        --format F            parquet | json (default: from the input extension)
+        --per-token           add the logprobs column
+        --chunk-len N         tokens per chunk (default 512; any length gives the same sums up to
+                              float32 rounding, ~1e-6 relative)
+        --partitions N        tasks (default: one per document)
+
+      Bad input exits 2 naming the document: a token id outside the vocabulary, a row with neither or
+      both of text and tokens, a missing doc_id; an unreadable or inconsistent checkpoint names the
+      file and tensor. A summary goes to stderr at the end.
+      """ + LongctxMain.COMMON_HELP;
+
+  /** Options of one run. */
+  public static final class Options implements java.io.Serializable {
+    private static final long serialVersionUID = 1L;
+    public String model;
+    public String input;
+    public String output;
+    public String format;
+    public boolean perToken;
+    public int chunkLen = 512;
+    public int partitions;
+    public boolean overwrite;
+
+    String resolvedFormat() {
+      if (format != null) {
+        return format;
+      }
+      String p = input.toLowerCase(Locale.ROOT).replaceAll("/+$", "");
+      return p.endsWith(".json") || p.endsWith(".jsonl") || p.endsWith(".ndjson") || p.endsWith(".json.gz")
+          || p.endsWith(".jsonl.gz") ? "json" : "parquet";
+    }
+
+    void check() {
+      for (String[] r : new String[][] {{"--model", model}, {"--input", input}, {"--output", output}}) {
+        if (r[1] == null) {
+          throw new IllegalArgumentException(r[0] + " is required");
+        }
+      }
+      if (format != null && !format.equals("parquet") && !format.equals("json")) {
+        throw new IllegalArgumentException("--format must be parquet or json, got " + format);
+      }
+      if (chunkLen < 1) {
+        throw new IllegalArgumentException("--chunk-len must be >= 1, got " + chunkLen);
+      }
+      if (partitions < 0) {
+        throw new IllegalArgumentException("--partitions must be >= 1, got " + partitions);
+      }
+    }
+  }
+
+  /** What a run did. */
+  public record Summary(long documents, long tokens, double wallSeconds, String model, String output) {
+    @Override
+    public String toString() {
+      return String.format(Locale.ROOT, "longctx ppl summary%n  documents      %d%n  tokens         %d%n"
+          + "  model          %s%n  wall time      %.2f s%n  tokens/s       %.0f%n  output         %s%n",
+          documents, tokens, model, wallSeconds, wallSeconds > 0 ? tokens / wallSeconds : 0, output);
+    }
+  }
+
+  private PplJob() {}
+
+  /** The command line: parse, run on a session (the default one if any, else a new one). */
+  static int cli(String[] argv, PrintStream out, PrintStream err) {
+    Args a = Args.parse(argv, List.of("--model", "--input", "--output", "--format", "--chunk-len", "--partitions"),
+        List.of("--per-token", "--overwrite"));
+    if (a.help) {
+      out.print(HELP);
+      return 0;
+    }
+    Options o = new Options();
+    o.model = a.get("--model");
+    o.input = a.get("--input");
+    o.output = a.get("--output");
+    o.format = a.get("--format") == null ? null : a.get("--format").toLowerCase(Locale.ROOT);
+    o.perToken = a.flag("--per-token");
+    o.chunkLen = a.intValue("--chunk-len", o.chunkLen);
+    o.partitions = a.intValue("--partitions", 0);
+    o.overwrite = a.flag("--overwrite");
+    o.check();
+    boolean owned = SparkSession.getDefaultSession().isEmpty();
+    SparkSession spark = Sessions.create("longctx ppl", a.get("--master"), a.confs);
+    try {
+      err.print(run(spark, o));
+      return 0;
+    } finally {
+      if (owned) {
+        spark.stop();
+      }
+    }
+  }
+
+  public static Summary run(SparkSession spark, Options opt) {
+    long t0 = System.nanoTime();
+    opt.check();
+    try {
+      return runChecked(spark, opt, t0);
+    } catch (RuntimeException e) {
+      InputError ie = InputError.find(e);
+      if (ie != null && ie != e) {
+        throw new InputError(ie.getMessage());
+      }
+      throw e;
+    } catch (IOException e) {
+      throw new java.io.UncheckedIOException(e);
+    }
+  }
+
+  static final String CORRUPT = "_corrupt_record";
+
+  private static Summary runChecked(SparkSession spark, Options opt, long t0) throws IOException {
+    Configuration hconf = spark.sparkContext().hadoopConfiguration();
+    Path in = new Path(opt.input);
+    FileSystem fs = in.getFileSystem(hconf);
+    if (!opt.input.contains("*") && !fs.exists(in)) {
+      throw new InputError("INPUT " + opt.input + ": no such file or directory");
+    }
+    int vocab = checkModel(opt.model);
+    Map<String, String> inputs = new LinkedHashMap<>();
+    inputs.put("INPUT", opt.input);
+    inputs.put("MODEL", opt.model);
+    OutputCommit commit = OutputCommit.prepare(hconf, opt.output, opt.overwrite, "ppl", inputs);
+
+    String fmt = opt.resolvedFormat();
+    Dataset<Row> df = read(spark, fmt, opt.input);
+    boolean hasText = Arrays.asList(df.columns()).contains("text");
+    boolean hasTokens = Arrays.asList(df.columns()).contains("tokens");
+    List<Column> cols = new ArrayList<>();
+    cols.add(functions.col("doc_id"));
+    cols.add(hasText ? functions.col("text") : functions.lit(null).cast(DataTypes.StringType).as("text"));
+    cols.add(hasTokens ? functions.col("tokens").cast(DataTypes.createArrayType(DataTypes.LongType)).as("tokens")
+        : functions.lit(null).cast(DataTypes.createArrayType(DataTypes.LongType)).as("tokens"));
+    cols.add(fmt.equals("json") ? functions.col(CORRUPT) : functions.lit(null).cast(DataTypes.StringType).as(CORRUPT));
+    cols.add(functions.input_file_name().as("file"));
+    Dataset<Row> docs = df.select(cols.toArray(new Column[0]));
+
+    long n = docs.count();
+    if (n == 0) {
+      throw new InputError("INPUT " + opt.input + ": no documents");
+    }
+    int parts = opt.partitions > 0 ? opt.partitions : (int) Math.min(n, Integer.MAX_VALUE);
+    // One document per task: index the rows and place document i in partition i % parts.
+    JavaRDD<Row> placed = docs.javaRDD().zipWithIndex().mapToPair(t -> new Tuple2<>(t._2(), t._1()))
+        .partitionBy(new ByIndex(parts)).values();
+    final Options o = opt;
+    final boolean bpb = hasText;
+    JavaRDD<Row> scored = placed.map(r -> scoreRow(r, o, vocab, bpb));
+    StructType schema = outputSchema(hasText, opt.perToken);
+    Dataset<Row> result = spark.createDataFrame(scored, schema).cache();
+    try {
+      // Score once (cached), then write: the summary's token count comes from the same rows.
+      Row totals = result.agg(functions.count(functions.lit(1)), functions.sum("n_tokens")).first();
+      long docCount = totals.getLong(0);
+      long tokens = totals.isNullAt(1) ? 0 : totals.getLong(1);
+      commit.write(spark, result.write().format(fmt));
+      double wall = (System.nanoTime() - t0) / 1e9;
+      return new Summary(docCount, tokens, wall, opt.model, opt.output);
+    } finally {
+      result.unpersist();
+    }
+  }
+
+  /** Reads config.json and the tensor headers on the driver: a bad checkpoint fails before any task. */
+  private static int checkModel(String dir) throws IOException {
+    java.nio.file.Path p = java.nio.file.Path.of(dir);
+    if (!java.nio.file.Files.isDirectory(p)) {
+      throw new InputError("MODEL " + dir + ": not a directory");
+    }
+    try {
+      LlamaConfig cfg = LlamaConfig.read(p);
+      Safetensors.requireExactly(Safetensors.checkpointEntries(p), cfg.expectedTensors(), p);
+      return cfg.vocabSize;
+    } catch (IllegalArgumentException e) {
+      throw new InputError("MODEL " + dir + ": " + e.getMessage());
+    }
+  }
+
+  static Dataset<Row> read(SparkSession spark, String fmt, String path) {
+    Dataset<Row> df;
+    if (fmt.equals("json")) {
+      StructType s = new StructType().add("doc_id", DataTypes.StringType).add("text", DataTypes.StringType)
+          .add("tokens", DataTypes.createArrayType(DataTypes.LongType)).add(CORRUPT, DataTypes.StringType);
+      df = spark.read().schema(s).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT).json(path);
+    } else {
+      df = spark.read().format(fmt).load(path);
+    }
+    Set<String> have = new HashSet<>(Arrays.asList(df.columns()));
+    if (!have.contains("doc_id") || (!have.contains("text") && !have.contains("tokens"))) {
+      throw new InputError("INPUT " + path + ": needs columns doc_id string and text string and/or tokens array<int>"
+          + " (has " + String.join(", ", df.columns()) + ")");
+    }
+    for (StructField f : df.schema().fields()) {
+      DataType t = f.dataType();
+      boolean ok = switch (f.name()) {
+        case "doc_id", "text" -> t.equals(DataTypes.StringType);
+        case "tokens" -> t instanceof ArrayType at && (at.elementType().equals(DataTypes.IntegerType)
+            || at.elementType().equals(DataTypes.LongType) || at.elementType().equals(DataTypes.ShortType));
+        default -> true;
+      };
+      if (!ok) {
+        throw new InputError("INPUT " + path + ": column '" + f.name() + "' has type " + t.simpleString()
+            + (f.name().equals("tokens") ? ", expected array<int>" : ", expected string"));
+      }
+    }
+    return df;
+  }
+
+  static StructType outputSchema(boolean bitsPerByte, boolean perToken) {
+    StructType s = new StructType()
+        .add("doc_id", DataTypes.StringType, false)
+        .add("n_tokens", DataTypes.LongType, false)
+        .add("sum_logprob", DataTypes.DoubleType, false)
+        .add("ppl", DataTypes.DoubleType, true);
+    if (bitsPerByte) {
+      s = s.add("bits_per_byte", DataTypes.DoubleType, true);
+    }
+    if (perToken) {
+      s = s.add("logprobs", DataTypes.createArrayType(DataTypes.FloatType, false), false);
+    }
+    return s;
+  }
+
+  /** Scores one input row (doc_id, text, tokens, corrupt, file) in a task. */
+  static Row scoreRow(Row r, Options o, int vocab, boolean bitsPerByteColumn) throws IOException {
+    String file = r.getString(4);
+    String where = "INPUT file " + file;
+    if (!r.isNullAt(3)) {
+      String bad = r.getString(3);
+      throw new InputError(where + ": malformed JSON record (not JSON, or a value of the wrong type): "
+          + bad.substring(0, Math.min(300, bad.length())));
+    }
+    if (r.isNullAt(0)) {
+      throw new InputError(where + ": a row has no doc_id");
+    }
+    String doc = r.getString(0);
+    where += ", doc '" + doc + "'";
+    boolean text = !r.isNullAt(1), tokens = !r.isNullAt(2);
+    if (text == tokens) {
+      throw new InputError(where + ": a row needs exactly one of text and tokens, got "
+          + (text ? "both" : "neither"));
+    }
+    Loaded m = Loaded.get(o.model);
+    int[] ids;
+    long bytes = -1;
+    if (text) {
+      String s = r.getString(1);
+      ids = LlamaTranslator.encode(m.tokenizer(), s);
+      bytes = s.getBytes(StandardCharsets.UTF_8).length;
+    } else {
+      List<Long> l = r.getList(2);
+      ids = new int[l.size()];
+      for (int i = 0; i < ids.length; i++) {
+        Long v = l.get(i);
+        if (v == null || v < 0 || v >= vocab) {
+          throw new InputError(where + ": token id " + v + " at position " + i + " is outside the vocabulary [0, "
+              + vocab + ")");
+        }
+        ids[i] = (int) (long) v;
+      }
+    }
+    DocumentScore s;
+    try {
+      s = m.model.score(ids, o.chunkLen, o.perToken);
+    } catch (IllegalArgumentException e) {
+      throw new InputError(where + ": " + e.getMessage());
+    }
+    List<Object> out = new ArrayList<>();
+    out.add(doc);
+    out.add((long) s.nTokens());
+    out.add(s.sumLogprob());
+    out.add(s.nTokens() < 2 ? null : s.perplexity());
+    if (bitsPerByteColumn) {
+      out.add(bytes > 0 ? s.bitsPerByte(bytes) : null);
+    }
+    if (o.perToken) {
+      float[] lp = s.logprobs();
+      Float[] boxed = new Float[lp.length];
+      for (int i = 0; i < lp.length; i++) {
+        boxed[i] = lp[i];
+      }
+      // An external Row's array must be a Scala Seq for the encoder.
+      out.add(scala.jdk.javaapi.CollectionConverters.asScala(Arrays.asList(boxed)).toSeq());
+    }
+    return RowFactory.create(out.toArray());
+  }
+
+  /** The model and tokenizer of a checkpoint, loaded once per JVM and shared by its tasks. */
+  static final class Loaded {
+    private static final Map<String, Loaded> CACHE = new ConcurrentHashMap<>();
+    // Lives as long as the JVM: executors keep the model for every task of the job.
+    private static NDManager manager;
+
+    final LlamaModel model;
+    private final java.nio.file.Path dir;
+    private volatile HuggingFaceTokenizer tokenizer;
+
+    private Loaded(java.nio.file.Path dir, LlamaModel model) {
+      this.dir = dir;
+      this.model = model;
+    }
+
+    static Loaded get(String dir) {
+      // Keyed by the files' modification times too: a checkpoint rewritten in place is loaded again.
+      return CACHE.computeIfAbsent(dir + "@" + stamp(dir), key -> {
+        String d = dir;
+        try {
+          synchronized (Loaded.class) {
+            if (manager == null) {
+              manager = NDManager.newBaseManager("PyTorch");
+            }
+          }
+          java.nio.file.Path p = java.nio.file.Path.of(d);
+          return new Loaded(p, LlamaModel.load(p, manager));
+        } catch (IOException e) {
+          throw new java.io.UncheckedIOException("loading the model " + d, e);
+        } catch (IllegalArgumentException e) {
+          throw new InputError("MODEL " + d + ": " + e.getMessage());
+        }
+      });
+    }
+
+    private static String stamp(String dir) {
+      StringBuilder b = new StringBuilder();
+      try (var files = java.nio.file.Files.list(java.nio.file.Path.of(dir))) {
+        for (java.nio.file.Path f : (Iterable<java.nio.file.Path>) files.sorted()::iterator) {
+          b.append(f.getFileName()).append(':').append(java.nio.file.Files.getLastModifiedTime(f).toMillis()).append(';');
+        }
+      } catch (IOException e) {
+        throw new java.io.UncheckedIOException("listing the model directory " + dir, e);
+      }
+      return b.toString();
+    }
+
+    synchronized HuggingFaceTokenizer tokenizer() throws IOException {
+      if (tokenizer == null) {
+        try {
+          tokenizer = LlamaTranslator.openTokenizer(dir);
+        } catch (IllegalArgumentException e) {
+          throw new InputError("MODEL " + dir + ": text input needs a tokenizer: " + e.getMessage());
+        }
+      }
+      return tokenizer;
+    }
+  }
+
+  /** Document i to partition i % n. */
+  static final class ByIndex extends Partitioner {
+    private static final long serialVersionUID = 1L;
+    private final int n;
+
+    ByIndex(int n) {
+      this.n = n;
+    }
+
+    @Override
+    public int numPartitions() {
+      return n;
+    }
+
+    @Override
+    public int getPartition(Object key) {
+      return (int) Math.floorMod((Long) key, (long) n);
+    }
+
+    @Override
+    public boolean equals(Object o) {
+      return o instanceof ByIndex b && b.n == n;
+    }
+
+    @Override
+    public int hashCode() {
+      return n;
+    }
+  }
+}

@@ -1,0 +1,197 @@
+package io.longctx.spark;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import ai.djl.huggingface.tokenizers.HuggingFaceTokenizer;
+import ai.djl.ndarray.NDManager;
+import io.longctx.djl.DocumentScore;
+import io.longctx.djl.LlamaModel;
+import io.longctx.djl.LlamaTranslator;
+import io.longctx.djl.ModelGenerator;
+import java.io.ByteArrayOutputStream;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.SplittableRandom;
+import java.util.stream.Collectors;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/** {@code longctx ppl} end to end on a generated checkpoint: text and token input, every bad input. */
+class PplJobTest {
+
+  @TempDir
+  static Path shared;
+
+  static Path model;
+  static long seed;
+  final SparkSession spark = TestSpark.get();
+
+  @TempDir
+  Path tmp;
+
+  static final String TEXT = "The merged result does not depend on how the work was chunked, beyond rounding. "
+      + "Grüße — 東京 🙂. Positions are absolute token indices within the document, counted from zero.";
+
+  @BeforeAll
+  static void makeModel() throws Exception {
+    Long fixed = Long.getLong("longctx.seed");
+    seed = fixed != null ? fixed : System.nanoTime();
+    System.out.println("PplJobTest: seed " + seed + " (replay with -Dlongctx.seed=" + seed + ")");
+    ModelGenerator.Spec s = new ModelGenerator.Spec();
+    s.seed = seed;
+    s.layers = 2;
+    s.hidden = 32;
+    s.heads = 4;
+    s.kvHeads = 2;
+    s.vocab = 300;
+    model = shared.resolve("model");
+    ModelGenerator.generate(s, model);
+  }
+
+  int run(ByteArrayOutputStream err, String... args) {
+    return LongctxMain.run(args, System.out, new PrintStream(err, true));
+  }
+
+  Path jsonl(String name, String... lines) throws Exception {
+    Path p = tmp.resolve(name);
+    Files.writeString(p, String.join("\n", lines) + "\n", StandardCharsets.UTF_8);
+    return p;
+  }
+
+  static String tokensJson(int[] t) {
+    return Arrays.stream(t).mapToObj(Integer::toString).collect(Collectors.joining(",", "[", "]"));
+  }
+
+  @Test
+  void textAndTokensMatchTheModel() throws Exception {
+    int[] toks = new int[90];
+    SplittableRandom r = new SplittableRandom(seed);
+    for (int i = 0; i < toks.length; i++) {
+      toks[i] = r.nextInt(300);
+    }
+    Path in = jsonl("docs.jsonl",
+        "{\"doc_id\": \"t\", \"text\": " + new com.google.gson.Gson().toJson(TEXT) + "}",
+        "{\"doc_id\": \"k\", \"tokens\": " + tokensJson(toks) + "}",
+        "{\"doc_id\": \"one\", \"tokens\": [7]}");
+    Path out = tmp.resolve("out");
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    int rc = run(err, "ppl", "--model", model.toString(), "--input", in.toString(), "--output", out.toString(),
+        "--per-token", "--chunk-len", "7");
+    assertEquals(0, rc, err.toString());
+    assertTrue(err.toString().contains("longctx ppl summary"), err.toString());
+    assertTrue(Files.exists(out.resolve(OutputCommit.MARKER)));
+    Map<String, Row> rows = new HashMap<>();
+    for (Row row : spark.read().json(out.toString()).collectAsList()) {
+      rows.put(row.getAs("doc_id"), row);
+    }
+    assertEquals(3, rows.size());
+    int[] textIds;
+    DocumentScore wantText, wantToks;
+    try (NDManager m = NDManager.newBaseManager("PyTorch");
+        LlamaModel lm = LlamaModel.load(model, m);
+        HuggingFaceTokenizer tok = LlamaTranslator.openTokenizer(model)) {
+      textIds = LlamaTranslator.encode(tok, TEXT);
+      wantText = lm.score(textIds, 7, true);
+      wantToks = lm.score(toks, 7, true);
+    }
+    Row t = rows.get("t");
+    assertEquals(textIds.length, ((Number) t.getAs("n_tokens")).longValue());
+    assertEquals(wantText.sumLogprob(), (double) t.getAs("sum_logprob"), 0.0, "seed " + seed);
+    assertEquals(wantText.perplexity(), (double) t.getAs("ppl"), 1e-12 * wantText.perplexity());
+    double bytes = TEXT.getBytes(StandardCharsets.UTF_8).length;
+    assertEquals(-wantText.sumLogprob() / Math.log(2) / bytes, (double) t.getAs("bits_per_byte"), 1e-12);
+    assertEquals(textIds.length - 1, t.getList(t.fieldIndex("logprobs")).size());
+    Row k = rows.get("k");
+    assertEquals(90L, ((Number) k.getAs("n_tokens")).longValue(), "token ids scored as given");
+    assertEquals(wantToks.sumLogprob(), (double) k.getAs("sum_logprob"), 0.0, "seed " + seed);
+    assertTrue(k.isNullAt(k.fieldIndex("bits_per_byte")), "bits per byte only for text");
+    List<Object> lp = k.getList(k.fieldIndex("logprobs"));
+    for (int i = 0; i < lp.size(); i++) {
+      assertEquals(wantToks.logprobs()[i], ((Number) lp.get(i)).floatValue(), 0f);
+    }
+    Row one = rows.get("one");
+    assertEquals(1L, ((Number) one.getAs("n_tokens")).longValue());
+    assertEquals(0.0, (double) one.getAs("sum_logprob"));
+    assertTrue(one.isNullAt(one.fieldIndex("ppl")));
+  }
+
+  @Test
+  void parquetTokensOnlyHasNoBitsPerByte() throws Exception {
+    StructType schema = new StructType().add("doc_id", DataTypes.StringType)
+        .add("tokens", DataTypes.createArrayType(DataTypes.IntegerType));
+    List<Row> in = new ArrayList<>();
+    for (int d = 0; d < 3; d++) {
+      in.add(RowFactory.create("d" + d, Arrays.asList(1, 5 + d, 9, 200, 3, 17)));
+    }
+    Path p = tmp.resolve("in.parquet");
+    spark.createDataFrame(in, schema).write().parquet(p.toString());
+    Path out = tmp.resolve("out");
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    assertEquals(0, run(err, "ppl", "--model", model.toString(), "--input", p.toString(), "--output",
+        out.toString(), "--partitions", "2"), err.toString());
+    var df = spark.read().parquet(out.toString());
+    assertEquals(List.of("doc_id", "n_tokens", "sum_logprob", "ppl"), Arrays.asList(df.columns()));
+    assertEquals(3, df.count());
+  }
+
+  /** Asserts exit 2, the fragments on stderr, and no output. */
+  void fails(Path in, Path modelDir, String... fragments) {
+    Path out = tmp.resolve("out");
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    int rc = run(err, "ppl", "--model", modelDir.toString(), "--input", in.toString(), "--output", out.toString());
+    String msg = err.toString();
+    assertEquals(2, rc, msg);
+    for (String f : fragments) {
+      assertTrue(msg.contains(f), "message should contain '" + f + "': " + msg);
+    }
+    assertFalse(Files.exists(out), "no output after a failure");
+  }
+
+  @Test
+  void badInputNamesTheDocument() throws Exception {
+    fails(jsonl("a.jsonl", "{\"doc_id\": \"ok\", \"tokens\": [1, 2]}", "{\"doc_id\": \"big\", \"tokens\": [1, 300]}"),
+        model, "doc 'big'", "300", "position 1", "vocabulary");
+    fails(jsonl("b.jsonl", "{\"doc_id\": \"both\", \"tokens\": [1, 2], \"text\": \"hi\"}"), model, "doc 'both'",
+        "exactly one of text and tokens", "both");
+    fails(jsonl("c.jsonl", "{\"doc_id\": \"none\"}"), model, "doc 'none'", "neither");
+    fails(jsonl("d.jsonl", "{\"tokens\": [1, 2]}"), model, "no doc_id");
+    fails(jsonl("e.jsonl", "{\"doc_id\": \"neg\", \"tokens\": [-1]}"), model, "doc 'neg'", "-1");
+    fails(jsonl("f.jsonl", "not json"), model, "malformed JSON");
+    fails(tmp.resolve("missing.jsonl"), model, "no such file");
+  }
+
+  @Test
+  void badCheckpointNamesTheFileAndTensor() throws Exception {
+    Path bad = tmp.resolve("bad-model");
+    Files.createDirectories(bad);
+    for (String f : List.of("config.json", "tokenizer.json")) {
+      Files.copy(model.resolve(f), bad.resolve(f));
+    }
+    // A config that needs more layers than the weights hold.
+    String cfg = Files.readString(model.resolve("config.json")).replace("\"num_hidden_layers\": 2",
+        "\"num_hidden_layers\": 3");
+    Files.writeString(bad.resolve("config.json"), cfg);
+    Files.copy(model.resolve("model.safetensors"), bad.resolve("model.safetensors"));
+    Path in = jsonl("g.jsonl", "{\"doc_id\": \"x\", \"tokens\": [1, 2]}");
+    fails(in, bad, "MODEL", "model.layers.2.", "missing");
+    Files.writeString(bad.resolve("config.json"), cfg.replace("\"num_hidden_layers\": 3", "\"num_hidden_layers\": 2")
+        .replace("\"silu\"", "\"gelu\""));
+    fails(in, bad, "config.json", "hidden_act", "gelu");
+  }
+}
