@@ -151,7 +151,7 @@ public final class LongctxMain {
     }
   }
 
-  static int score(String[] argv, PrintStream out, PrintStream err) {
+  static int score(String[] argv, PrintStream out, PrintStream err) throws Exception {
     Args a = Args.parse(argv, List.of("--keys", "--queries", "--output", "--format", "--heads", "--kv-heads", "--dim",
         "--scale", "--softcap", "--window", "--chunk-len", "--query-block", "--partitions", "--mode", "--backend"),
         List.of("--causal", "--overwrite"));
@@ -185,20 +185,13 @@ public final class LongctxMain {
       }
     }
     o.check();
-    boolean owned = SparkSession.getDefaultSession().isEmpty();
-    SparkSession spark = Sessions.create("longctx score", a.get("--master"), a.confs);
-    try {
-      ScoreJob.Summary s = ScoreJob.run(spark, o);
-      err.print(s);
+    return Sessions.run("longctx score", a.get("--master"), a.confs, spark -> {
+      err.print(ScoreJob.run(spark, o));
       return 0;
-    } finally {
-      if (owned) {
-        spark.stop();
-      }
-    }
+    });
   }
 
-  static int gen(String[] argv, PrintStream out, PrintStream err) throws java.io.IOException {
+  static int gen(String[] argv, PrintStream out, PrintStream err) throws Exception {
     Args a = Args.parse(argv, List.of("--docs", "--tokens", "--min-tokens", "--heads", "--kv-heads", "--dim",
         "--queries-per-doc", "--seed", "--format", "--partitions", "--output"), List.of("--prefill", "--overwrite"));
     if (a.help) {
@@ -226,9 +219,7 @@ public final class LongctxMain {
       throw new IllegalArgumentException("gen needs docs, tokens, heads, kv-heads, dim >= 1, heads % kv-heads == 0, "
           + "queries-per-doc >= 0 and format parquet|json");
     }
-    boolean owned = SparkSession.getDefaultSession().isEmpty();
-    SparkSession spark = Sessions.create("longctx gen", a.get("--master"), a.confs);
-    try {
+    return Sessions.run("longctx gen", a.get("--master"), a.confs, spark -> {
       long t0 = System.nanoTime();
       g.write(spark, dir, a.flag("--overwrite"));
       long total = 0;
@@ -239,11 +230,7 @@ public final class LongctxMain {
           (long) g.docs * g.queriesPerDoc, dir, g.keysName(), g.queriesPerDoc > 0 ? ", " + g.queriesName() : "",
           (System.nanoTime() - t0) / 1e9);
       return 0;
-    } finally {
-      if (owned) {
-        spark.stop();
-      }
-    }
+    });
   }
 
   static int demo(String[] argv, PrintStream out, PrintStream err) throws Exception {

@@ -41,9 +41,7 @@ final class OverheadBench {
     g.prefill = true;
     int chunkLen = a.intValue("--chunk-len", 8192);
     Path dir = a.get("--dir") != null ? Path.of(a.get("--dir")) : Files.createTempDirectory("longctx-bench-");
-    boolean owned = SparkSession.getDefaultSession().isEmpty();
-    SparkSession spark = Sessions.create("longctx spark-bench", a.get("--master"), a.confs);
-    try {
+    return Sessions.run("longctx spark-bench", a.get("--master"), a.confs, spark -> {
       g.write(spark, dir.toString(), true);
       ScoreOptions o = new ScoreOptions();
       o.mode = ScoreOptions.Mode.PREFILL;
@@ -105,11 +103,7 @@ final class OverheadBench {
           + " processes shared the machine)%n", load0, load1,
           Runtime.getRuntime().availableProcessors());
       return 0;
-    } finally {
-      if (owned) {
-        spark.stop();
-      }
-    }
+    });
   }
 
   /** Per stage of a job: tasks, task wall and CPU time, shuffle bytes (Spark's task metrics). */

@@ -129,7 +129,7 @@ public final class PplJob {
   private PplJob() {}
 
   /** The command line: parse, run on a session (the default one if any, else a new one). */
-  static int cli(String[] argv, PrintStream out, PrintStream err) {
+  static int cli(String[] argv, PrintStream out, PrintStream err) throws Exception {
     Args a = Args.parse(argv, List.of("--model", "--input", "--output", "--format", "--chunk-len", "--partitions"),
         List.of("--per-token", "--overwrite"));
     if (a.help) {
@@ -146,16 +146,10 @@ public final class PplJob {
     o.partitions = a.intValue("--partitions", 0);
     o.overwrite = a.flag("--overwrite");
     o.check();
-    boolean owned = SparkSession.getDefaultSession().isEmpty();
-    SparkSession spark = Sessions.create("longctx ppl", a.get("--master"), a.confs);
-    try {
+    return Sessions.run("longctx ppl", a.get("--master"), a.confs, spark -> {
       err.print(run(spark, o));
       return 0;
-    } finally {
-      if (owned) {
-        spark.stop();
-      }
-    }
+    });
   }
 
   public static Summary run(SparkSession spark, Options opt) {

@@ -20,6 +20,28 @@ import org.apache.spark.sql.SparkSession;
 public final class Sessions {
   private Sessions() {}
 
+  /** A command's work on a session. */
+  @FunctionalInterface
+  public interface Work {
+    int run(SparkSession spark) throws Exception;
+  }
+
+  /**
+   * Runs a command's work on a session made for it and stops the session after, unless one existed
+   * already (tests share theirs); returns the work's exit status.
+   */
+  public static int run(String appName, String master, List<String> confs, Work work) throws Exception {
+    boolean owned = SparkSession.getDefaultSession().isEmpty();
+    SparkSession spark = create(appName, master, confs);
+    try {
+      return work.run(spark);
+    } finally {
+      if (owned) {
+        spark.stop();
+      }
+    }
+  }
+
   public static SparkSession create(String appName, String master, List<String> confs) {
     SparkSession.Builder b = SparkSession.builder().appName(appName);
     settings(master, confs).forEach(b::config);
