@@ -750,15 +750,19 @@ public final class ScoreJob {
 
         @Override
         public boolean hasNext() {
-          return chunks.hasNext();
+          return i < visible.length;
         }
 
         @Override
         public AttentionState next() {
+          if (!chunks.hasNext()) { // the plan's chunk is lost: an error, never an empty state
+            throw new IllegalStateException("query block " + b.getBlock() + " of doc '" + b.getDocId()
+                + "': the planned key chunk " + visible[i] + " did not arrive");
+          }
           Chunk c = chunks.next();
-          if (i >= visible.length || c.getChunk() != visible[i]) {
+          if (c.getChunk() != visible[i]) {
             throw new IllegalStateException("query block " + b.getBlock() + " of doc '" + b.getDocId() + "': chunk "
-                + c.getChunk() + " arrived where the plan has " + (i < visible.length ? "chunk " + visible[i] : "none"));
+                + c.getChunk() + " arrived where the plan has chunk " + visible[i]);
           }
           i++;
           for (int t = 0; t < n; t++) {
