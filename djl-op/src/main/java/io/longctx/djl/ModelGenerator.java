@@ -66,7 +66,40 @@ public final class ModelGenerator {
 
   private ModelGenerator() {}
 
+  static final String HELP = """
+      usage: longctx gen-model --output DIR [options]
+
+      Writes a Llama-family checkpoint of seeded random weights for tests, demos and benchmarks:
+      DIR/config.json, DIR/model.safetensors (or shards with an index) and DIR/tokenizer.json (a
+      byte-level BPE vocabulary). DIR must not exist or be empty.
+
+        --output DIR            where to write (required)
+        --model-type T          llama (default), mistral or qwen2 (q/k/v bias)
+        --layers N              decoder layers (default 2)
+        --hidden E              hidden size (default 64)
+        --heads H, --kv-heads K attention heads and kv heads (default 4, 2; H % K == 0)
+        --ffn F                 MLP width (default 8*hidden/3 rounded up to a multiple of 16)
+        --vocab V               vocabulary size (default 300; at least 259: 3 special tokens + 256 bytes)
+        --seed S                weight seed (default 1)
+        --dtype D               bf16 (default), f16 or f32: how weights are stored
+        --tie                   tie the LM head to the embedding
+        --sliding-window W      attention window (mistral; default none)
+        --rope-theta T          rotary base (default 10000)
+        --rope-scaling S        none (default), linear:F or llama3:F
+        --shards N              split the weights over N files with an index (default 1)
+        --init-std S            weight std (default 1/sqrt(hidden))
+      """;
+
   public static void main(String[] args) throws IOException {
+    try {
+      run(args);
+    } catch (IllegalArgumentException e) { // bad usage: one line, exit 2
+      System.err.println("longctx gen-model: error: " + e.getMessage());
+      System.exit(2);
+    }
+  }
+
+  static void run(String[] args) throws IOException {
     Spec s = new Spec();
     Path out = null;
     for (int i = 0; i < args.length; i++) {
@@ -76,10 +109,7 @@ public final class ModelGenerator {
         continue;
       }
       if (a.equals("--help") || a.equals("-h")) {
-        System.out.println("usage: ModelGenerator --output DIR [--layers N] [--hidden E] [--heads H] [--kv-heads K] "
-            + "[--ffn F] [--vocab V] [--seed S] [--dtype bf16|f16|f32] [--model-type llama|mistral|qwen2] [--tie] "
-            + "[--sliding-window W] [--rope-theta T] [--rope-scaling none|linear:F|llama3:F] [--shards N] "
-            + "[--init-std S]");
+        System.out.print(HELP);
         return;
       }
       if (i + 1 >= args.length) {

@@ -52,6 +52,9 @@ public final class Sessions {
   static Map<String, String> settings(String master, List<String> confs) {
     Map<String, String> conf = new LinkedHashMap<>();
     conf.put("spark.ui.showConsoleProgress", "true");
+    // longctx writes no tables: keep Spark's (empty) warehouse directory out of the user's working directory
+    conf.put("spark.sql.warehouse.dir", Path.of(System.getProperty("java.io.tmpdir"), "longctx-spark-warehouse-"
+        + System.getProperty("user.name", "user")).toUri().toString());
     String file = System.getProperty("longctx.conf", System.getenv("LONGCTX_CONF"));
     if (file != null && !file.isEmpty()) {
       conf.putAll(readDefaults(Path.of(file)));
