@@ -30,9 +30,9 @@ public final class CudaAttention implements AttentionBackend {
   public static final int MAX_DIM = 256;
   /** Head dims with a tensor-core kernel (flash_forward_tc.cu), for fp16 and bf16 inputs. */
   public static final Set<Integer> TENSOR_CORE_DIMS = Set.of(64, 128);
-  private static final int PLAIN_ROWS_PER_BLOCK = 4; // kWarps in flash_forward.cu
-  private static final int TC_ROWS_PER_BLOCK = 64; // kRows in flash_forward_tc.cu
-  private static final int THREADS = 128; // both kernels
+  static final int PLAIN_ROWS_PER_BLOCK = 4; // kWarps in flash_forward.cu (LaunchGeometryTest)
+  static final int TC_ROWS_PER_BLOCK = 64; // kRows in flash_forward_tc.cu (LaunchGeometryTest)
+  static final int THREADS = 128; // both forward kernels (LaunchGeometryTest)
 
   private static final Map<Integer, CudaAttention> INSTANCES = new ConcurrentHashMap<>();
 

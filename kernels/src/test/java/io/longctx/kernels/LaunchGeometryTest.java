@@ -1,0 +1,60 @@
+package io.longctx.kernels;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The launch geometry the Java side uses agrees with the CUDA sources it launches: the constants
+ * are read from the .cu files themselves, so a kernel edit that changes one fails here instead of
+ * launching with the wrong block size or shared memory on a GPU nobody has tried yet.
+ */
+class LaunchGeometryTest {
+
+  static Map<String, Integer> constants(String file) throws IOException {
+    String src = Files.readString(Path.of("src", "main", "cuda", file));
+    Map<String, Integer> m = new HashMap<>();
+    Matcher c = Pattern.compile("^constexpr int (k\\w+) = (\\d+);", Pattern.MULTILINE).matcher(src);
+    while (c.find()) {
+      m.put(c.group(1), Integer.parseInt(c.group(2)));
+    }
+    return m;
+  }
+
+  @Test
+  void forwardKernels() throws IOException {
+    Map<String, Integer> plain = constants("flash_forward.cu");
+    assertEquals(plain.get("kWarps"), CudaAttention.PLAIN_ROWS_PER_BLOCK, "rows per block of the plain kernel");
+    assertEquals(plain.get("kWarps") * 32, CudaAttention.THREADS, "threads of the plain kernel (one warp per row)");
+    assertEquals(plain.get("kMaxDim"), CudaAttention.MAX_DIM);
+    Map<String, Integer> tc = constants("flash_forward_tc.cu");
+    assertEquals(tc.get("kRows"), CudaAttention.TC_ROWS_PER_BLOCK, "rows per block of the tensor-core kernel");
+    assertEquals(tc.get("kThreads"), CudaAttention.THREADS);
+  }
+
+  @Test
+  void decodeKernels() throws IOException {
+    Map<String, Integer> d = constants("flash_decode.cu");
+    assertEquals(d.get("kTile"), CudaDecode.TILE);
+    assertEquals(d.get("kThreads"), CudaDecode.THREADS);
+    assertEquals(d.get("kWarps"), CudaDecode.WARPS);
+    assertEquals(d.get("kStages"), CudaDecode.STAGES);
+    // CudaDecode.smemBytes sums the members of the Smem struct in this order; a change to the struct
+    // must change that sum too.
+    String src = Files.readString(Path.of("src", "main", "cuda", "flash_decode.cu"));
+    Matcher m = Pattern.compile("struct Smem \\{(.*?)__device__ Smem", Pattern.DOTALL).matcher(src);
+    assertTrue(m.find(), "the Smem struct of flash_decode.cu");
+    String members = m.group(1).replaceAll("//[^\\n]*", "").replaceAll("\\s+", " ").strip();
+    assertEquals("T* ks; T* vs; float* qs; float* ps; long long* qp; int* row; int stride;", members);
+    int bf16 = CudaDecode.smemBytes(CudaAttention.DType.BF16, 128, 8);
+    assertEquals(2 * 2 * 32 * (128 + 8) * 2 + 4 * 8 * 128 + 4 * 8 * 32 + 8 * 8 + 4 * 8, bf16);
+  }
+}
