@@ -20,7 +20,6 @@ import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
-import java.util.UUID;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
@@ -66,16 +65,18 @@ import scala.Tuple2;
  *   <li>Query blocks: decode queries of a document sorted by (has pos, pos, query_id) and cut into
  *       blocks of --query-block; prefill blocks are the chunks themselves. Queries without pos
  *       attend the whole document: their blocks run unmasked.
- *   <li>Pairs: planned on the driver from (doc, index, min pos, max pos) of every chunk and block;
- *       pairs invisible by position range are skipped (counted). Each visible (block, chunk) pair
- *       runs {@link CpuAttention#forward} on that chunk only, with absolute positions. Decode: each
+ *   <li>Pairs: planned on the driver ({@link PairPlan}) from (doc, index, min pos, max pos) of every
+ *       chunk and block; pairs invisible by position range are skipped (counted). Each visible
+ *       (block, chunk) pair runs the job's one backend ({@link JobBackend}, the CPU kernels unless
+ *       chosen otherwise) on that chunk only, with absolute positions. Decode: each
  *       block goes to the chunks it sees ({@link #computePairs}), one partial state per (query,
  *       chunk). Prefill: each chunk's K/V goes to the blocks that see it, arriving in chunk order,
  *       and the block merges its states there ({@link #computeBlock}), one state per token.
  *   <li>Reduce (decode): {@link LseMerge} (SQL {@code lse_merge}) per query: partials merged in
  *       chunk-index order with {@link AttentionState#mergeAll}, so the bits do not depend on
  *       partitioning. Prefill's states are already merged, by the same tree, in their block's task.
- *   <li>Write to a hidden sibling directory, then rename to OUT.
+ *   <li>Write through {@link OutputCommit}: staged beside OUT, renamed into place; an existing OUT
+ *       is replaced only if it is a longctx output.
  * </ol>
  */
 public final class ScoreJob {
