@@ -17,7 +17,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${1:-$root/docs/bench-data}"
 mkdir -p "$out"
 ts="${TS:-1024 2048 4096 8192 16384}"
-longctx="$root/bin/longctx"
+longctx="${LONGCTX:-$root/bin/longctx}" # LONGCTX: another launcher (the script test's stub)
 
 tag() { # appends load1 and date to every JSON line on stdin
   local load date
