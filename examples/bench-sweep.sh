@@ -42,8 +42,8 @@ if [ -z "${SKIP_TIME:-}" ]; then
   for t in $ts; do
     # without --causal the bench runs non-causal, then causal, in one JVM
     echo "== time T=$t (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-    plain=""
-    plain_fits "$t" || { plain="--no-plain"; echo "   (djl-plain skipped: not enough free memory)" >&2; }
+    plain="--plain" # djl-plain is off by default in bench; the sweep wants it where it fits
+    plain_fits "$t" || { plain=""; echo "   (djl-plain skipped: not enough free memory)" >&2; }
     # shellcheck disable=SC2046
     "$longctx" bench --op forward --t "$t" --heads 8 --kv-heads 8 --dim 128 $plain $(iters_for "$t") | tag \
       | tee -a "$out/forward-sweep.jsonl"
