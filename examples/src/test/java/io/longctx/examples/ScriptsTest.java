@@ -81,7 +81,7 @@ class ScriptsTest {
       for (String f : List.of("forward-sweep.jsonl", "memory-sweep.jsonl")) {
         List<String> lines = Files.readAllLines(out.resolve(f));
         assertEquals(3, lines.size(), f + ": " + lines);
-        assertTrue(lines.stream().allMatch(l -> l.startsWith("{") && l.contains("\"load1\"")), f + ": " + lines);
+        assertTrue(lines.stream().allMatch(l -> l.startsWith("{") && l.contains("\"load1\"") && l.contains("\"cpu\": \"")), f + ": " + lines);
       }
     }
   }
