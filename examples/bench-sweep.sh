@@ -8,7 +8,7 @@
 #                                djl-plain, median ms and GFLOP/s, alternating in one JVM
 #   OUTDIR/memory-sweep.jsonl    the same shapes with --memory: each impl alone in a fresh JVM, its peak
 #                                resident memory beyond its inputs
-# Every line gets "load1" (the 1-minute load average when its run started) and "date".
+# Every line gets "load1" (the 1-minute load average when its run started), "date" and "cpu".
 # Set TS="1024 2048" to run fewer lengths, SKIP_MEMORY=1 or SKIP_TIME=1 to run one half; the plain
 # (materialized) path needs 2 x H x T^2 x 4 B (16 GiB at T = 16384): skipped unless MemAvailable allows.
 # Takes ~25 minutes on 2 cores. Then: bin/longctx plots.
@@ -17,13 +17,19 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${1:-$root/docs/bench-data}"
 mkdir -p "$out"
 ts="${TS:-1024 2048 4096 8192 16384}"
-longctx="$root/bin/longctx"
+longctx="${LONGCTX:-$root/bin/longctx}" # LONGCTX: another launcher (the script test's stub)
 
-tag() { # appends load1 and date to every JSON line on stdin
+# The CPU behind every figure: machines of one kind differ (some AVX-512, some AVX2 only), and so
+# does the Java kernel's standing against libtorch.
+cpu="$(awk -F': *' '/^model name/ && !n {n=$2} /^cpu family/ && !f {f=$2} /^model[ \t]*:/ && !m {m=$2}
+  /^flags/ && / avx512f / {v="AVX-512"} END {printf "%s (family %s model %s), %s", n, f, m, v ? v : "no AVX-512"}' \
+  /proc/cpuinfo | tr -d '"|\\')"
+
+tag() { # appends load1, date and cpu to every JSON line on stdin
   local load date
   load="$(cut -d' ' -f1 /proc/loadavg)"
   date="$(date -u +%Y-%m-%dT%H:%MZ)"
-  sed -u -e "s/}\$/, \"load1\": $load, \"date\": \"$date\"}/" | grep --line-buffered '^{'
+  sed -u -e "s|}\$|, \"load1\": $load, \"date\": \"$date\", \"cpu\": \"$cpu\"}|" | grep --line-buffered '^{'
 }
 
 iters_for() { # median of N after W warm-up rounds: fewer rounds where one call takes tens of seconds
@@ -42,8 +48,8 @@ if [ -z "${SKIP_TIME:-}" ]; then
   for t in $ts; do
     # without --causal the bench runs non-causal, then causal, in one JVM
     echo "== time T=$t (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
-    plain=""
-    plain_fits "$t" || { plain="--no-plain"; echo "   (djl-plain skipped: not enough free memory)" >&2; }
+    plain="--plain" # djl-plain is off by default in bench; the sweep wants it where it fits
+    plain_fits "$t" || { plain=""; echo "   (djl-plain skipped: not enough free memory)" >&2; }
     # shellcheck disable=SC2046
     "$longctx" bench --op forward --t "$t" --heads 8 --kv-heads 8 --dim 128 $plain $(iters_for "$t") | tag \
       | tee -a "$out/forward-sweep.jsonl"

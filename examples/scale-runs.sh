@@ -9,7 +9,7 @@
 #   examples/scale-runs.sh cluster-decode  # the 1M decode again with a separate 2 GiB executor JVM
 #   examples/scale-runs.sh clean      # delete the generated data
 #
-# Environment: DATA (default /work/scale-data; not in git: 7.7 GB of Parquet for decode, 1.6 GB for
+# Environment: DATA (default examples/target/scale-data: ignored by git, gone with mvn clean; 7.7 GB of Parquet for decode, 1.6 GB for
 # prefill, plus Spark's shuffle, spill and cache files under DATA/tmp: ~33 GB at the decode's peak), HEAP (default 2g: -Xmx of every JVM, driver
 # and executor), OUT (default docs/bench-data/scale-runs.jsonl), TOKENS / PREFILL_TOKENS to run
 # smaller sizes.
@@ -21,7 +21,7 @@
 # computation would need (T x T scores per head, fp32).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-data="${DATA:-/work/scale-data}"
+data="${DATA:-$root/examples/target/scale-data}" # inside the clone, never a fixed path elsewhere
 heap="${HEAP:-2g}"
 out="${OUT:-$root/docs/bench-data/scale-runs.jsonl}"
 longctx="$root/bin/longctx"

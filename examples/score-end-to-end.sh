@@ -13,7 +13,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 work="${1:-$(mktemp -d -t longctx-example-XXXXXX)}"
 shift || true
-longctx="$root/bin/longctx"
+# LONGCTX names another launcher (the script test uses a stub that writes outputs at once)
+longctx="${LONGCTX:-$root/bin/longctx}"
 
 echo "== 1. corpus (JSON Lines) in $work/corpus"
 "$longctx" gen --docs 2 --tokens 20000 --min-tokens 5000 --heads 8 --kv-heads 2 --dim 64 \
@@ -30,12 +31,18 @@ echo "== 3. prefill: every token a causal query (Parquet)"
   --output "$work/prefill-scores.parquet" --overwrite --heads 8 --chunk-len 1024 "$@"
 
 echo "== 4. a few decode results (query_id, doc_id, n_keys, lse of head 0)"
-cat "$work"/scores.jsonl/part-*.json | head -6 | python3 -c '
-import json, sys
-for line in sys.stdin:
+# Python reads the part files itself and stops after 6 rows: no `cat | head` pipe, whose writer
+# dies of SIGPIPE (exit 141 under pipefail) whenever head quits before cat has written everything.
+python3 - "$work"/scores.jsonl/part-*.json <<'PY'
+import itertools, json, sys
+def lines():
+    for path in sys.argv[1:]:
+        with open(path) as f:
+            yield from (l for l in f if l.strip())
+for line in itertools.islice(lines(), 6):
     r = json.loads(line)
     print("{:<18} {:<10} n_keys={:<6} lse[0]={}  o[:3]={}".format(
         r["query_id"], r["doc_id"], r["n_keys"], r["lse"][0], [round(x, 4) for x in r["o"][:3]]))
-'
+PY
 echo
 echo "outputs: $work/scores.jsonl (JSON Lines), $work/prefill-scores.parquet (Parquet)"

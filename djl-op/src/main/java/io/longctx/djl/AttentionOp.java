@@ -20,7 +20,7 @@ import java.util.Objects;
  * Exact attention as an operator on DJL {@link NDArray}s: forward attention, decoding over a KV
  * cache (one array or a list of chunks), and the LSE merge of attention states. Every call returns
  * the attention state {@code NDList(o, lse)}: the normalized output and the natural-log
- * log-sum-exp of the scores (DESIGN.md), float32.
+ * log-sum-exp of the scores (docs/CONVENTIONS.md), float32.
  *
  * <p><b>Layouts.</b> {@link Layout#BHTD}: q [B, H, Tq, D], k and v [B, Hkv, Tk, D], o [B, H, Tq, D],
  * lse [B, H, Tq]. {@link Layout#BTHD}: q [B, Tq, H, D], k and v [B, Tk, Hkv, D], o [B, Tq, H, D],

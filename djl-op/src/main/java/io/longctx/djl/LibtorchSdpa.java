@@ -35,7 +35,7 @@ import java.util.zip.ZipOutputStream;
  * <p>Causal is libtorch's top-left aligned square mask: query t sees keys {@code <= t}; callers
  * pass {@code Tq == Tk} when causal. GQA/MQA ({@code k.heads < q.heads}) is expanded inside the
  * TorchScript code with {@code repeat_interleave} on the head axis, so query head h reads kv head
- * {@code h / (H / Hkv)} (contiguous groups, as DESIGN.md); with {@code Hkv == H} nothing is copied.
+ * {@code h / (H / Hkv)} (contiguous groups, as docs/CONVENTIONS.md); with {@code Hkv == H} nothing is copied.
  *
  * <p>The PyTorch engine is loaded offline: if neither {@code ai.djl.offline} nor {@code DJL_OFFLINE}
  * is set, {@link #open()} sets {@code ai.djl.offline=true}. The natives come from the

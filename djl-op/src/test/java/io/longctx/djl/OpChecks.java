@@ -10,7 +10,7 @@ import io.longctx.kernels.Tensor;
 import java.util.SplittableRandom;
 
 /**
- * Test support: random inputs, NDArray conversions and the DESIGN.md tolerance rule (error against
+ * Test support: random inputs, NDArray conversions and the docs/CONVENTIONS.md tolerance rule (error against
  * the float64 reference at most 2x that of the naive float32 algorithm, plus a small epsilon).
  */
 final class OpChecks {

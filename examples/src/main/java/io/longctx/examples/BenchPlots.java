@@ -35,13 +35,18 @@ import org.knowm.xchart.style.markers.SeriesMarkers;
  *   <li>{@code ratio-vs-t.png}: the same-run ratio libtorch time / our time against T;
  *   <li>{@code memory-vs-t.png}: peak memory beyond the inputs against T (each implementation alone
  *       in a fresh JVM), ours beside the naive materialized attention (djl-plain), with the analytic
- *       lines T^2 x H x 4 B (one score matrix) and the inputs' own O(T x D) size.
+ *       lines T^2 x H x 4 B (one score matrix) and the inputs' own O(T x D) size. The Java kernel
+ *       appears only where its heap was capped (memory-capped-heap.jsonl): uncapped, the JVM grows
+ *       its heap far beyond what the call needs, which is not a property of the kernel.
  * </ul>
+ *
+ * <p>Every plot says on its axis how it was measured, the CPU (the lines' {@code cpu} field, which
+ * bench-sweep.sh records, or {@code --cpu LABEL} for older data) and the load range.
  *
  * <p>Where a shape was measured more than once, the median of the runs is plotted.
  *
  * <pre>
- *   BenchPlots [--data docs/bench-data] [--out docs/plots]
+ *   BenchPlots [--data docs/bench-data] [--out docs/plots] [--cpu LABEL]
  * </pre>
  */
 public final class BenchPlots {
@@ -54,12 +59,14 @@ public final class BenchPlots {
   public static void main(String[] args) throws IOException {
     Path data = Path.of("docs/bench-data");
     Path out = Path.of("docs/plots");
+    String cpu = null;
     for (int i = 0; i < args.length; i++) {
       switch (args[i]) {
         case "--data" -> data = Path.of(args[++i]);
         case "--out" -> out = Path.of(args[++i]);
+        case "--cpu" -> cpu = args[++i];
         default -> {
-          System.err.println("usage: BenchPlots [--data DIR] [--out DIR]");
+          System.err.println("usage: longctx plots [--data DIR] [--out DIR] [--cpu LABEL (when the data has no cpu field)]");
           System.exit(2);
         }
       }
@@ -67,25 +74,46 @@ public final class BenchPlots {
     Files.createDirectories(out);
     List<Map<String, String>> speed = read(data.resolve("forward-sweep.jsonl"));
     List<Map<String, String>> memory = read(data.resolve("memory-sweep.jsonl"));
+    String speedNote = note(speed, cpu);
     Path tp = out.resolve("throughput-vs-t.png");
-    ImageIO.write(sideBySide(throughput(speed, false), throughput(speed, true)), "png", tp.toFile());
+    ImageIO.write(withCaption(sideBySide(throughput(speed, false), throughput(speed, true)),
+        "bin/longctx bench per T: median of rounds that alternate the implementations in one JVM. " + speedNote + ".",
+        "Each T ran at its own time and load, so the level moves between T (a peak can be the load, not the kernel):"
+            + " compare lines within one T; the ratio plot does."), "png", tp.toFile());
     System.out.println("wrote " + tp);
     Path rp = out.resolve("ratio-vs-t.png");
-    ImageIO.write(BitmapEncoder.getBufferedImage(ratioChart(speed)), "png", rp.toFile());
+    ImageIO.write(withCaption(BitmapEncoder.getBufferedImage(ratioChart(speed)),
+        "Each point: libtorch's median time / ours, both from one run (alternating rounds, one JVM).",
+        speedNote + "."), "png", rp.toFile());
     System.out.println("wrote " + rp);
     Path cappedFile = data.resolve("memory-capped-heap.jsonl"); // optional: java under a capped heap
     List<Map<String, String>> capped = Files.isRegularFile(cappedFile) ? read(cappedFile) : List.of();
     Path mp = out.resolve("memory-vs-t.png");
-    ImageIO.write(BitmapEncoder.getBufferedImage(memoryChart(memory, capped)), "png", mp.toFile());
+    ImageIO.write(withCaption(BitmapEncoder.getBufferedImage(memoryChart(memory, capped)),
+        "Each implementation alone in a fresh JVM, one call: peak resident set (VmHWM) minus the resident set with the"
+            + " inputs built. " + note(memory, cpu) + ".",
+        "The Java kernel is shown only with a capped heap: uncapped, the JVM grows its heap far beyond what the call"
+            + " needs."), "png", mp.toFile());
     System.out.println("wrote " + mp);
   }
 
   // ---------------------------------------------------------------- charts
 
+  /** "CPU ..., load1 a-b": what every plot says about where its data came from. */
+  static String note(List<Map<String, String>> rows, String cpu) {
+    String c = cpu != null ? cpu : rows.stream().map(r -> r.get("cpu")).filter(x -> x != null).distinct()
+        .reduce((a, b) -> a + " / " + b).orElse("CPU not recorded");
+    double[] load = rows.stream().filter(r -> r.containsKey("load1"))
+        .mapToDouble(r -> Double.parseDouble(r.get("load1"))).sorted().toArray();
+    return load.length == 0 ? c
+        : String.format(java.util.Locale.ROOT, "%s, load1 %.1f-%.1f", c, load[0], load[load.length - 1]);
+  }
+
   static XYChart throughput(List<Map<String, String>> rows, boolean causal) {
     XYChart c = new XYChartBuilder().width(680).height(500)
         .title("Forward, H = Hkv = 8, D = 128, fp32: " + (causal ? "causal" : "non-causal"))
-        .xAxisTitle("sequence length T").yAxisTitle("GFLOP/s (4·H·T²·D" + (causal ? " / 2" : "") + ")")
+        .xAxisTitle("sequence length T")
+        .yAxisTitle("GFLOP/s (4·H·T²·D" + (causal ? " / 2" : "") + ")")
         .build();
     style(c);
     log2X(c);
@@ -108,7 +136,8 @@ public final class BenchPlots {
   static XYChart ratioChart(List<Map<String, String>> rows) {
     XYChart c = new XYChartBuilder().width(900).height(520)
         .title("Speed relative to libtorch's fused attention in the same run (H = Hkv = 8, D = 128, fp32)")
-        .xAxisTitle("sequence length T").yAxisTitle("libtorch time / our time").build();
+        .xAxisTitle("sequence length T")
+        .yAxisTitle("libtorch time / our time (higher is better)").build();
     style(c);
     log2X(c);
     c.getStyler().setYAxisMin(0.0);
@@ -143,11 +172,14 @@ public final class BenchPlots {
 
   static XYChart memoryChart(List<Map<String, String>> rows, List<Map<String, String>> capped) {
     XYChart c = new XYChartBuilder().width(1200).height(560)
-        .title("Peak resident memory of one forward call beyond its inputs, H = 8, D = 128, fp32 (non-causal)")
-        .xAxisTitle("sequence length T").yAxisTitle("MiB (log scale)").build();
+        .title("Memory of one forward call beyond its inputs, H = 8, D = 128, fp32, non-causal unless marked")
+        .xAxisTitle("sequence length T")
+        .yAxisTitle("MiB (log scale)").build();
     style(c);
     log2X(c);
     c.getStyler().setYAxisLogarithmic(true);
+    c.getStyler().setYAxisLogarithmicDecadeOnly(false); // labels between the decades too
+    c.getStyler().setYAxisDecimalPattern("#,##0");
     c.getStyler().setLegendPosition(Styler.LegendPosition.OutsideE);
     c.getStyler().setLegendLayout(Styler.LegendLayout.Vertical);
     TreeMap<Integer, Double> all = new TreeMap<>();
@@ -155,11 +187,12 @@ public final class BenchPlots {
       Map<Integer, Double> pts = median(rows, IMPLS[i], false, "peak_extra_mb");
       pts.replaceAll((t, mb) -> Math.max(mb, 1.0)); // a log axis: 1 MiB floor (noise of the RSS reading)
       all.putAll(pts);
-      if (pts.isEmpty()) {
+      // uncapped, java's figure is how far the JVM let its heap grow, not what the call needs: the
+      // capped-heap points below say that
+      if (pts.isEmpty() || IMPLS[i].equals("java")) {
         continue;
       }
-      String label = IMPLS[i].equals("java") ? "java (JVM heap growth: the heap is not capped)" : LABELS[i];
-      XYSeries s = c.addSeries(label, xs(pts), ys(pts));
+      XYSeries s = c.addSeries(LABELS[i], xs(pts), ys(pts));
       s.setLineColor(COLORS[i]);
       s.setMarkerColor(COLORS[i]);
       s.setMarker(SeriesMarkers.CIRCLE);
@@ -168,8 +201,8 @@ public final class BenchPlots {
       if (r.containsKey("peak_extra_mb") && !r.containsKey("error")) {
         TreeMap<Integer, Double> p = new TreeMap<>(Map.of(Integer.parseInt(r.get("t")),
             Double.parseDouble(r.get("peak_extra_mb"))));
-        XYSeries s = c.addSeries(r.get("impl") + " with -Xmx" + r.get("xmx") + (Boolean.parseBoolean(r.get("causal"))
-            ? " (causal)" : ""), xs(p), ys(p));
+        XYSeries s = c.addSeries(r.get("impl") + (Boolean.parseBoolean(r.get("causal")) ? ", causal," : "")
+            + " heap capped at -Xmx" + r.get("xmx") + " (what the call needs)", xs(p), ys(p));
         s.setLineColor(COLORS[0]);
         s.setMarkerColor(COLORS[0]);
         s.setMarker(SeriesMarkers.DIAMOND);
@@ -205,6 +238,25 @@ public final class BenchPlots {
     s.setMarkerSize(7);
     s.setDefaultSeriesRenderStyle(XYSeries.XYSeriesRenderStyle.Line);
     s.setAxisTickLabelsColor(Color.DARK_GRAY);
+  }
+
+  /** The image with lines of text below it: how the figures were measured, on the plot itself. */
+  static BufferedImage withCaption(BufferedImage chart, String... lines) {
+    int lineHeight = 20, pad = 8;
+    BufferedImage img = new BufferedImage(chart.getWidth(), chart.getHeight() + pad * 2 + lineHeight * lines.length,
+        BufferedImage.TYPE_INT_RGB);
+    Graphics2D g = img.createGraphics();
+    g.setColor(Color.WHITE);
+    g.fillRect(0, 0, img.getWidth(), img.getHeight());
+    g.drawImage(chart, 0, 0, null);
+    g.setRenderingHint(java.awt.RenderingHints.KEY_TEXT_ANTIALIASING, java.awt.RenderingHints.VALUE_TEXT_ANTIALIAS_ON);
+    g.setColor(Color.DARK_GRAY);
+    g.setFont(new java.awt.Font(java.awt.Font.SANS_SERIF, java.awt.Font.PLAIN, 13));
+    for (int i = 0; i < lines.length; i++) {
+      g.drawString(lines[i], 12, chart.getHeight() + pad + lineHeight * (i + 1) - 5);
+    }
+    g.dispose();
+    return img;
   }
 
   static BufferedImage sideBySide(XYChart a, XYChart b) {

@@ -54,14 +54,39 @@ public final class KernelBench {
   private KernelBench() {}
 
   static final String USAGE = String.join("\n",
-      "usage: KernelBench [--op forward|decode|all] [--t T] [--tk TK] [--heads H] [--kv-heads HKV] [--dim D]",
-      "                   [--causal] [--iters N] [--warmup N] [--block-q BQ] [--block-k BK] [--split L]",
-      "                   [--no-anchor] [--no-plain] [--only IMPL] [--memory [--impls A,B,..]]",
-      "  impls: java, op, libtorch-sdpa, djl-plain (forward); also java-unified-max, copy (decode)",
-      "  --memory: peak memory per impl, each alone in a fresh JVM (VmHWM - VmRSS before the call);",
-      "            --impls limits it to the named impls",
-      "  forward defaults: T=4096, H=HKV=8, D=128, causal and non-causal when --op all",
-      "  decode defaults:  TK=65536, 1 query row, H=32, HKV=8, D=128");
+      "usage: longctx bench [options]",
+      "",
+      "Times the CPU attention kernels against the anchor, libtorch's fused CPU attention (through DJL),",
+      "on the same random fp32 inputs in one JVM; implementations alternate within every round. Prints one",
+      "JSON object per line and implementation on stdout: ms (median), gflops or gbps, and",
+      "vs_anchor = anchor time / our time (higher is better; 1.0 = as fast as libtorch). Progress goes to",
+      "stderr, with an estimate of each shape's time after its first round.",
+      "",
+      "  --op forward|decode|all   what to time (default all: forward non-causal and causal, then decode)",
+      "  --t T                     forward: query and key tokens (default 4096); with --op decode: query rows\n"
+          + "                            (default 1)",
+      "  --tk TK                   keys (default: T for forward, 65536 for decode)",
+      "  --heads H                 query heads (default 8 forward, 32 decode)",
+      "  --kv-heads HKV            key/value heads, H % HKV == 0 (default H forward, 8 decode)",
+      "  --dim D                   head dim (default 128)",
+      "  --causal                  forward: causal only (default: non-causal, then causal); decode is causal",
+      "  --iters N                 timed rounds, the median is reported (default 7)",
+      "  --warmup N                untimed rounds first, so the JIT has compiled the kernels (default 5)",
+      "  --block-q BQ, --block-k BK  Java kernel tile: query rows x keys (default 32 x 128)",
+      "  --split L                 decode split length in keys (default " + CpuAttention.DEFAULT_SPLIT_LEN + ")",
+      "  --plain                   also time djl-plain (DJL's plain ops, T x T scores materialized; default off):",
+      "                            slow (~8.5 s a call in decode, ~2 s at T = 4096 on 2 cores) and needs",
+      "                            2 x H x T^2 x 4 bytes of memory",
+      "  --no-anchor               skip libtorch-sdpa (default: run it; without it no vs_anchor)",
+      "  --only IMPL               time one implementation",
+      "  --memory [--impls A,B]    peak memory instead of time: each impl alone in a fresh JVM, one call,",
+      "                            peak resident set beyond the inputs (VmHWM - VmRSS before the call);",
+      "                            djl-plain only with --plain or when --impls names it",
+      "  -h, --help                this text",
+      "",
+      "impls: java (our Java kernel), op (the DJL AttentionOp, whichever path it picks), libtorch-sdpa",
+      "(the anchor), djl-plain (--plain); decode also java-unified-max (FlashDecoding++) and copy",
+      "(System.arraycopy of the same K/V bytes: the memory-bandwidth ceiling, vs_copy).");
 
   public static void main(String[] args) {
     String op = "all";
@@ -69,7 +94,7 @@ public final class KernelBench {
     int blockQ = 32, blockK = 128, split = CpuAttention.DEFAULT_SPLIT_LEN;
     Boolean causal = null;
     boolean anchor = true;
-    boolean plain = true;
+    boolean plain = false; // djl-plain is slow (seconds a call) and memory-hungry: only when asked
     boolean memory = false;
     String only = null;
     for (int i = 0; i < args.length; i++) {
@@ -83,7 +108,8 @@ public final class KernelBench {
         case "--dim" -> dim = Integer.parseInt(args[++i]);
         case "--causal" -> causal = true;
         case "--no-anchor" -> anchor = false;
-        case "--no-plain" -> plain = false;
+        case "--plain" -> plain = true;
+        case "--no-plain" -> plain = false; // the default now; still accepted
         case "--only" -> only = args[++i];
         case "--impls" -> i++; // read by memory()
         case "--memory" -> memory = true;
@@ -102,13 +128,26 @@ public final class KernelBench {
         }
       }
     }
+    if ("djl-plain".equals(only)) {
+      plain = true; // a --memory child asked for it by name
+    }
     if (memory) {
-      memory(args, op, causal);
+      memory(args, op, causal, plain);
       return;
+    }
+    if (only == null) {
+      progress("%s; %d warm-up + %d timed rounds per shape; djl-plain %s", switch (op) {
+        case "forward" -> "forward";
+        case "decode" -> "decode";
+        default -> "forward (non-causal, causal), then decode";
+      }, warmup, iters, plain ? "included (--plain)" : "skipped (--plain to include it)");
     }
     CpuAttention kernels = new CpuAttention(blockQ, blockK);
     // The operator, and djl-plain, need the engine; the anchor module is opened only when asked for.
     boolean needEngine = anchor || plain || only == null || !only.equals("java");
+    if (needEngine && only == null) {
+      progress("loading libtorch through DJL (offline)");
+    }
     try (LibtorchSdpa sdpa = needEngine ? LibtorchSdpa.open() : null) {
       run(op, t, tk, heads, kvHeads, dim, iters, warmup, split, causal, kernels, sdpa, anchor, plain, only);
     }
@@ -147,8 +186,12 @@ public final class KernelBench {
           }
         }
         impls = select(impls, only);
+        if (only == null) {
+          progress("forward [1,%d,%d,%d] x %d keys, %s, kv heads %d: %s", h, t, dim, k.tokens(),
+              c ? "causal" : "non-causal", hkv, names(impls));
+        }
         long rssBefore = rssKb("VmRSS");
-        double[] ms = medianMs(warmup, iters, calls(impls));
+        double[] ms = medianMs(warmup, iters, calls(impls), only == null);
         int anchorAt = indexOf(impls, "libtorch-sdpa");
         String path = engine != null ? attentionOp.choose(nd[0], nd[1], nd[2], null, null, opt,
             AttentionOp.Layout.BHTD).name().toLowerCase(Locale.ROOT) : "";
@@ -167,6 +210,9 @@ public final class KernelBench {
       closeAll(nd);
     }
     if (op.equals("decode") || op.equals("all")) {
+      if (only == null) {
+        progress("decode: generating inputs");
+      }
       int h = heads > 0 ? heads : 32, hkv = kvHeads > 0 ? kvHeads : 8, n = tk > 0 ? tk : 65536;
       int rows = op.equals("decode") && t != 4096 ? t : 1;
       Tensor q = random(rng, 1, h, rows, dim);
@@ -204,8 +250,12 @@ public final class KernelBench {
         }
       }
       impls = select(impls, only);
+      if (only == null) {
+        progress("decode: %d query row(s), %d heads over %d kv heads, %d keys (K+V %.1f MiB), split %d: %s",
+            rows, h, hkv, n, bytes / (1 << 20), splitLen, names(impls));
+      }
       long rssBefore = rssKb("VmRSS");
-      double[] ms = medianMs(warmup, iters, calls(impls));
+      double[] ms = medianMs(warmup, iters, calls(impls), only == null);
       int anchorAt = indexOf(impls, "libtorch-sdpa"), copyAt = indexOf(impls, "copy");
       for (int i = 0; i < ms.length; i++) {
         String name = impls.get(i).name();
@@ -232,6 +282,15 @@ public final class KernelBench {
           + impls.stream().map(Impl::name).toList() + ")");
     }
     return one;
+  }
+
+  /** One line on stderr, so stdout stays JSON. */
+  static void progress(String format, Object... args) {
+    System.err.println("bench: " + String.format(Locale.ROOT, format, args));
+  }
+
+  private static String names(List<Impl> impls) {
+    return String.join(", ", impls.stream().map(Impl::name).toList());
   }
 
   private static List<Supplier<?>> calls(List<Impl> impls) {
@@ -313,7 +372,7 @@ public final class KernelBench {
   }
 
   /** --memory: every implementation alone in a fresh JVM, one call each, its peak memory reported. */
-  static void memory(String[] args, String op, Boolean causal) {
+  static void memory(String[] args, String op, Boolean causal, boolean plain) {
     List<String> base = new ArrayList<>();
     base.add(ProcessHandle.current().info().command().orElse("java"));
     base.addAll(ManagementFactory.getRuntimeMXBean().getInputArguments());
@@ -337,6 +396,8 @@ public final class KernelBench {
       List<String> wanted = impls(args);
       if (wanted != null) {
         names.retainAll(wanted);
+      } else if (!plain) {
+        names.remove("djl-plain");
       }
       for (boolean c : o.equals("forward") && causal == null ? new boolean[] {false, true} : new boolean[] {true}) {
         for (String name : names) {
@@ -346,6 +407,7 @@ public final class KernelBench {
           if (c) {
             cmd.add("--causal");
           }
+          progress("memory: %s %s%s alone in a fresh JVM", name, o, o.equals("forward") ? (c ? " causal" : " non-causal") : "");
           runChild(cmd, name, o, c);
         }
       }
@@ -398,8 +460,19 @@ public final class KernelBench {
 
   /** Median ms of each implementation; they alternate within every iteration. */
   static double[] medianMs(int warmup, int iters, List<Supplier<?>> impls) {
+    return medianMs(warmup, iters, impls, false);
+  }
+
+  /** The same; with {@code report}, says on stderr how long the rounds will take after the first. */
+  static double[] medianMs(int warmup, int iters, List<Supplier<?>> impls, boolean report) {
     for (int i = 0; i < warmup; i++) {
+      long t0 = System.nanoTime();
       impls.forEach(Supplier::get);
+      if (report && i == 0) {
+        double s = (System.nanoTime() - t0) / 1e9; // the first round is the slowest (JIT): an upper bound
+        progress("  first round %.1f s; about %.0f s more for %d rounds", s, s * (warmup + iters - 1),
+            warmup + iters - 1);
+      }
     }
     double[][] times = new double[impls.size()][iters];
     for (int i = 0; i < iters; i++) {

@@ -11,7 +11,7 @@ package io.longctx.kernels;
  *       (a sliding window; it implies the causal upper bound).
  * </ul>
  *
- * Masks are defined by absolute token positions, never by array offsets (DESIGN.md).
+ * Masks are defined by absolute token positions, never by array offsets (docs/CONVENTIONS.md).
  */
 public record AttentionOptions(double scale, float softcap, boolean causal, long window) {
 

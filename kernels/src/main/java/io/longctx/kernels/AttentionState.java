@@ -5,7 +5,7 @@ import java.util.Objects;
 
 /**
  * The partial result of attention over some set of keys: for each (row, head) a normalized output
- * vector {@code o} and the natural-log log-sum-exp {@code lse} of the scores (DESIGN.md).
+ * vector {@code o} and the natural-log log-sum-exp {@code lse} of the scores (docs/CONVENTIONS.md).
  *
  * <p>Layout, float32: {@code o[(row * heads + head) * dim + d]} and {@code lse[row * heads + head]}.
  * A row is one query token (for batched kernels, row = b * Tq + t). An empty set of keys is

@@ -16,7 +16,7 @@ import jcuda.driver.JCudaDriver;
 
 /**
  * The GPU check, run by {@code bin/gpu-check run} on a GPU machine: every CUDA kernel variant
- * against the float64 reference on fresh random inputs (DESIGN.md tolerance, on the inputs rounded
+ * against the float64 reference on fresh random inputs (docs/CONVENTIONS.md tolerance, on the inputs rounded
  * to the kernel's element type), then timing with CUDA events after warm-up. Prints a table and
  * writes it to {@code $OUT/gpu-check.txt} when OUT is set; exits 1 if any variant fails, 2 when
  * CUDA is unavailable. The PyTorch SDPA anchor runs beside it (bin/gpu-check, sdpa_baseline.py).

@@ -2,7 +2,7 @@ package io.longctx.kernels;
 
 /**
  * Plain attention with materialized scores, in float64 (the yardstick for tests and checks) or,
- * for the tolerance rule of DESIGN.md, the same naive algorithm rounded to float32 after every
+ * for the tolerance rule of docs/CONVENTIONS.md, the same naive algorithm rounded to float32 after every
  * operation. Never used on a production path. Output layout is the attention-state layout: row = b * Tq + t,
  * {@code o[(row * heads + h) * dim + d]}, {@code lse[row * heads + h]}; a row that sees no key has
  * o = 0 and lse = -inf.

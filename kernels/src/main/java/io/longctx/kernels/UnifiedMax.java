@@ -4,7 +4,7 @@ package io.longctx.kernels;
  * FlashDecoding++ asynchronized softmax settings: every partial uses the shared scaling value
  * {@code phi} instead of its own running maximum, so partials never rescale. Valid while every
  * visible logit x satisfies {@code lower < x - phi < upper}; a partial row that sees a logit outside
- * is recomputed with the synchronized (running-max) method (DESIGN.md).
+ * is recomputed with the synchronized (running-max) method (docs/KERNELS.md).
  *
  * <p>Defaults keep exp(x - phi) within float32's normal range with room for summing a split of
  * 2^20 keys: {@code e^40 * 2^20 < 3e23}, {@code e^-40 > 4e-18}.

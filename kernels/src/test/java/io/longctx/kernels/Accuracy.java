@@ -2,7 +2,7 @@ package io.longctx.kernels;
 
 import java.util.SplittableRandom;
 
-/** Test support: fresh seeds, random inputs, and the DESIGN.md rule of {@link Tolerance}. */
+/** Test support: fresh seeds, random inputs, and the docs/CONVENTIONS.md rule of {@link Tolerance}. */
 final class Accuracy {
 
   private Accuracy() {}

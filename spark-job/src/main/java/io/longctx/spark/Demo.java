@@ -32,8 +32,8 @@ public final class Demo {
     g.queriesPerDoc = 4;
     g.seed = 20261122L;
     Files.createDirectories(dir);
-    out.printf("longctx demo: generating %d documents (%d..%d tokens, heads %d, kv heads %d, dim %d) in %s%n", g.docs,
-        g.docLength(g.docs - 1), g.docLength(0), g.heads, g.kvHeads, g.dim, dir);
+    out.printf("longctx demo: step 1/3, generating %d documents (%d..%d tokens, heads %d, kv heads %d, dim %d) in %s%n",
+        g.docs, g.docLength(g.docs - 1), g.docLength(0), g.heads, g.kvHeads, g.dim, dir);
     g.write(spark, dir.toString(), true);
 
     ScoreOptions o = new ScoreOptions();
@@ -44,7 +44,13 @@ public final class Demo {
     o.causal = true;
     o.dim = g.dim;
     o.chunkLen = 8192;
+    out.printf("longctx demo: step 2/3, scoring %d queries causally on Spark (chunks of %d tokens; Spark's stage bars"
+        + " show below)%n", (long) g.docs * g.queriesPerDoc, o.chunkLen);
     ScoreJob.Summary summary = ScoreJob.run(spark, o);
+    // the same bound the check below applies
+    out.printf("longctx demo: step 3/3, checking %d of the %d queries against a float64 reference computed here"
+        + " (pass: o relative L2 error and lse error / (1 + |lse|) both <= 1e-5)%n",
+        Math.min(sample, g.docs * g.queriesPerDoc), (long) g.docs * g.queriesPerDoc);
 
     List<Row> rows = new ArrayList<>(spark.read().parquet(o.output).collectAsList());
     rows.sort(Comparator.comparing((Row r) -> r.<String>getAs("query_id")));

@@ -20,7 +20,7 @@ import org.junit.jupiter.api.io.TempDir;
  * local-cluster[2,1,1024] with a SPARK_HOME this test builds (an empty jars/ and
  * launcher/target/scala-2.13; the classpath reaches executors through spark.executor.extraClassPath).
  * The output must be bit-identical to the in-process local[2] run. Every process is killed on a
- * timeout (DESIGN.md: a misconfigured local-cluster driver can hang).
+ * timeout (a misconfigured local-cluster driver can hang rather than fail).
  */
 class LocalClusterTest {
   @TempDir

@@ -1,0 +1,59 @@
+package io.longctx.examples;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.ByteArrayOutputStream;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.util.Arrays;
+import java.util.List;
+import org.junit.jupiter.api.Test;
+
+/** bench's help and its output streams: JSON on stdout only, progress on stderr. */
+class KernelBenchTest {
+
+  record Out(String out, String err) {}
+
+  static Out run(String... args) {
+    PrintStream oldOut = System.out, oldErr = System.err;
+    ByteArrayOutputStream out = new ByteArrayOutputStream(), err = new ByteArrayOutputStream();
+    System.setOut(new PrintStream(out, true, StandardCharsets.UTF_8));
+    System.setErr(new PrintStream(err, true, StandardCharsets.UTF_8));
+    try {
+      KernelBench.main(args);
+    } finally {
+      System.setOut(oldOut);
+      System.setErr(oldErr);
+    }
+    return new Out(out.toString(StandardCharsets.UTF_8), err.toString(StandardCharsets.UTF_8));
+  }
+
+  @Test
+  void helpNamesTheCommandEveryDefaultAndWhatVsAnchorMeans() {
+    String help = run("--help").out();
+    assertTrue(help.startsWith("usage: longctx bench"), help);
+    assertTrue(help.contains("vs_anchor = anchor time / our time (higher is better"), help);
+    for (String opt : List.of("--op", "--t", "--tk", "--heads", "--kv-heads", "--dim", "--iters", "--warmup",
+        "--block-q", "--split")) {
+      String line = Arrays.stream(help.split("\n")).filter(l -> l.trim().startsWith(opt + " ")).findFirst()
+          .orElseThrow(() -> new AssertionError(opt + " missing:\n" + help));
+      assertTrue(line.contains("default"), line);
+    }
+    assertTrue(help.contains("--plain"), help);
+  }
+
+  @Test
+  void tinyRunPrintsJsonOnStdoutAndProgressOnStderr() {
+    Out r = run("--t", "48", "--tk", "300", "--heads", "4", "--kv-heads", "2", "--dim", "32", "--iters", "1",
+        "--warmup", "1");
+    List<String> lines = r.out().lines().toList();
+    // forward: java, op, anchor, non-causal and causal; decode: java, unified max, copy, op, anchor
+    assertEquals(11, lines.size(), r.out());
+    assertTrue(lines.stream().allMatch(l -> l.startsWith("{\"impl\"")), r.out());
+    assertTrue(lines.stream().noneMatch(l -> l.contains("djl-plain")), "djl-plain is opt-in:\n" + r.out());
+    assertTrue(r.err().contains("bench: decode: 1 query row(s), 4 heads over 2 kv heads, 300 keys"), r.err());
+    assertTrue(r.err().contains("djl-plain skipped (--plain to include it)"), r.err());
+    assertTrue(r.err().contains("first round"), r.err());
+  }
+}

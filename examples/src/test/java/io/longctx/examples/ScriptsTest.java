@@ -1,0 +1,108 @@
+package io.longctx.examples;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/**
+ * Runs the shell scripts of examples/ and bin/, each several times: shell races (a pipe whose reader
+ * quits early kills its writer with SIGPIPE, exit 141 under pipefail) fail only some of the time.
+ * The example scripts run against a stub launcher (LONGCTX=stub-longctx.sh) that writes their
+ * inputs at once: what is tested is the scripts' own shell, not Spark (EndToEndTest covers that).
+ * Not run here: bench-sweep's real benchmarks, scale-runs.sh's runs (tens of minutes each) and
+ * gpu-check's bundle/run (a build and a GPU).
+ */
+class ScriptsTest {
+
+  static final int REPEATS = 5;
+
+  static Path root;
+  static Path stub;
+
+  @TempDir
+  static Path tmp;
+
+  @BeforeAll
+  static void setUp() throws IOException {
+    root = Path.of("").toAbsolutePath().getParent(); // surefire runs in examples/
+    assertTrue(Files.isRegularFile(root.resolve("bin/longctx")), "repository root not found from " + root);
+    stub = tmp.resolve("stub-longctx.sh");
+    try (InputStream in = ScriptsTest.class.getResourceAsStream("stub-longctx.sh")) {
+      Files.copy(in, stub, StandardCopyOption.REPLACE_EXISTING);
+    }
+    assertTrue(stub.toFile().setExecutable(true));
+  }
+
+  record Result(int rc, String out) {}
+
+  static Result run(Map<String, String> env, String... cmd) throws Exception {
+    ProcessBuilder pb = new ProcessBuilder(cmd).directory(root.toFile()).redirectErrorStream(true);
+    pb.environment().putAll(env);
+    Path log = Files.createTempFile(tmp, "out", ".txt");
+    pb.redirectOutput(log.toFile());
+    Process p = pb.start();
+    if (!p.waitFor(60, TimeUnit.SECONDS)) {
+      p.descendants().forEach(ProcessHandle::destroyForcibly);
+      p.destroyForcibly();
+      throw new AssertionError(String.join(" ", cmd) + " ran past 60 s:\n" + Files.readString(log));
+    }
+    return new Result(p.exitValue(), Files.readString(log, StandardCharsets.UTF_8));
+  }
+
+  @Test
+  void scoreEndToEndShowsItsRowsEveryTime() throws Exception {
+    for (int i = 0; i < REPEATS; i++) {
+      Path work = Files.createDirectory(tmp.resolve("e2e-" + i));
+      Result r = run(Map.of("LONGCTX", stub.toString()), "examples/score-end-to-end.sh", work.toString());
+      assertEquals(0, r.rc(), "run " + i + " exit " + r.rc() + ":\n" + r.out());
+      assertTrue(r.out().contains("q-00-6"), r.out());
+      assertTrue(!r.out().contains("q-00-7"), "more than 6 rows:\n" + r.out());
+    }
+  }
+
+  @Test
+  void benchSweepTagsAndKeepsOnlyJsonLines() throws Exception {
+    for (int i = 0; i < REPEATS; i++) {
+      Path out = Files.createDirectory(tmp.resolve("sweep-" + i));
+      Result r = run(Map.of("LONGCTX", stub.toString(), "TS", "1024"), "examples/bench-sweep.sh", out.toString());
+      assertEquals(0, r.rc(), "run " + i + " exit " + r.rc() + ":\n" + r.out());
+      for (String f : List.of("forward-sweep.jsonl", "memory-sweep.jsonl")) {
+        List<String> lines = Files.readAllLines(out.resolve(f));
+        assertEquals(3, lines.size(), f + ": " + lines);
+        assertTrue(lines.stream().allMatch(l -> l.startsWith("{") && l.contains("\"load1\"") && l.contains("\"cpu\": \"")), f + ": " + lines);
+      }
+    }
+  }
+
+  @Test
+  void launchersAnswerHelpAndRefuseUnknownCommands() throws Exception {
+    Path data = tmp.resolve("scale-data");
+    Map<String, String> scaleEnv = Map.of("DATA", data.toString(), "OUT", tmp.resolve("scale.jsonl").toString());
+    for (int i = 0; i < REPEATS; i++) {
+      Result help = run(Map.of(), "bin/longctx", "--help");
+      assertEquals(0, help.rc(), help.out());
+      assertTrue(help.out().startsWith("usage: bin/longctx"), help.out());
+      assertEquals(0, run(Map.of(), "bin/longctx").rc());
+      Result bad = run(Map.of(), "bin/longctx", "no-such-command");
+      assertEquals(2, bad.rc(), bad.out());
+      assertTrue(bad.out().contains("unknown command 'no-such-command'"), bad.out());
+      assertEquals(0, run(Map.of(), "bin/gpu-check", "--help").rc());
+      assertEquals(2, run(Map.of(), "bin/gpu-check").rc());
+      Result scale = run(scaleEnv, "examples/scale-runs.sh", "--help");
+      assertEquals(2, scale.rc(), scale.out()); // usage, no run
+      assertTrue(scale.out().contains("examples/scale-runs.sh decode"), scale.out());
+    }
+  }
+}
