@@ -101,6 +101,15 @@ public final class GpuCheck {
         + (o.softcap() > 0 ? " softcap " + o.softcap() : "");
   }
 
+  /** The last {@code tq} positions of a sequence of {@code tk}: rows see different key counts under masks. */
+  static long[] lastPositions(int tq, int tk) {
+    long[] p = new long[tq];
+    for (int t = 0; t < tq; t++) {
+      p[t] = tk - tq + t;
+    }
+    return p;
+  }
+
   static Tensor random(SplittableRandom rng, int b, int h, int t, int d) {
     float[] x = new float[b * h * t * d];
     for (int i = 0; i < x.length; i++) {
