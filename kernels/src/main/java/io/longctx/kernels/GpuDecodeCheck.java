@@ -16,7 +16,7 @@ import jcuda.driver.JCudaDriver;
  * 1,000,003; chunked KV; logits pushed out of the unified-max bounds, with the recompute count
  * printed beside the CPU's), then CUDA-event timing of both variants, of a device-to-device copy of
  * the same bytes, with the numbers for sdpa_baseline.py's decode anchor written to
- * {@code $OUT/decode-times.tsv}.
+ * {@code decode-times.tsv} beside the results file ($OUT or the working directory).
  */
 final class GpuDecodeCheck {
 
@@ -318,13 +318,11 @@ final class GpuDecodeCheck {
     report.line("");
     report.line("(K+V GB/s = bytes of K and V read once over the kernel time; 'vs copy' = that over the copy's"
         + " read+write bandwidth. The PyTorch SDPA decode anchor follows, from sdpa_baseline.py.)");
-    String out = System.getenv("OUT");
-    if (out != null && !out.isEmpty()) {
-      try {
-        Files.writeString(Path.of(out, "decode-times.tsv"), tsv.toString());
-      } catch (java.io.IOException e) {
-        report.line("could not write decode-times.tsv: " + e);
-      }
+    Path tsvFile = CheckReport.resultsFile().toAbsolutePath().resolveSibling("decode-times.tsv"); // beside the table
+    try {
+      Files.writeString(tsvFile, tsv.toString());
+    } catch (java.io.IOException e) {
+      report.line("could not write " + tsvFile + ": " + e);
     }
   }
 
