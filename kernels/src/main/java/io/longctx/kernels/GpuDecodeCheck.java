@@ -11,7 +11,8 @@ import jcuda.driver.CUstream;
 import jcuda.driver.JCudaDriver;
 
 /**
- * The decode part of the GPU check ({@link GpuCheck}): split-K decoding and the FlashDecoding++
+ * The decode section of the GPU check, run by bin/gpu-check in a JVM of its own (a sticky CUDA
+ * error in the forward section, {@link GpuCheck}, cannot take it down): split-K decoding and the FlashDecoding++
  * variant against the float64 reference on fresh random inputs (KV lengths 1, 7, 4097 and
  * 1,000,003; chunked KV; logits pushed out of the unified-max bounds, with the recompute count
  * printed beside the CPU's), then CUDA-event timing of both variants, of a device-to-device copy of
@@ -31,7 +32,9 @@ final class GpuDecodeCheck {
   /**
    * {@code --smoke}: the decode check alone at tiny sizes (Tk up to 1,003; timing at Tk 4,096), to
    * exercise this code without a GPU (CudaDecodeFakeDeviceTest runs it on the emulating fake
-   * libcuda); its timings mean nothing. Exit 0 when every case passes, 1 otherwise, 2 without CUDA.
+   * libcuda); its timings mean nothing. Without it: the full sizes. Rows go to stdout and the
+   * results file as they are made ({@link CheckReport}). Exit 0 when every row passes, 1 otherwise,
+   * 2 without CUDA; {@code -Dlongctx.seed=S} replays a run.
    */
   public static void main(String[] args) {
     boolean smoke = Arrays.asList(args).contains("--smoke");

@@ -15,7 +15,7 @@ import org.junit.jupiter.api.Test;
  * (fp16 and bf16, several shapes, masks), the float32 rule would have failed it, and seeded
  * mistakes fail. Small shapes: the whole class runs in seconds.
  */
-class TensorCoreRuleTest {
+class GpuTensorCoreRuleTest {
 
   private static final CudaAttention.DType F16 = CudaAttention.DType.F16, BF16 = CudaAttention.DType.BF16;
 
