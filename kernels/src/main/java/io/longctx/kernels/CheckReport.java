@@ -99,6 +99,17 @@ final class CheckReport {
     }
   }
 
+  /** "CUDA driver 13.0" (the driver's own version, beside nvidia-smi's in the header); asked after the probe succeeded. */
+  static String driver() {
+    int[] v = new int[1];
+    try {
+      return JCudaDriver.cuDriverGetVersion(v) == CUresult.CUDA_SUCCESS
+          ? "CUDA driver " + v[0] / 1000 + "." + v[0] % 1000 / 10 : "CUDA driver version unknown";
+    } catch (Throwable t) {
+      return "CUDA driver version unknown (" + t + ")";
+    }
+  }
+
   /** Ends the section: later cases are not run; says so in the results. */
   void stop(String reason) {
     stopped = reason;

@@ -42,7 +42,7 @@ public final class GpuCheck {
     Long fixed = Long.getLong("longctx.seed"); // replays a run
     long seed = fixed != null ? fixed : System.nanoTime();
     report.line("");
-    report.line("## Forward on " + s.device() + ", seed " + seed + (smoke ? " (smoke sizes)" : ""));
+    report.line("## Forward on " + s.device() + ", " + CheckReport.driver() + ", seed " + seed + (smoke ? " (smoke sizes)" : ""));
     CudaAttention cuda = null;
     try {
       cuda = CudaAttention.instance();

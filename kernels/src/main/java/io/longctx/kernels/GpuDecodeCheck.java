@@ -48,7 +48,7 @@ final class GpuDecodeCheck {
     Long fixed = Long.getLong("longctx.seed"); // replays a run
     long seed = fixed != null ? fixed : System.nanoTime();
     report.line("");
-    report.line("## Decode on " + s.device() + (smoke ? " (smoke sizes)" : "") + ", seed " + seed);
+    report.line("## Decode on " + s.device() + ", " + CheckReport.driver() + (smoke ? " (smoke sizes)" : "") + ", seed " + seed);
     try {
       run(CudaAttention.instance(), new SplittableRandom(seed), report, smoke);
     } catch (RuntimeException | LinkageError e) {

@@ -57,6 +57,8 @@ class GpuCheckFakeDeviceTest {
         && l.contains("CUDA_ERROR_NOT_SUPPORTED")).toList();
     assertEquals(CASES, errors.size(), String.join("\n", r.file()));
     assertTrue(r.file().contains("| kernel | shape [B,H/Hkv,Tq,Tk,D] | mask | errors | rule | verdict |"), r.stdout());
+    assertTrue(r.file().stream().anyMatch(l -> l.startsWith("## Forward on host emulation (fake libcuda), CUDA driver 13.0, seed ")),
+        r.stdout());
     // Tensor-core rows are judged by the rounded-P rule, the others by the float32 one.
     assertTrue(errors.stream().anyMatch(l -> l.startsWith("| longctx_forward_tc_bf16_d128 ") && l.contains("naive rounded-P")));
     assertTrue(errors.stream().anyMatch(l -> l.startsWith("| longctx_forward_f32 ") && l.contains("2x naive float32")));
