@@ -1,7 +1,7 @@
 """PyTorch SDPA on the GPU check's timing shapes: the anchor for the CUDA kernels' figures.
 
-Run by bin/gpu-check on the GPU machine, right after GpuCheck, in the same call. Prints markdown
-tables (and appends them to $OUT/gpu-check.txt when OUT is set).
+Run by bin/gpu-check on the GPU machine after the Java sections, in the same call. Prints markdown
+tables and appends them to the results file ($OUT/gpu-check.txt, else ./gpu-check.txt).
 
 Forward: same shapes, same FLOP count as GpuCheck: 4*B*H*T*T*D, halved for causal; median of 10
 timed launches after 3 warm-up launches, timed by CUDA events.
@@ -9,7 +9,7 @@ timed launches after 3 warm-up launches, timed by CUDA events.
 Decode (`--decode` alone runs only this part): the issue's shape, B 1, 32 query heads over 8 kv
 heads (GQA, enable_gqa=True), D 128, bf16 KV of 262,144 tokens, Tq 1, 4 and 16; median of 20 after
 5 warm-up launches; bandwidth = K and V bytes over the time. When GpuDecodeCheck left
-$OUT/decode-times.tsv, the ratio of our synchronized and unified kernels to the fastest SDPA backend
+decode-times.tsv beside the results file, the ratio of our synchronized and unified kernels to the fastest SDPA backend
 is printed (>= 1.0x is the issue's target).
 """
 import os
@@ -62,9 +62,8 @@ def decode(lines):
                 best[tq] = min(best.get(tq, float("inf")), ms)
             except RuntimeError as e:  # a backend that does not take this shape or device
                 lines.append(f"| {name} | {tq} | n/a | {str(e).splitlines()[0][:60]} |")
-    out = os.environ.get("OUT")
-    ours = os.path.join(out, "decode-times.tsv") if out else None
-    if ours and os.path.exists(ours):
+    ours = os.path.join(os.environ.get("OUT") or ".", "decode-times.tsv")  # where GpuDecodeCheck wrote it
+    if os.path.exists(ours):
         lines += ["", "| ours vs fastest SDPA backend | Tq | split | our ms | SDPA ms | speed-up (>= 1.0 is the target) |",
                   "| --- | --- | --- | --- | --- | --- |"]
         with open(ours) as f:
@@ -110,10 +109,9 @@ def main():
 
 def emit(lines):
     print("\n".join(lines))
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "gpu-check.txt"), "a") as f:
-            f.write("\n".join(lines) + "\n")
+    # the results file of the Java sections: $OUT/gpu-check.txt, else ./gpu-check.txt
+    with open(os.path.join(os.environ.get("OUT") or ".", "gpu-check.txt"), "a") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 // With it on LD_LIBRARY_PATH, JCuda and CudaAttention run their whole decode path (probe, module
 // and function loading, allocation, chunk tables, kernel parameters, launches, copies back)
 // without a GPU (CudaDecodeFakeDeviceTest). Forward kernels are not emulated: launching one returns
-// CUDA_ERROR_NOT_SUPPORTED (801). Only the driver calls longctx makes exist here.
+// CUDA_ERROR_NOT_SUPPORTED (801), or the code in $LONGCTX_FAKE_FORWARD_RC; a sticky code (700,
+// 714-719: a kernel fault) then makes cuCtxSynchronize return it, as a lost context does
+// (GpuCheckFakeDeviceTest). Only the driver calls longctx makes exist here.
 
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +18,7 @@ struct Function {
   std::string name;
 };
 int fake_handle;  // non-null address for contexts, modules, streams, events
+int lost_context_rc = 0;  // set by a simulated sticky forward error
 }  // namespace
 
 extern "C" {
@@ -32,6 +35,7 @@ int cuDeviceGetName(char* name, int len, int) {
 int cuDeviceGetAttribute(int* v, int, int) { *v = 1; return 0; }
 int cuDevicePrimaryCtxRetain(void** ctx, int) { *ctx = &fake_handle; return 0; }
 int cuCtxSetCurrent(void*) { return 0; }
+int cuCtxSynchronize() { return lost_context_rc; }
 int cuModuleLoadData(void** module, const void*) { *module = &fake_handle; return 0; }
 int cuModuleGetFunction(void** f, void*, const char* name) {
   *f = new Function{name};
@@ -98,7 +102,12 @@ int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
     return 0;
   }
   auto it = emu::kPartials.find(name);
-  if (it == emu::kPartials.end()) return 801;
+  if (it == emu::kPartials.end()) {
+    const char* rc = std::getenv("LONGCTX_FAKE_FORWARD_RC");
+    int code = rc ? std::atoi(rc) : 801;
+    if (code == 700 || (code >= 714 && code <= 719)) lost_context_rc = code;
+    return code;
+  }
   emu::Partial f = it->second;
   emu::launch(dim3(gx, gy, gz), [&] {
     f(ptr(0), static_cast<const void* const*>(ptr(1)), static_cast<const void* const*>(ptr(2)),

@@ -74,8 +74,25 @@ public final class CudaAttention implements AttentionBackend {
 
   /** A CUDA error, naming the driver call that failed and its error code. */
   public static final class CudaException extends RuntimeException {
+    private final int code;
+
     CudaException(String call, int rc) {
       super(call + " failed: " + CUresult.stringFor(rc));
+      this.code = rc;
+    }
+
+    /** The CUresult code. */
+    public int code() {
+      return code;
+    }
+
+    /**
+     * Whether the error is sticky: a fault inside a kernel (illegal address or instruction,
+     * misaligned access, device assert, launch failure or timeout, uncorrectable ECC) leaves the
+     * context unusable, and every later call in this process returns the same error.
+     */
+    public boolean sticky() {
+      return code == 214 || code == 700 || code == 702 || code == 710 || (code >= 714 && code <= 719);
     }
   }
 

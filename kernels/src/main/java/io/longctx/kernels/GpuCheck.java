@@ -1,12 +1,6 @@
 package io.longctx.kernels;
 
-import java.io.IOException;
-import java.io.PrintStream;
-import java.nio.file.Files;
-import java.nio.file.Path;
-import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.List;
 import java.util.Locale;
 import java.util.SplittableRandom;
 import jcuda.Pointer;
@@ -15,90 +9,138 @@ import jcuda.driver.CUstream;
 import jcuda.driver.JCudaDriver;
 
 /**
- * The GPU check, run by {@code bin/gpu-check run} on a GPU machine: every CUDA kernel variant
- * against the float64 reference on fresh random inputs (docs/CONVENTIONS.md tolerance, on the inputs rounded
- * to the kernel's element type), then timing with CUDA events after warm-up. Prints a table and
- * writes it to {@code $OUT/gpu-check.txt} when OUT is set; exits 1 if any variant fails, 2 when
- * CUDA is unavailable. The PyTorch SDPA anchor runs beside it (bin/gpu-check, sdpa_baseline.py).
+ * The forward section of the GPU check, run by {@code bin/gpu-check run} on a GPU machine in a JVM
+ * of its own (the decode section, {@link GpuDecodeCheck}, runs in another): every forward kernel
+ * variant against the float64 reference on fresh random inputs rounded to the kernel's element
+ * type, then timing with CUDA events after warm-up. Tensor-core rows are judged by
+ * {@link Tolerance#violationRoundedP} (their P is rounded to fp16/bf16 before P·V), the others by
+ * the float32 rule. Every row is printed and appended to the results file as it is made
+ * ({@link CheckReport}); a case that throws is an ERROR row and the next case runs, unless the CUDA
+ * context is lost (sticky error), which ends the section. Exits 0 when every row passes, 1
+ * otherwise, 2 when CUDA is unavailable. {@code --smoke}: tiny shapes, for CI on a fake libcuda.
  */
 public final class GpuCheck {
 
   private GpuCheck() {}
 
-  public static void main(String[] args) throws IOException {
+  private static final AttentionOptions[] MASKS = {
+      AttentionOptions.DEFAULT, AttentionOptions.DEFAULT.withCausal(true),
+      AttentionOptions.DEFAULT.withWindow(100), AttentionOptions.DEFAULT.withCausal(true).withSoftcap(30f)};
+  /** [B, H, Hkv, Tq, Tk, D]. */
+  private static final int[][] SHAPES = {{1, 4, 1, 1, 1, 64}, {2, 8, 2, 7, 339, 128}, {1, 4, 4, 339, 339, 64},
+      {1, 8, 1, 799, 799, 128}, {1, 2, 2, 1, 4097, 256}, {1, 2, 1, 1000, 1000, 32}, {1, 4, 2, 257, 257, 96}};
+  private static final int[][] SMOKE_SHAPES = {{1, 2, 1, 3, 70, 64}, {1, 2, 2, 5, 130, 128}, {1, 2, 1, 4, 50, 32}};
+
+  public static void main(String[] args) {
+    boolean smoke = Arrays.asList(args).contains("--smoke");
+    CheckReport report = new CheckReport("forward");
     CudaProbe.Status s = CudaProbe.status();
     if (!s.available()) {
-      System.err.println("gpu-check: CUDA unavailable: " + s.reason());
+      report.line("gpu-check forward: CUDA unavailable: " + s.reason());
       System.exit(2);
     }
-    CudaAttention cuda = CudaAttention.instance();
-    List<String> lines = new ArrayList<>();
-    lines.add("# longctx GPU check on " + s.device() + " (" + java.time.LocalDate.now() + ")");
-    long seed = System.nanoTime();
-    lines.add("seed " + seed);
-    lines.add("| kernel | shape [B,H/Hkv,Tq,Tk,D] | mask | errors | verdict |");
-    lines.add("| --- | --- | --- | --- | --- |");
-    SplittableRandom rng = new SplittableRandom(seed);
-    int failures = 0;
-    AttentionOptions[] masks = {
-        AttentionOptions.DEFAULT, AttentionOptions.DEFAULT.withCausal(true),
-        AttentionOptions.DEFAULT.withWindow(100), AttentionOptions.DEFAULT.withCausal(true).withSoftcap(30f)};
-    int[][] shapes = {{1, 4, 1, 1, 1, 64}, {2, 8, 2, 7, 339, 128}, {1, 4, 4, 339, 339, 64}, {1, 8, 1, 799, 799, 128},
-        {1, 2, 2, 1, 4097, 256}, {1, 2, 1, 1000, 1000, 32}, {1, 4, 2, 257, 257, 96}};
-    for (CudaAttention.DType type : CudaAttention.DType.values()) {
-      for (int[] sh : shapes) {
-        for (AttentionOptions opt : masks) {
-          Tensor q = rounded(random(rng, sh[0], sh[1], sh[3], sh[5]), type);
-          Tensor k = rounded(random(rng, sh[0], sh[2], sh[4], sh[5]), type);
-          Tensor v = rounded(random(rng, sh[0], sh[2], sh[4], sh[5]), type);
-          long[] qPos = new long[sh[3]];
-          for (int t = 0; t < qPos.length; t++) {
-            qPos[t] = sh[4] - sh[3] + t; // the last queries of the sequence: rows see different key counts
-          }
-          AttentionState got = run(cuda, type, q, k, v, qPos, opt);
-          ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qPos, null, opt);
-          String bad = Tolerance.violation(got, ref, ReferenceAttention.computeFloat32(q, k, v, qPos, null, opt));
-          failures += bad == null ? 0 : 1;
-          lines.add(String.format(Locale.ROOT, "| %s | [%d,%d/%d,%d,%d,%d] | %s | %s | %s |",
-              CudaAttention.kernelFor(type, sh[5]), sh[0], sh[1],
-              sh[2], sh[3], sh[4], sh[5], maskName(opt), Tolerance.errors(got.o(), got.lse(), ref),
-              bad == null ? "pass" : "FAIL: " + bad));
-        }
+    Long fixed = Long.getLong("longctx.seed"); // replays a run
+    long seed = fixed != null ? fixed : System.nanoTime();
+    report.line("");
+    report.line("## Forward on " + s.device() + ", " + CheckReport.driver() + ", seed " + seed + (smoke ? " (smoke sizes)" : ""));
+    CudaAttention cuda = null;
+    try {
+      cuda = CudaAttention.instance();
+    } catch (RuntimeException | LinkageError e) {
+      report.errorRow("loading the kernels: " + CheckReport.errorText(e));
+      report.stop("no CUDA backend");
+    }
+    if (cuda != null) {
+      SplittableRandom rng = new SplittableRandom(seed);
+      correctness(cuda, rng, report, smoke);
+      if (!report.stopped()) {
+        timing(cuda, rng, report, smoke);
       }
     }
-    lines.add("");
-    lines.add("| kernel | B | H | T | D | causal | ms (median of 10) | TFLOP/s |");
-    lines.add("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    for (int t : new int[] {4096, 8192, 16384}) {
-      for (boolean causal : new boolean[] {false, true}) {
-        for (CudaAttention.DType type : new CudaAttention.DType[] {CudaAttention.DType.BF16, CudaAttention.DType.F16}) {
-          int b = 1, h = 16, d = 128;
-          double ms = time(cuda, type, b, h, t, d, AttentionOptions.DEFAULT.withCausal(causal), rng);
-          double flops = 4.0 * b * h * t * (double) t * d * (causal ? 0.5 : 1.0);
-          lines.add(String.format(Locale.ROOT, "| %s | %d | %d | %d | %d | %b | %.3f | %.1f |",
-              CudaAttention.kernelFor(type, d), b, h, t, d,
-              causal, ms, flops / ms / 1e9));
-        }
-      }
-    }
-    failures += GpuDecodeCheck.run(cuda, rng, lines);
-    lines.add("");
-    lines.add(failures == 0 ? "all variants pass" : failures + " variant(s) FAIL");
-    print(lines, System.out);
-    String out = System.getenv("OUT");
-    if (out != null && !out.isEmpty()) {
-      Files.write(Path.of(out, "gpu-check.txt"), lines);
-    }
-    System.exit(failures == 0 ? 0 : 1);
+    System.exit(report.finish());
   }
 
-  private static void print(List<String> lines, PrintStream ps) {
-    lines.forEach(ps::println);
+  /** One row per (type, shape, mask); each case isolated. */
+  static void correctness(CudaAttention cuda, SplittableRandom rng, CheckReport report, boolean smoke) {
+    report.line("");
+    report.line("| kernel | shape [B,H/Hkv,Tq,Tk,D] | mask | errors | rule | verdict |");
+    report.line("| --- | --- | --- | --- | --- | --- |");
+    AttentionOptions[] masks = smoke ? Arrays.copyOf(MASKS, 2) : MASKS;
+    for (CudaAttention.DType type : CudaAttention.DType.values()) {
+      for (int[] sh : smoke ? SMOKE_SHAPES : SHAPES) {
+        for (AttentionOptions opt : masks) {
+          String kernel = CudaAttention.kernelFor(type, sh[5]);
+          boolean roundedP = kernel.contains("_tc_");
+          String rule = roundedP ? String.valueOf(Tolerance.ROUNDED_P_FACTOR).replaceAll("\\.0$", "") + "x naive rounded-P"
+              : "2x naive float32";
+          String head = String.format(Locale.ROOT, "| %s | [%d,%d/%d,%d,%d,%d] | %s | ", kernel, sh[0], sh[1], sh[2],
+              sh[3], sh[4], sh[5], maskName(opt));
+          try {
+            Tensor q = rounded(random(rng, sh[0], sh[1], sh[3], sh[5]), type);
+            Tensor k = rounded(random(rng, sh[0], sh[2], sh[4], sh[5]), type);
+            Tensor v = rounded(random(rng, sh[0], sh[2], sh[4], sh[5]), type);
+            long[] qPos = lastPositions(sh[3], sh[4]);
+            AttentionState got = run(cuda, type, q, k, v, qPos, opt);
+            ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qPos, null, opt);
+            String bad = roundedP
+                ? Tolerance.violationRoundedP(got.o(), got.lse(), ref,
+                    ReferenceAttention.computeRoundedP(q, k, v, qPos, null, opt, type))
+                : Tolerance.violation(got, ref, ReferenceAttention.computeFloat32(q, k, v, qPos, null, opt));
+            report.row(head + Tolerance.errors(got.o(), got.lse(), ref) + " | " + rule + " | "
+                + (bad == null ? "pass" : "FAIL: " + bad) + " |", bad == null);
+          } catch (RuntimeException | OutOfMemoryError e) {
+            report.errorRow(head + " | " + rule + " | " + CheckReport.errorText(e) + " |");
+            String lost = CheckReport.contextLost(e);
+            if (lost != null) {
+              report.stop(lost);
+              return;
+            }
+          }
+        }
+      }
+    }
+  }
+
+  /** Forward timing, D 128, fp16 and bf16, causal and not; one row per configuration, each isolated. */
+  static void timing(CudaAttention cuda, SplittableRandom rng, CheckReport report, boolean smoke) {
+    report.line("");
+    report.line("| kernel | B | H | T | D | causal | ms (median of 10) | TFLOP/s |");
+    report.line("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (int t : smoke ? new int[] {128} : new int[] {4096, 8192, 16384}) {
+      for (boolean causal : new boolean[] {false, true}) {
+        for (CudaAttention.DType type : new CudaAttention.DType[] {CudaAttention.DType.BF16, CudaAttention.DType.F16}) {
+          int b = 1, h = smoke ? 2 : 16, d = 128;
+          String head = String.format(Locale.ROOT, "| %s | %d | %d | %d | %d | %b | ", CudaAttention.kernelFor(type, d),
+              b, h, t, d, causal);
+          try {
+            double ms = time(cuda, type, b, h, t, d, AttentionOptions.DEFAULT.withCausal(causal), rng);
+            double flops = 4.0 * b * h * t * (double) t * d * (causal ? 0.5 : 1.0);
+            report.line(head + String.format(Locale.ROOT, "%.3f | %.1f |", ms, flops / ms / 1e9));
+          } catch (RuntimeException | OutOfMemoryError e) {
+            report.errorRow(head + CheckReport.errorText(e) + " | |");
+            String lost = CheckReport.contextLost(e);
+            if (lost != null) {
+              report.stop(lost);
+              return;
+            }
+          }
+        }
+      }
+    }
   }
 
   static String maskName(AttentionOptions o) {
     return (o.causal() ? "causal" : "full") + (o.window() > 0 ? " window " + o.window() : "")
         + (o.softcap() > 0 ? " softcap " + o.softcap() : "");
+  }
+
+  /** The last {@code tq} positions of a sequence of {@code tk}: rows see different key counts under masks. */
+  static long[] lastPositions(int tq, int tk) {
+    long[] p = new long[tq];
+    for (int t = 0; t < tq; t++) {
+      p[t] = tk - tq + t;
+    }
+    return p;
   }
 
   static Tensor random(SplittableRandom rng, int b, int h, int t, int d) {

@@ -11,12 +11,13 @@ import jcuda.driver.CUstream;
 import jcuda.driver.JCudaDriver;
 
 /**
- * The decode part of the GPU check ({@link GpuCheck}): split-K decoding and the FlashDecoding++
+ * The decode section of the GPU check, run by bin/gpu-check in a JVM of its own (a sticky CUDA
+ * error in the forward section, {@link GpuCheck}, cannot take it down): split-K decoding and the FlashDecoding++
  * variant against the float64 reference on fresh random inputs (KV lengths 1, 7, 4097 and
  * 1,000,003; chunked KV; logits pushed out of the unified-max bounds, with the recompute count
  * printed beside the CPU's), then CUDA-event timing of both variants, of a device-to-device copy of
  * the same bytes, with the numbers for sdpa_baseline.py's decode anchor written to
- * {@code $OUT/decode-times.tsv}.
+ * {@code decode-times.tsv} beside the results file ($OUT or the working directory).
  */
 final class GpuDecodeCheck {
 
@@ -31,32 +32,37 @@ final class GpuDecodeCheck {
   /**
    * {@code --smoke}: the decode check alone at tiny sizes (Tk up to 1,003; timing at Tk 4,096), to
    * exercise this code without a GPU (CudaDecodeFakeDeviceTest runs it on the emulating fake
-   * libcuda); its timings mean nothing. Exit 0 when every case passes, 1 otherwise, 2 without CUDA.
+   * libcuda); its timings mean nothing. Without it: the full sizes. Rows go to stdout and the
+   * results file as they are made ({@link CheckReport}). Exit 0 when every row passes, 1 otherwise,
+   * 2 without CUDA; {@code -Dlongctx.seed=S} replays a run.
    */
   public static void main(String[] args) {
     boolean smoke = Arrays.asList(args).contains("--smoke");
     smokeRepeats = smoke ? 1 : 0;
+    CheckReport report = new CheckReport("decode");
     CudaProbe.Status s = CudaProbe.status();
     if (!s.available()) {
-      System.err.println("gpu-decode-check: CUDA unavailable: " + s.reason());
+      report.line("gpu-check decode: CUDA unavailable: " + s.reason());
       System.exit(2);
     }
-    List<String> lines = new ArrayList<>();
-    long seed = System.nanoTime();
-    lines.add("# longctx decode check on " + s.device() + (smoke ? " (smoke sizes)" : "") + ", seed " + seed);
-    int failures = run(CudaAttention.instance(), new SplittableRandom(seed), lines, smoke);
-    lines.add(failures == 0 ? "all decode variants pass" : failures + " decode variant(s) FAIL");
-    lines.forEach(System.out::println);
-    System.exit(failures == 0 ? 0 : 1);
+    Long fixed = Long.getLong("longctx.seed"); // replays a run
+    long seed = fixed != null ? fixed : System.nanoTime();
+    report.line("");
+    report.line("## Decode on " + s.device() + ", " + CheckReport.driver() + (smoke ? " (smoke sizes)" : "") + ", seed " + seed);
+    try {
+      run(CudaAttention.instance(), new SplittableRandom(seed), report, smoke);
+    } catch (RuntimeException | LinkageError e) {
+      report.errorRow("loading the kernels: " + CheckReport.errorText(e));
+      report.stop("no CUDA backend");
+    }
+    System.exit(report.finish());
   }
 
-  static int run(CudaAttention cuda, SplittableRandom rng, List<String> lines) {
-    return run(cuda, rng, lines, false);
-  }
-
-  /** Runs every case and the timing; appends table lines; returns the number of failures. */
-  static int run(CudaAttention cuda, SplittableRandom rng, List<String> lines, boolean smoke) {
-    int failures = 0;
+  /**
+   * Runs every case and the timing, each isolated: a case that throws is an ERROR row, a lost
+   * context ends the section ({@link CheckReport#stop}). Rows go to {@code report} as they are made.
+   */
+  static void run(CudaAttention cuda, SplittableRandom rng, CheckReport report, boolean smoke) {
     AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
     List<Case> cases = smoke ? List.of(
         new Case(1, 32, 8, 1, 1, 128, 4096, causal, null),
@@ -73,33 +79,53 @@ final class GpuDecodeCheck {
         new Case(1, 8, 2, 5, 4097, 128, 700, causal, new int[] {1, 1, 4095}),
         new Case(1, 2, 1, 2, 1_000_003, 64, 4096, causal, null),
         new Case(1, 2, 1, 2, 1_000_003, 64, 4096, causal, new int[] {333_333, 333_334, 333_336}));
-    lines.add("");
-    lines.add("## Decode (split-K), correctness against float64");
-    lines.add("");
-    lines.add("| variant | type | [B,H/Hkv,Tq,Tk,D] split | mask | chunks | errors | CPU fallback errors | recomputed (GPU / CPU) | verdict |");
-    lines.add("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    report.line("");
+    report.line("### Decode (split-K), correctness against float64");
+    report.line("");
+    report.line("| variant | type | [B,H/Hkv,Tq,Tk,D] split | mask | chunks | errors | CPU fallback errors | recomputed (GPU / CPU) | verdict |");
+    report.line("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for (Case c : cases) {
       for (CudaAttention.DType type : CudaAttention.DType.values()) {
         if (c.tk() > 100_000 && type == CudaAttention.DType.F32) {
           continue; // the 1M case in 2-byte types only: the float64 reference is the slow part
         }
         try {
-          failures += checkCase(cuda, rng, c, type, lines);
-        } catch (RuntimeException e) {
-          failures++;
-          lines.add(String.format(Locale.ROOT, "| decode | %s | %s | | | | | | FAIL: %s |", type, shape(c), e));
+          checkCase(cuda, rng, c, type, report);
+        } catch (RuntimeException | OutOfMemoryError e) {
+          report.errorRow(String.format(Locale.ROOT, "| decode | %s | %s | %s | | | | | %s |", type, shape(c),
+              GpuCheck.maskName(c.opt()), CheckReport.errorText(e)));
+          if (stopIfLost(e, report)) {
+            return;
+          }
         }
       }
     }
-    try {
-      failures += checkOutOfRange(cuda, rng, lines, smoke);
-      failures += checkBatchInvariance(cuda, rng, lines, smoke);
-      timing(cuda, rng, lines, smoke);
-    } catch (RuntimeException e) {
-      failures++;
-      lines.add("decode check stopped: FAIL: " + e);
+    for (String part : List.of("out-of-range", "batch invariance", "timing")) {
+      try {
+        switch (part) {
+          case "out-of-range" -> checkOutOfRange(cuda, rng, report, smoke);
+          case "batch invariance" -> checkBatchInvariance(cuda, rng, report, smoke);
+          default -> timing(cuda, rng, report, smoke);
+        }
+      } catch (RuntimeException | OutOfMemoryError e) {
+        report.errorRow("decode " + part + ": " + CheckReport.errorText(e));
+        if (stopIfLost(e, report)) {
+          return;
+        }
+      }
+      if (report.stopped()) {
+        return;
+      }
     }
-    return failures;
+  }
+
+  /** After a case threw: ends the section when the CUDA context is lost; true if it did. */
+  private static boolean stopIfLost(Throwable e, CheckReport report) {
+    String lost = CheckReport.contextLost(e);
+    if (lost != null) {
+      report.stop(lost);
+    }
+    return lost != null;
   }
 
   private static String shape(Case c) {
@@ -107,11 +133,7 @@ final class GpuDecodeCheck {
   }
 
   private static long[] lastPositions(int tq, int tk) {
-    long[] p = new long[tq];
-    for (int t = 0; t < tq; t++) {
-      p[t] = tk - tq + t; // the last Tq tokens: rows see different key counts
-    }
-    return p;
+    return GpuCheck.lastPositions(tq, tk);
   }
 
   /** Splits a [B, H, T, D] tensor into chunks of the given token counts (which sum to T). */
@@ -131,8 +153,8 @@ final class GpuDecodeCheck {
     return out;
   }
 
-  private static int checkCase(CudaAttention cuda, SplittableRandom rng, Case c, CudaAttention.DType type,
-      List<String> lines) {
+  private static void checkCase(CudaAttention cuda, SplittableRandom rng, Case c, CudaAttention.DType type,
+      CheckReport report) {
     Tensor q = GpuCheck.rounded(GpuCheck.random(rng, c.b(), c.h(), c.tq(), c.d()), type);
     Tensor k = GpuCheck.rounded(GpuCheck.random(rng, c.b(), c.hkv(), c.tk(), c.d()), type);
     Tensor v = GpuCheck.rounded(GpuCheck.random(rng, c.b(), c.hkv(), c.tk(), c.d()), type);
@@ -144,7 +166,6 @@ final class GpuDecodeCheck {
     CpuAttention.DecodeResult cpu = CpuAttention.DEFAULT.decode(q, k, v, qp, null, c.opt(), c.split());
     UnifiedMax um = UnifiedMax.calibrate(q, k, c.opt());
     CpuAttention.DecodeResult cpuUm = CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, c.opt(), c.split(), um);
-    int failures = 0;
     CpuAttention.DecodeResult unchunked = null;
     for (UnifiedMax variant : new UnifiedMax[] {null, um}) {
       CpuAttention.DecodeResult got = cuda.decodeChunks(q, kc, vc, qp, null, c.opt(), c.split(), variant, type);
@@ -157,27 +178,24 @@ final class GpuDecodeCheck {
           bad = "chunked result differs from the unchunked one in some bits";
         }
       }
-      failures += bad == null ? 0 : 1;
       CpuAttention.DecodeResult cpuSame = variant == null ? cpu : cpuUm;
-      lines.add(String.format(Locale.ROOT, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |",
+      report.row(String.format(Locale.ROOT, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |",
           variant == null ? "sync" : "unified phi=" + variant.phi(), type, shape(c), GpuCheck.maskName(c.opt()),
           c.chunks() == null ? "1" : Arrays.toString(c.chunks()) + (unchunked != null ? " (bit-equal to 1 chunk)" : ""),
           Tolerance.errors(got.state().o(), got.state().lse(), ref),
           Tolerance.errors(cpuSame.state().o(), cpuSame.state().lse(), ref),
           variant == null ? "-" : got.recomputedRows() + " / " + cpuSame.recomputedRows(),
-          bad == null ? "pass" : "FAIL: " + bad));
+          bad == null ? "pass" : "FAIL: " + bad), bad == null);
     }
-    return failures;
   }
 
   /** Logits pushed out of [phi + lower, phi + upper]: flagged pairs are recomputed, the answer holds. */
-  private static int checkOutOfRange(CudaAttention cuda, SplittableRandom rng, List<String> lines, boolean smoke) {
-    int failures = 0;
+  private static void checkOutOfRange(CudaAttention cuda, SplittableRandom rng, CheckReport report, boolean smoke) {
     int heads = 8, kvHeads = 2, tq = 2, tk = smoke ? 301 : 3001, dim = 128, split = smoke ? 50 : 500;
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
-    lines.add("");
-    lines.add("| unified max, logits out of range | type | phi | recomputed GPU | recomputed CPU | errors | verdict |");
-    lines.add("| --- | --- | --- | --- | --- | --- | --- |");
+    report.line("");
+    report.line("| unified max, logits out of range | type | phi | recomputed GPU | recomputed CPU | errors | verdict |");
+    report.line("| --- | --- | --- | --- | --- | --- | --- |");
     for (CudaAttention.DType type : CudaAttention.DType.values()) {
       Tensor q = GpuCheck.random(rng, 1, heads, tq, dim);
       for (int t = 0; t < tq; t++) { // head 3: logits in the hundreds, far above phi + 40
@@ -200,17 +218,16 @@ final class GpuDecodeCheck {
         if (bad == null && got.recomputedRows() == 0) {
           bad = "nothing was recomputed";
         }
-        failures += bad == null ? 0 : 1;
-        lines.add(String.format(Locale.ROOT, "| %d heads, head 3 scaled x30 | %s | %s | %d | %d | %s | %s |", heads, type,
+        report.row(String.format(Locale.ROOT, "| %d heads, head 3 scaled x30 | %s | %s | %d | %d | %s | %s |", heads, type,
             phi, got.recomputedRows(), cpu.recomputedRows(), Tolerance.errors(got.state().o(), got.state().lse(), ref),
-            bad == null ? "pass" : "FAIL: " + bad));
+            bad == null ? "pass" : "FAIL: " + bad), bad == null);
       }
     }
-    return failures;
   }
 
   /** The first sequence of a batch of two gives the bits it gives alone. */
-  private static int checkBatchInvariance(CudaAttention cuda, SplittableRandom rng, List<String> lines, boolean smoke) {
+  private static void checkBatchInvariance(CudaAttention cuda, SplittableRandom rng, CheckReport report,
+      boolean smoke) {
     int heads = 8, kvHeads = 2, tq = 3, tk = smoke ? 250 : 2500, dim = 128;
     Tensor q = GpuCheck.rounded(GpuCheck.random(rng, 2, heads, tq, dim), CudaAttention.DType.BF16);
     Tensor k = GpuCheck.rounded(GpuCheck.random(rng, 2, kvHeads, tk, dim), CudaAttention.DType.BF16);
@@ -225,10 +242,9 @@ final class GpuDecodeCheck {
         CudaAttention.DType.BF16).state();
     boolean same = Arrays.equals(alone.o(), Arrays.copyOf(both.o(), alone.o().length))
         && Arrays.equals(alone.lse(), Arrays.copyOf(both.lse(), alone.lse().length));
-    lines.add("");
-    lines.add("batch invariance (bf16, sequence 0 alone vs in a batch of 2, split 700): "
-        + (same ? "pass, bit-equal" : "FAIL: bits differ"));
-    return same ? 0 : 1;
+    report.line("");
+    report.row("batch invariance (bf16, sequence 0 alone vs in a batch of 2, split 700): "
+        + (same ? "pass, bit-equal" : "FAIL: bits differ"), same);
   }
 
   /**
@@ -236,14 +252,14 @@ final class GpuDecodeCheck {
    * synchronized and unified kernels (combine included) for a few split lengths and query counts,
    * and a device-to-device copy of the same K+V bytes; medians of 20 after 5 warm-up launches.
    */
-  private static void timing(CudaAttention cuda, SplittableRandom rng, List<String> lines, boolean smoke) {
+  private static void timing(CudaAttention cuda, SplittableRandom rng, CheckReport report, boolean smoke) {
     int b = 1, h = 32, hkv = 8, d = 128, tk = smoke ? 4096 : 262_144;
     CudaAttention.DType type = CudaAttention.DType.BF16;
-    lines.add("");
-    lines.add("## Decode timing, B 1, H 32 / Hkv 8, D 128, bf16 KV, Tk " + tk + " (CUDA events, median of 20)");
-    lines.add("");
-    lines.add("| what | Tq | split | ms | K+V GB/s | vs copy | recomputed |");
-    lines.add("| --- | --- | --- | --- | --- | --- | --- |");
+    report.line("");
+    report.line("## Decode timing, B 1, H 32 / Hkv 8, D 128, bf16 KV, Tk " + tk + " (CUDA events, median of 20)");
+    report.line("");
+    report.line("| what | Tq | split | ms | K+V GB/s | vs copy | recomputed |");
+    report.line("| --- | --- | --- | --- | --- | --- | --- |");
     CUstream stream = new CUstream();
     CudaAttention.check("cuStreamCreate", JCudaDriver.cuStreamCreate(stream, 0));
     // One random float tensor (1 GiB) serves as both K and V: timing does not depend on the values.
@@ -256,7 +272,7 @@ final class GpuDecodeCheck {
       double copyMs = median(stream, () -> CudaAttention.check("cuMemcpyDtoDAsync",
           JCudaDriver.cuMemcpyDtoDAsync(copy.pointer(), dk.pointer(), dk.bytes(), stream)));
       double copyGbps = 2.0 * dk.bytes() / copyMs / 1e6;
-      lines.add(String.format(Locale.ROOT, "| device-to-device copy of K (%d MiB read + written) | | | %.3f | %.0f (read+write) | 1.00 | |",
+      report.line(String.format(Locale.ROOT, "| device-to-device copy of K (%d MiB read + written) | | | %.3f | %.0f (read+write) | 1.00 | |",
           dk.bytes() >> 20, copyMs, copyGbps));
       tsv.append(String.format(Locale.ROOT, "copy\t0\t0\t%.6f\t%.3f%n", copyMs, copyGbps));
       for (int tq : smoke ? new int[] {1} : new int[] {1, 4, 16}) {
@@ -271,22 +287,30 @@ final class GpuDecodeCheck {
           List<CudaAttention.DeviceTensor> kc = List.of(new CudaAttention.DeviceTensor(dk, type, b, hkv, tk, d));
           List<CudaAttention.DeviceTensor> vc = List.of(new CudaAttention.DeviceTensor(dv, type, b, hkv, tk, d));
           for (int split : smoke ? new int[] {4096} : tq == 1 ? new int[] {1024, 2048, 4096, 8192} : new int[] {4096}) {
-            CudaDecode.Plan plan = CudaAttention.devicePlan(tqd, kc, vc, split);
-            try (CudaDecode.Workspace ws = cuda.decodeWorkspace(plan, kc, vc, stream)) {
-              AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
-              double sync = median(stream, () -> cuda.launchDecode(plan, ws, tqd, dqp, null, opt, null, o, lse, stream));
-              double unified = median(stream, () -> cuda.launchDecode(plan, ws, tqd, dqp, null, opt, um, o, lse, stream));
-              long recomputed = ws.recomputedRows(stream);
-              double syncGbps = plan.kvBytes() / sync / 1e6, uniGbps = plan.kvBytes() / unified / 1e6;
-              if (split == 4096 || tq > 1) {
-                lines.add("| " + occupancy(cuda, plan) + " | " + tq + " | " + split + " | | | | |");
+            try {
+              CudaDecode.Plan plan = CudaAttention.devicePlan(tqd, kc, vc, split);
+              try (CudaDecode.Workspace ws = cuda.decodeWorkspace(plan, kc, vc, stream)) {
+                AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+                double sync = median(stream, () -> cuda.launchDecode(plan, ws, tqd, dqp, null, opt, null, o, lse, stream));
+                double unified = median(stream, () -> cuda.launchDecode(plan, ws, tqd, dqp, null, opt, um, o, lse, stream));
+                long recomputed = ws.recomputedRows(stream);
+                double syncGbps = plan.kvBytes() / sync / 1e6, uniGbps = plan.kvBytes() / unified / 1e6;
+                if (split == 4096 || tq > 1) {
+                  report.line("| " + occupancy(cuda, plan) + " | " + tq + " | " + split + " | | | | |");
+                }
+                report.line(String.format(Locale.ROOT, "| sync split-K | %d | %d | %.3f | %.0f | %.2f | |", tq, split, sync,
+                    syncGbps, syncGbps / copyGbps));
+                report.line(String.format(Locale.ROOT, "| unified max phi=%.2f (sync/unified time %.2fx) | %d | %d | %.3f | %.0f | %.2f | %d |",
+                    um.phi(), sync / unified, tq, split, unified, uniGbps, uniGbps / copyGbps, recomputed));
+                tsv.append(String.format(Locale.ROOT, "sync\t%d\t%d\t%.6f\t%.3f%n", tq, split, sync, syncGbps));
+                tsv.append(String.format(Locale.ROOT, "unified\t%d\t%d\t%.6f\t%.3f%n", tq, split, unified, uniGbps));
               }
-              lines.add(String.format(Locale.ROOT, "| sync split-K | %d | %d | %.3f | %.0f | %.2f | |", tq, split, sync,
-                  syncGbps, syncGbps / copyGbps));
-              lines.add(String.format(Locale.ROOT, "| unified max phi=%.2f (sync/unified time %.2fx) | %d | %d | %.3f | %.0f | %.2f | %d |",
-                  um.phi(), sync / unified, tq, split, unified, uniGbps, uniGbps / copyGbps, recomputed));
-              tsv.append(String.format(Locale.ROOT, "sync\t%d\t%d\t%.6f\t%.3f%n", tq, split, sync, syncGbps));
-              tsv.append(String.format(Locale.ROOT, "unified\t%d\t%d\t%.6f\t%.3f%n", tq, split, unified, uniGbps));
+            } catch (RuntimeException | OutOfMemoryError e) { // one configuration lost, not the table
+              report.errorRow(String.format(Locale.ROOT, "| decode timing | %d | %d | %s | | | |", tq, split,
+                  CheckReport.errorText(e)));
+              if (stopIfLost(e, report)) {
+                return;
+              }
             }
           }
         }
@@ -294,16 +318,14 @@ final class GpuDecodeCheck {
     } finally {
       JCudaDriver.cuStreamDestroy(stream);
     }
-    lines.add("");
-    lines.add("(K+V GB/s = bytes of K and V read once over the kernel time; 'vs copy' = that over the copy's"
+    report.line("");
+    report.line("(K+V GB/s = bytes of K and V read once over the kernel time; 'vs copy' = that over the copy's"
         + " read+write bandwidth. The PyTorch SDPA decode anchor follows, from sdpa_baseline.py.)");
-    String out = System.getenv("OUT");
-    if (out != null && !out.isEmpty()) {
-      try {
-        Files.writeString(Path.of(out, "decode-times.tsv"), tsv.toString());
-      } catch (java.io.IOException e) {
-        lines.add("could not write decode-times.tsv: " + e);
-      }
+    Path tsvFile = CheckReport.resultsFile().toAbsolutePath().resolveSibling("decode-times.tsv"); // beside the table
+    try {
+      Files.writeString(tsvFile, tsv.toString());
+    } catch (java.io.IOException e) {
+      report.line("could not write " + tsvFile + ": " + e);
     }
   }
 

@@ -19,12 +19,34 @@ public final class ReferenceAttention {
    * Query head h reads kv head h / (H / Hkv).
    */
   public static Result compute(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
-    return compute(q, k, v, qPos, kPos, opt, false);
+    return compute(q, k, v, qPos, kPos, opt, false, CudaAttention.DType.F32);
   }
 
   /** The same naive algorithm with every intermediate rounded to float32. */
   public static Result computeFloat32(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
-    return compute(q, k, v, qPos, kPos, opt, true);
+    return compute(q, k, v, qPos, kPos, opt, true, CudaAttention.DType.F32);
+  }
+
+  /**
+   * The naive algorithm in a tensor-core kernel's own precision: float32 throughout, but each
+   * p = exp(s - max) rounded to {@code pType} (fp16 or bf16) before it multiplies v, as the kernel
+   * must to feed P to mma.sync; the row sum l takes the unrounded float32 p, as the kernel's does.
+   * Its error against {@link #compute} is the yardstick for those kernels (FlashAttention's tests
+   * likewise round P to the input type in their reference). Inputs should already be rounded to
+   * {@code pType} (the kernel sees nothing else).
+   */
+  public static Result computeRoundedP(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt,
+      CudaAttention.DType pType) {
+    return compute(q, k, v, qPos, kPos, opt, true, pType);
+  }
+
+  /** x rounded to the element type and back (float32: unchanged). */
+  static float roundTo(float x, CudaAttention.DType type) {
+    return switch (type) {
+      case F32 -> x;
+      case F16 -> HalfFloats.halfToFloat(HalfFloats.floatToHalf(x));
+      case BF16 -> HalfFloats.bf16ToFloat(HalfFloats.floatToBf16(x));
+    };
   }
 
   private static double r(double x, boolean f32) {
@@ -32,7 +54,7 @@ public final class ReferenceAttention {
   }
 
   private static Result compute(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt,
-      boolean f32) {
+      boolean f32, CudaAttention.DType pType) {
     int batch = q.batch(), heads = q.heads(), tq = q.tokens(), dim = q.dim();
     int kvHeads = k.heads(), tk = k.tokens();
     int group = heads / kvHeads;
@@ -78,9 +100,10 @@ public final class ReferenceAttention {
             }
             double p = r(Math.exp(r(s[j] - max, f32)), f32);
             sum = r(sum + p, f32);
+            double pv = f32 ? roundTo((float) p, pType) : p;
             int vo = v.offset(b, kvh, j);
             for (int d = 0; d < dim; d++) {
-              o[oo + d] = r(o[oo + d] + r(p * v.data()[vo + d], f32), f32);
+              o[oo + d] = r(o[oo + d] + r(pv * v.data()[vo + d], f32), f32);
             }
           }
           for (int d = 0; d < dim; d++) {

@@ -23,14 +23,16 @@ import org.junit.jupiter.api.Timeout;
  */
 class CudaDecodeFakeDeviceTest {
 
-  @Test
-  @Timeout(300)
-  void javaEntryPointsDriveTheKernelSourceThroughJcuda() throws Exception {
+  /**
+   * Builds src/test/cuda/fake_libcuda_emulated.cpp into target/{@code name}/libcuda.so.1 and returns
+   * that folder (for LD_LIBRARY_PATH); skips the calling test without g++, the CUDA headers or nvcc.
+   */
+  static Path buildFakeLibcuda(String name) throws Exception {
     assumeFalse(CudaProbe.status().available(), "a real GPU is present: bin/gpu-check covers this");
     assumeTrue(CudaBackendTest.nvccOnPath(), "needs the fatbins (nvcc), so that the probe accepts the fake driver");
     Path include = CudaDecodeEmulationTest.cudaInclude();
     assumeTrue(include != null && CudaDecodeEmulationTest.onPath("g++"), "needs g++ and the CUDA headers");
-    Path dir = Paths.get("target", "fake-cuda-emulated").toAbsolutePath();
+    Path dir = Paths.get("target", name).toAbsolutePath();
     Files.createDirectories(dir);
     Process gcc = new ProcessBuilder("g++", "-shared", "-fPIC", "-std=c++20", "-O1", "-pthread", "-I" + include,
         "-I" + Paths.get("src", "main", "cuda").toAbsolutePath(), "-I" + Paths.get("src", "test", "cuda").toAbsolutePath(),
@@ -39,6 +41,13 @@ class CudaDecodeFakeDeviceTest {
         .redirectErrorStream(true).start();
     String log = new String(gcc.getInputStream().readAllBytes());
     assertTrue(gcc.waitFor(170, TimeUnit.SECONDS) && gcc.exitValue() == 0, "g++ failed: " + log);
+    return dir;
+  }
+
+  @Test
+  @Timeout(300)
+  void javaEntryPointsDriveTheKernelSourceThroughJcuda() throws Exception {
+    Path dir = buildFakeLibcuda("fake-cuda-emulated");
 
     // The child prints its seed; -Dlongctx.seed=S replays one (passed on to the child).
     ProcessBuilder pb = new ProcessBuilder(Paths.get(System.getProperty("java.home"), "bin", "java").toString(),
@@ -61,11 +70,18 @@ class CudaDecodeFakeDeviceTest {
         "--add-modules=jdk.incubator.vector", "-cp", System.getProperty("java.class.path"),
         GpuDecodeCheck.class.getName(), "--smoke").redirectErrorStream(true);
     check.environment().put("LD_LIBRARY_PATH", dir.toString());
-    check.environment().remove("OUT");
+    Path outDir = Files.createTempDirectory(dir, "decode-check-out");
+    check.environment().put("OUT", outDir.toString());
     Process c = check.start();
     String out = new String(c.getInputStream().readAllBytes());
     assertTrue(c.waitFor(240, TimeUnit.SECONDS), "decode check hung: " + out);
-    assertTrue(c.exitValue() == 0 && out.contains("all decode variants pass"), "decode check failed:\n" + out);
+    assertTrue(c.exitValue() == 0 && out.contains("summary decode: ") && out.contains(" 0 FAIL, 0 ERROR -> ok"),
+        "decode check failed:\n" + out);
+    // Every row printed was also appended to the results file as it was made.
+    List<String> file = Files.readAllLines(outDir.resolve("gpu-check.txt"));
+    assertTrue(out.lines().toList().containsAll(file) && file.stream().anyMatch(l -> l.startsWith("summary decode: "))
+        && file.stream().filter(l -> l.contains("| pass |")).count() == out.lines().filter(l -> l.contains("| pass |")).count()
+        && file.stream().anyMatch(l -> l.contains("| pass |")), "results file differs from stdout:\n" + file);
     assertTrue(out.contains("batch invariance (bf16, sequence 0 alone vs in a batch of 2, split 700): pass"), out);
     assertTrue(out.contains("| sync split-K | 1 | 4096 |") && out.contains("| device-to-device copy"), out);
   }

@@ -1,0 +1,81 @@
+package io.longctx.kernels;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
+
+import java.io.File;
+import java.io.OutputStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+import java.util.jar.JarEntry;
+import java.util.jar.JarOutputStream;
+import java.util.stream.Stream;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+/**
+ * {@code bin/gpu-check run --smoke forward decode} on the fake libcuda, with a bundle made here from
+ * the build's classes and the JCuda jars: the header comes first, each section runs in its own
+ * process under its own time limit (decode's is too short on purpose and is killed), the forward
+ * section's rows and summary reach the results file, and the script ends with the sections' exit
+ * statuses, a FAILED line and exit status 1.
+ */
+class GpuCheckScriptTest {
+
+  @Test
+  @Timeout(300)
+  void runWritesHeaderSectionsTimeLimitsAndSummary() throws Exception {
+    Path script = Paths.get("..", "bin", "gpu-check").toAbsolutePath().normalize();
+    assumeTrue(Files.isRegularFile(script) && Files.isExecutable(Paths.get("/usr/bin/timeout")),
+        "needs bin/gpu-check and coreutils timeout");
+    Path lib = CudaDecodeFakeDeviceTest.buildFakeLibcuda("fake-cuda-script");
+    Path bundle = Files.createTempDirectory(lib, "bundle");
+    Path jars = Files.createDirectories(bundle.resolve("lib"));
+    jar(Paths.get("target", "classes"), jars.resolve("longctx-kernels.jar"));
+    for (String entry : System.getProperty("java.class.path").split(File.pathSeparator)) {
+      if (entry.contains("jcuda") && entry.endsWith(".jar")) {
+        Files.copy(Paths.get(entry), jars.resolve(Paths.get(entry).getFileName()));
+      }
+    }
+    Path out = Files.createTempDirectory(lib, "out");
+    ProcessBuilder pb = new ProcessBuilder("bash", script.toString(), "run", "--smoke", "forward", "decode")
+        .redirectErrorStream(true);
+    pb.environment().put("GPU_CHECK_BUNDLE", bundle.toString());
+    pb.environment().put("OUT", out.toString());
+    pb.environment().put("LD_LIBRARY_PATH", lib.toString());
+    pb.environment().put("PATH", Paths.get(System.getProperty("java.home"), "bin") + File.pathSeparator
+        + System.getenv("PATH"));
+    pb.environment().put("GPU_CHECK_DECODE_S", "2"); // the emulated decode smoke run takes far longer
+    Process p = pb.start();
+    String text = new String(p.getInputStream().readAllBytes());
+    assertTrue(p.waitFor(240, TimeUnit.SECONDS), "bin/gpu-check hung: " + text);
+    List<String> file = Files.readAllLines(out.resolve("gpu-check.txt"));
+    String all = String.join("\n", file);
+    assertEquals(1, p.exitValue(), text);
+    assertEquals("# longctx GPU check", file.get(0), all);
+    for (String prefix : List.of("- date: ", "- commit: ", "- host: ", "- java: ", "- mode: sections forward decode --smoke",
+        "=== section forward (time limit 180 s) ===", "## Forward on host emulation (fake libcuda), CUDA driver 13.0",
+        "summary forward: 0 pass, 0 FAIL, 22 ERROR -> FAILED", "section forward: exit status 1",
+        "=== section decode (time limit 2 s) ===", "section decode: TIMED OUT after 2 s",
+        "section decode: exit status 124", "sections: forward=1 decode=124", "gpu-check: FAILED")) {
+      assertTrue(file.stream().anyMatch(l -> l.startsWith(prefix)), "no line '" + prefix + "' in\n" + all);
+    }
+    assertTrue(file.indexOf("```") < file.indexOf("=== section forward (time limit 180 s) ==="), "header not first");
+  }
+
+  /** A jar of a class folder (what the bundle's kernels jar holds: classes and fatbins). */
+  private static void jar(Path dir, Path jar) throws Exception {
+    try (JarOutputStream out = new JarOutputStream(Files.newOutputStream(jar));
+         Stream<Path> files = Files.walk(dir)) {
+      for (Path f : (Iterable<Path>) files.filter(Files::isRegularFile)::iterator) {
+        out.putNextEntry(new JarEntry(dir.relativize(f).toString().replace(File.separatorChar, '/')));
+        Files.copy(f, (OutputStream) out);
+        out.closeEntry();
+      }
+    }
+  }
+}
