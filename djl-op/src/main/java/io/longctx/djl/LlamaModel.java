@@ -24,7 +24,7 @@ import java.util.Map;
 import java.util.Objects;
 
 /**
- * A Llama-family decoder (Llama, Mistral, Qwen2 as Hugging Face defines them, DESIGN.md "Models")
+ * A Llama-family decoder (Llama, Mistral, Qwen2 as Hugging Face defines them; docs/CONVENTIONS.md)
  * that scores documents: the log-probability of every token given the ones before it.
  *
  * <p>The document runs chunk by chunk through the layers. Each layer keeps its KV cache as a list
