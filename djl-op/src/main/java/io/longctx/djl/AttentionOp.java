@@ -243,12 +243,17 @@ public final class AttentionOp {
         qa = temp(qa.mul((float) (scale / def)), q, scope);
       }
       NDList r = s.forward(qa, ka, va, opt.causal());
-      NDArray o = r.get(0), lse = r.get(1);
+      NDArray o = temp(r.get(0), q, scope), lse = temp(r.get(1), q, scope);
       // libtorch's outputs are views of [B, T, H, *] storage: the BTHD transposes below are contiguous.
       if (layout == Layout.BTHD) {
-        o = o.transpose(0, 2, 1, 3);
-        lse = lse.transpose(0, 2, 1);
+        o = temp(o.transpose(0, 2, 1, 3), q, scope);
+        lse = temp(lse.transpose(0, 2, 1), q, scope);
       }
+      // The TorchScript module runs in libtorch's inference mode: its outputs are inference tensors,
+      // which a later op recording gradients (a Block's Linear on a thread with grad mode on) refuses.
+      // A copy made here, outside that mode, is a normal tensor (O(T x D); ThreadsTest).
+      o = o.duplicate();
+      lse = lse.duplicate();
       o.attach(out);
       lse.attach(out);
       return new NDList(o, lse);

@@ -19,9 +19,8 @@ class QuickStartTest {
     System.setOut(new PrintStream(buf, true, StandardCharsets.UTF_8));
     try {
       // small sequence (two chunks of 256 and a ragged one): seconds even on a loaded 2-core machine.
-      // Same thread on purpose: after libtorch's attention ran on one thread (KernelBenchTest), a Block
-      // forward on another thread fails in DJL with "Inference tensors cannot be saved for backward"
-      // (a known djl-op problem, reported separately); this test is about the example, not that.
+      // (A Block forward on another thread after libtorch's attention ran on this one used to fail with
+      // "Inference tensors cannot be saved for backward"; fixed in AttentionOp, tested by djl-op's ThreadsTest.)
       Assertions.assertTimeout(Duration.ofSeconds(120), () -> QuickStart.main(new String[] {"700"}));
     } finally {
       System.setOut(old);
