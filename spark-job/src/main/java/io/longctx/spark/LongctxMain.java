@@ -99,9 +99,9 @@ public final class LongctxMain {
       --sample queries (default 6) against a float64 reference computed in this process, and prints a
       results table and the summary.
       ppl part: generates a small Llama-family checkpoint (gen-model) and a text document of about
-      --ppl-tokens tokens (default 20000; 0 skips the part) plus a short one, scores them with ppl on
+      --ppl-tokens tokens (default 8000; 0 skips the part) plus a short one, scores them with ppl on
       the same Spark, and checks each against the model run in this process (the same sum_logprob
-      exactly; another chunk length within 1e-5). Exit 1 if a check does not match.
+      exactly; chunk length 1000 within 1e-5). Exit 1 if a check does not match.
 
         --ppl-only            run only the ppl part
         --dir DIR             where to write the corpus and scores (default: a temp directory, deleted at the end)
@@ -264,7 +264,7 @@ public final class LongctxMain {
     try {
       boolean ok = a.flag("--ppl-only")
           || Demo.run(spark, dir, a.intValue("--tokens", 100_000), a.intValue("--sample", 6), out);
-      int pplTokens = a.intValue("--ppl-tokens", 20_000);
+      int pplTokens = a.intValue("--ppl-tokens", 8_000);
       if (pplTokens > 0) {
         ok &= Demo.runPpl(spark, dir, pplTokens, out);
       }
