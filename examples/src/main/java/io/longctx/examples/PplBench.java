@@ -155,13 +155,15 @@ public final class PplBench {
           long est = path.equals("dense") ? DenseLlama.estimateBytes(cfg, t) : oursEstimateBytes(cfg, t, o.chunkLen);
           long avail = memAvailableKb() * 1024;
           if (path.equals("dense") && avail > 0 && est > avail - (1L << 30)) {
-            line = String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"path\": \"dense\", \"t\": %d, \"did_not_fit\": true, "
+            line = String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"path\": \"dense\", \"t\": %d, "
+                + "\"did_not_fit\": true, "
                 + "\"estimate_extra_mb\": %.0f, \"mem_available_mb\": %.0f, \"note\": \"not started: estimate above "
                 + "available memory less 1 GiB\"}", t, est / 1048576.0, avail / 1048576.0);
             System.err.printf("bench-ppl: dense T=%d does not fit (estimate %.1f GiB, available %.1f GiB)%n", t,
                 est / 1073741824.0, avail / 1073741824.0);
           } else {
-            System.err.printf("bench-ppl: %s T=%d (estimate %.0f MiB beyond the weights; %d timed run(s))...%n", path, t,
+            System.err.printf("bench-ppl: %s T=%d (estimate %.0f MiB beyond the weights; %d timed run(s))...%n",
+                path, t,
                 est / 1048576.0, o.itersFor(t));
             line = runChild(o, model, path, t, est);
             System.err.println("bench-ppl:   " + line);
@@ -200,7 +202,8 @@ public final class PplBench {
     double om = number(ours, "ms"), dm = number(dense, "ms");
     double os = number(ours, "sum_logprob"), ds = number(dense, "sum_logprob");
     if (Double.isNaN(om) || Double.isNaN(dm)) {
-      return String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"compare\": true, \"t\": %d, \"note\": \"one path has no "
+      return String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"compare\": true, \"t\": %d, "
+          + "\"note\": \"one path has no "
           + "time\"}", t);
     }
     double rel = Math.abs(os - ds) / Math.max(1e-30, Math.abs(ds));
@@ -340,7 +343,8 @@ public final class PplBench {
         + "peak_rss_mb = VmHWM (JVM + native), peak_extra_mb = VmHWM - VmRSS after load and warm-up\"}",
         Instant.now().toString(), cpu.replace("\"", ""), simd, Runtime.getRuntime().availableProcessors(),
         memTotalKb() / 1024.0, loadavg(), System.getProperty("java.version"), generated ? "generated (ModelGenerator)"
-            : model.toString().replace("\"", ""), generated, generated ? o.spec.dtype : "?", c.layers, c.hiddenSize, c.heads,
+            : model.toString().replace("\"", ""), generated, generated ? o.spec.dtype : "?", c.layers, c.hiddenSize,
+        c.heads,
         c.kvHeads, c.headDim, c.intermediateSize, c.vocabSize, o.chunkLen, LlamaModel.DEFAULT_VOCAB_SHARD, o.seed);
   }
 

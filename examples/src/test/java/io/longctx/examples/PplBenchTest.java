@@ -39,7 +39,10 @@ class PplBenchTest {
     return s;
   }
 
-  /** The dense one-forward path and the chunked one give the same log-probabilities (llama, qwen2 tied + bias, mistral window). */
+  /**
+   * The dense one-forward path and the chunked one give the same log-probabilities (llama, qwen2 with
+   * tied embeddings and bias, mistral with a window).
+   */
   @Test
   void denseAnchorMatchesLlamaModel() throws Exception {
     for (String type : new String[] {"llama", "qwen2", "mistral"}) {
@@ -78,7 +81,8 @@ class PplBenchTest {
     String cmp = PplBench.compare(40, ours, dense);
     assertTrue(cmp.contains("\"agree_1e-4\": true"), cmp);
 
-    PplBench.Options big = PplBench.parse(new String[] {"--model", dir.toString(), "--paths", "dense", "--t", "3000000"});
+    PplBench.Options big =
+        PplBench.parse(new String[] {"--model", dir.toString(), "--paths", "dense", "--t", "3000000"});
     ByteArrayOutputStream buf = new ByteArrayOutputStream();
     PrintStream old = System.out;
     System.setOut(new PrintStream(buf, true, StandardCharsets.UTF_8));
