@@ -348,8 +348,11 @@ public final class ModelGenerator {
           }
         }
         if (best == null) {
-          // The text has no new pair left: fill with unused byte pairs so the size is still exact.
-          best = filler(t, known, byteChar);
+          // The text has no new pair left: fill with unused byte pairs so the size is still exact. Such a
+          // pair never occurs in the words (its merge would be known), so the words no longer change and
+          // the rest is filled in one pass (the same merges as one at a time, without a rescan each).
+          fill(t, known, byteChar, size);
+          break;
         }
         String[] pair = best.split(" ");
         String merged = pair[0] + pair[1];
@@ -374,16 +377,21 @@ public final class ModelGenerator {
       return t;
     }
 
-    private static String filler(Tokenizer t, java.util.Set<String> known, char[] byteChar) {
-      for (int a = 0; a < 256; a++) {
-        for (int b = 0; b < 256; b++) {
+    /** Adds unused byte pairs (in byte order) as merges until the vocabulary has {@code size} entries. */
+    private static void fill(Tokenizer t, java.util.Set<String> known, char[] byteChar, int size) {
+      for (int a = 0; a < 256 && t.vocab.size() < size; a++) {
+        for (int b = 0; b < 256 && t.vocab.size() < size; b++) {
           String x = String.valueOf(byteChar[a]), y = String.valueOf(byteChar[b]);
           if (!known.contains(x + y)) {
-            return x + " " + y;
+            t.merges.add(new String[] {x, y});
+            t.vocab.add(x + y);
+            known.add(x + y);
           }
         }
       }
-      throw new IllegalStateException("no merge left");
+      if (t.vocab.size() < size) {
+        throw new IllegalStateException("no merge left");
+      }
     }
 
     /** GPT-2's reversible byte-to-character map (printable bytes map to themselves). */

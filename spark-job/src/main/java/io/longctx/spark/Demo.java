@@ -135,4 +135,113 @@ public final class Demo {
     double oe = den == 0 ? Math.sqrt(num) : Math.sqrt(num / den);
     return new double[] {oe, le};
   }
+
+  // ---------------------------------------------------------------------------------------------
+  // The ppl part: a generated checkpoint, a long generated text scored by PplJob on Spark, checked
+  // against LlamaModel run in this process.
+
+  /** Words of the generated document (plain ASCII, so the JSON and the byte count stay simple). */
+  private static final String[] PPL_WORDS = ("the of and to in a is that for it as was with be by on not he this are "
+      + "or his from at which but have an they you were her she there been one all we their has would when if so no "
+      + "will more can out other into some time could them than then only its new two may first any these like over "
+      + "long context attention model document token chunk merge state score exact memory cache layer head").split(" ");
+
+  /** The second chunk length of the ppl check: not a multiple of the job's. */
+  private static final int OTHER_CHUNK = 1000;
+
+  /**
+   * Generates a small Llama-family checkpoint (2 layers, hidden 64, 4 heads over 2 kv heads, byte-level
+   * BPE vocabulary of 512) and two text documents (about {@code tokens} tokens and a short one),
+   * scores them with {@link PplJob} on {@code spark}, and checks every document against {@link
+   * io.longctx.djl.LlamaModel#score} run in this process on its own copy of the model: the same sum_logprob exactly
+   * at the job's chunk length, and within 1e-5 relative at another chunk length ({@link #OTHER_CHUNK};
+   * the chunking changes nothing but float32 rounding); ppl and bits_per_byte from the sum. Returns
+   * false on a mismatch.
+   */
+  public static boolean runPpl(SparkSession spark, Path dir, int tokens, PrintStream out) throws Exception {
+    long t0 = System.nanoTime();
+    Files.createDirectories(dir);
+    // A fresh directory: the generator never writes into one that holds something.
+    Path model = Files.createTempDirectory(dir, "ppl-model-");
+    io.longctx.djl.ModelGenerator.Spec spec = new io.longctx.djl.ModelGenerator.Spec();
+    spec.layers = 2;
+    spec.hidden = 64;
+    spec.heads = 4;
+    spec.kvHeads = 2;
+    spec.vocab = 512;
+    spec.seed = 20261123L;
+    io.longctx.djl.ModelGenerator.generate(spec, model);
+    String[] ids = {"ppl-long", "ppl-short"};
+    // ~1.9 UTF-8 bytes per token with this vocabulary and these words (measured): aim near the asked length.
+    String[] texts = {pplText(new java.util.SplittableRandom(7), 2L * tokens), "Exact attention over a long context."};
+    out.printf("%nlongctx demo (ppl): checkpoint %s (2 layers, hidden 64, heads 4/2, vocab 512, bf16), "
+        + "documents of %d and %d characters%n", model, texts[0].length(), texts[1].length());
+    List<Row> rows = new ArrayList<>();
+    for (int i = 0; i < ids.length; i++) {
+      rows.add(org.apache.spark.sql.RowFactory.create(ids[i], texts[i]));
+    }
+    org.apache.spark.sql.types.StructType schema = new org.apache.spark.sql.types.StructType()
+        .add("doc_id", org.apache.spark.sql.types.DataTypes.StringType)
+        .add("text", org.apache.spark.sql.types.DataTypes.StringType);
+    String input = dir.resolve("ppl-docs.parquet").toString();
+    spark.createDataFrame(rows, schema).write().mode("overwrite").parquet(input);
+
+    PplJob.Options o = new PplJob.Options();
+    o.model = model.toString();
+    o.input = input;
+    o.output = dir.resolve("ppl-scores.parquet").toString();
+    o.overwrite = true;
+    o.chunkLen = 512;
+    PplJob.Summary summary = PplJob.run(spark, o, out);
+    List<Row> got = new ArrayList<>(spark.read().parquet(o.output).collectAsList());
+    got.sort(Comparator.comparing((Row r) -> r.<String>getAs("doc_id")));
+
+    boolean ok = got.size() == ids.length;
+    out.printf("%n%-10s %8s %16s %10s %8s  %-34s %s%n", "doc_id", "n_tokens", "sum_logprob", "ppl", "bits/B",
+        "vs LlamaModel, same chunk (512)", "vs chunk " + OTHER_CHUNK + " (rel)");
+    try (ai.djl.ndarray.NDManager nm = ai.djl.ndarray.NDManager.newBaseManager("PyTorch");
+        io.longctx.djl.LlamaModel ref = io.longctx.djl.LlamaModel.load(model, nm);
+        ai.djl.huggingface.tokenizers.HuggingFaceTokenizer tok = io.longctx.djl.LlamaTranslator.openTokenizer(model)) {
+      for (Row r : got) {
+        String id = r.getAs("doc_id");
+        String text = texts[java.util.Arrays.asList(ids).indexOf(id)];
+        int[] doc = io.longctx.djl.LlamaTranslator.encode(tok, text);
+        io.longctx.djl.DocumentScore same = ref.score(doc, o.chunkLen, false);
+        io.longctx.djl.DocumentScore other = ref.score(doc, OTHER_CHUNK, false);
+        long n = r.getAs("n_tokens");
+        double sum = r.getAs("sum_logprob");
+        double ppl = r.getAs("ppl");
+        double bpb = r.getAs("bits_per_byte");
+        double rel = Math.abs(other.sumLogprob() - sum) / Math.max(1e-30, Math.abs(sum));
+        boolean exact = n == doc.length && sum == same.sumLogprob();
+        boolean derived = Math.abs(ppl - same.perplexity()) <= 1e-12 * ppl
+            && Math.abs(bpb - same.bitsPerByte(text.getBytes(java.nio.charset.StandardCharsets.UTF_8).length))
+            <= 1e-12 * bpb;
+        boolean good = exact && derived && rel <= 1e-5;
+        ok &= good;
+        out.printf("%-10s %8d %16.6f %10.3f %8.4f  %-34s %.1e %s%n", id, n, sum, ppl, bpb,
+            exact ? "identical" : "DIFFERENT (" + same.sumLogprob() + ")", rel,
+            good ? "ok" : derived ? "MISMATCH" : "MISMATCH (ppl or bits_per_byte)");
+      }
+    }
+    out.println();
+    out.print(summary);
+    out.printf("demo (ppl): %s (%.1f s)%n", ok ? "every document matches LlamaModel in this process"
+        : "MISMATCH against LlamaModel", (System.nanoTime() - t0) / 1e9);
+    return ok;
+  }
+
+  /** Seeded sentences of {@link #PPL_WORDS} of at least {@code chars} characters. */
+  static String pplText(java.util.SplittableRandom r, long chars) {
+    StringBuilder b = new StringBuilder();
+    while (b.length() < chars) {
+      int words = 5 + r.nextInt(12);
+      for (int i = 0; i < words; i++) {
+        String w = PPL_WORDS[r.nextInt(PPL_WORDS.length)];
+        b.append(i == 0 ? Character.toUpperCase(w.charAt(0)) + w.substring(1) : w);
+        b.append(i + 1 < words ? " " : ". ");
+      }
+    }
+    return b.toString().trim();
+  }
 }

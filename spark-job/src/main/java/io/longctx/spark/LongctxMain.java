@@ -5,7 +5,6 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.List;
 import java.util.Locale;
-import org.apache.spark.sql.SparkSession;
 
 /**
  * Entry point of the Spark application: {@code score}, {@code demo}, {@code gen}. Exit status 0 on
@@ -92,13 +91,18 @@ public final class LongctxMain {
       """ + COMMON_HELP;
 
   public static final String DEMO_HELP = """
-      usage: longctx demo [--tokens N] [--sample S] [--dir DIR]
+      usage: longctx demo [--tokens N] [--sample S] [--ppl-tokens N] [--ppl-only] [--dir DIR]
 
-      Generates 3 documents (the longest --tokens, default 100000; 8 heads over 2 kv heads, dim 64),
-      scores 12 queries causally on the embedded Spark (local[*] unless --master), checks --sample
-      queries (default 6) against a float64 reference computed in this process, and prints a results
-      table and the summary. Exit 1 if a checked query does not match.
+      Attention part: generates 3 documents (the longest --tokens, default 100000; 8 heads over 2 kv
+      heads, dim 64), scores 12 queries causally on the embedded Spark (local[*] unless --master), checks
+      --sample queries (default 6) against a float64 reference computed in this process, and prints a
+      results table and the summary.
+      ppl part: generates a small Llama-family checkpoint (gen-model) and a text document of about
+      --ppl-tokens tokens (default 8000; 0 skips the part) plus a short one, scores them with ppl on
+      the same Spark, and checks each against the model run in this process (the same sum_logprob
+      exactly; chunk length 1000 within 1e-5). Exit 1 if a check does not match.
 
+        --ppl-only            run only the ppl part
         --dir DIR             where to write the corpus and scores (default: a temp directory, deleted at the end)
       """ + COMMON_HELP;
 
@@ -234,21 +238,24 @@ public final class LongctxMain {
   }
 
   static int demo(String[] argv, PrintStream out, PrintStream err) throws Exception {
-    Args a = Args.parse(argv, List.of("--tokens", "--sample", "--dir"), List.of());
+    Args a = Args.parse(argv, List.of("--tokens", "--sample", "--dir", "--ppl-tokens"), List.of("--ppl-only"));
     if (a.help) {
       out.print(DEMO_HELP);
       return 0;
     }
     boolean temp = a.get("--dir") == null;
     Path dir = temp ? Files.createTempDirectory("longctx-demo-") : Path.of(a.get("--dir"));
-    boolean owned = SparkSession.getDefaultSession().isEmpty();
-    SparkSession spark = Sessions.create("longctx demo", a.get("--master"), a.confs);
     try {
-      return Demo.run(spark, dir, a.intValue("--tokens", 100_000), a.intValue("--sample", 6), out) ? 0 : 1;
+      return Sessions.run("longctx demo", a.get("--master"), a.confs, spark -> {
+        boolean ok = a.flag("--ppl-only")
+            || Demo.run(spark, dir, a.intValue("--tokens", 100_000), a.intValue("--sample", 6), out);
+        int pplTokens = a.intValue("--ppl-tokens", 8_000);
+        if (pplTokens > 0) {
+          ok &= Demo.runPpl(spark, dir, pplTokens, out);
+        }
+        return ok ? 0 : 1;
+      });
     } finally {
-      if (owned) {
-        spark.stop();
-      }
       if (temp) { // the generated corpus is ~200 MB: do not leave it in /tmp
         try (var walk = Files.walk(dir)) {
           walk.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());

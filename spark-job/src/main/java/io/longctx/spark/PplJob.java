@@ -35,6 +35,7 @@ import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
+import org.apache.spark.util.LongAccumulator;
 import scala.Tuple2;
 
 /**
@@ -147,16 +148,25 @@ public final class PplJob {
     o.overwrite = a.flag("--overwrite");
     o.check();
     return Sessions.run("longctx ppl", a.get("--master"), a.confs, spark -> {
-      err.print(run(spark, o));
+      err.print(run(spark, o, err));
       return 0;
     });
   }
 
   public static Summary run(SparkSession spark, Options opt) {
+    return run(spark, opt, null);
+  }
+
+  /**
+   * Runs the job; with {@code progress} non-null, a start line (documents, tasks) and then, while
+   * documents finish, a line at most every {@link #PROGRESS_SECONDS_PROPERTY} seconds (default 10)
+   * with the documents and tokens done so far (counted on task completion, one document per task).
+   */
+  public static Summary run(SparkSession spark, Options opt, PrintStream progress) {
     long t0 = System.nanoTime();
     opt.check();
     try {
-      return runChecked(spark, opt, t0);
+      return runChecked(spark, opt, t0, progress);
     } catch (RuntimeException e) {
       InputError ie = InputError.find(e);
       if (ie != null && ie != e) {
@@ -170,7 +180,11 @@ public final class PplJob {
 
   static final String CORRUPT = "_corrupt_record";
 
-  private static Summary runChecked(SparkSession spark, Options opt, long t0) throws IOException {
+  /** System property: seconds between progress lines (default 10). */
+  public static final String PROGRESS_SECONDS_PROPERTY = "longctx.progressSeconds";
+
+  private static Summary runChecked(SparkSession spark, Options opt, long t0, PrintStream progress)
+      throws IOException {
     Configuration hconf = spark.sparkContext().hadoopConfiguration();
     Path in = new Path(opt.input);
     FileSystem fs = in.getFileSystem(hconf);
@@ -206,9 +220,23 @@ public final class PplJob {
         .partitionBy(new ByIndex(parts)).values();
     final Options o = opt;
     final boolean bpb = hasText;
-    JavaRDD<Row> scored = placed.map(r -> scoreRow(r, o, vocab, bpb));
+    LongAccumulator docsDone = spark.sparkContext().longAccumulator("longctx ppl documents");
+    LongAccumulator tokensDone = spark.sparkContext().longAccumulator("longctx ppl tokens");
+    JavaRDD<Row> scored = placed.map(r -> {
+      Row out = scoreRow(r, o, vocab, bpb);
+      docsDone.add(1);
+      tokensDone.add(out.getLong(1));
+      return out;
+    });
     StructType schema = outputSchema(hasText, opt.perToken);
     Dataset<Row> result = spark.createDataFrame(scored, schema).cache();
+    if (progress != null) {
+      progress.printf(Locale.ROOT, "longctx ppl: scoring %d documents in %d tasks (model %s, chunk %d tokens)%n", n,
+          parts, opt.model, opt.chunkLen);
+      progress.flush();
+    }
+    Thread poller = progress == null ? null : progressPoller(progress, n, docsDone, tokensDone, System.nanoTime(),
+        Math.max(1, Long.getLong(PROGRESS_SECONDS_PROPERTY, 10L)) * 1000L);
     try {
       // Score once (cached), then write: the summary's token count comes from the same rows.
       Row totals = result.agg(functions.count(functions.lit(1)), functions.sum("n_tokens")).first();
@@ -218,8 +246,41 @@ public final class PplJob {
       double wall = (System.nanoTime() - t0) / 1e9;
       return new Summary(docCount, tokens, wall, opt.model, opt.output);
     } finally {
+      if (poller != null) {
+        poller.interrupt();
+      }
       result.unpersist();
     }
+  }
+
+  /**
+   * A driver daemon thread printing documents and tokens done (accumulators, updated as tasks
+   * finish) every few seconds while the count changes; stopped by an interrupt.
+   */
+  static Thread progressPoller(PrintStream progress, long docs, LongAccumulator docsDone, LongAccumulator tokensDone,
+      long start, long everyMs) {
+    Thread t = new Thread(() -> {
+      long shown = 0;
+      try {
+        while (true) {
+          Thread.sleep(everyMs);
+          long d = docsDone.value();
+          if (d != shown) {
+            shown = d;
+            double s = (System.nanoTime() - start) / 1e9;
+            long tok = tokensDone.value();
+            progress.printf(Locale.ROOT, "longctx ppl: %d/%d documents done, %d tokens, %.0f s (%.0f tokens/s)%n",
+                Math.min(d, docs), docs, tok, s, s > 0 ? tok / s : 0);
+            progress.flush();
+          }
+        }
+      } catch (InterruptedException e) {
+        // the job ended
+      }
+    }, "longctx-ppl-progress");
+    t.setDaemon(true);
+    t.start();
+    return t;
   }
 
   /** Reads config.json and the tensor headers on the driver: a bad checkpoint fails before any task. */

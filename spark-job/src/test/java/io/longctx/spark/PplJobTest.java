@@ -95,6 +95,7 @@ class PplJobTest {
         "--per-token", "--chunk-len", "7");
     assertEquals(0, rc, err.toString());
     assertTrue(err.toString().contains("longctx ppl summary"), err.toString());
+    assertTrue(err.toString().contains("longctx ppl: scoring 3 documents in 3 tasks"), err.toString());
     assertTrue(Files.exists(out.resolve(OutputCommit.MARKER)));
     Map<String, Row> rows = new HashMap<>();
     for (Row row : spark.read().json(out.toString()).collectAsList()) {
@@ -193,5 +194,31 @@ class PplJobTest {
     Files.writeString(bad.resolve("config.json"), cfg.replace("\"num_hidden_layers\": 3", "\"num_hidden_layers\": 2")
         .replace("\"silu\"", "\"gelu\""));
     fails(in, bad, "config.json", "hidden_act", "gelu");
+  }
+
+  @Test
+  void progressLinesFollowTheAccumulators() throws Exception {
+    org.apache.spark.util.LongAccumulator docs = spark.sparkContext().longAccumulator("test docs");
+    org.apache.spark.util.LongAccumulator toks = spark.sparkContext().longAccumulator("test tokens");
+    ByteArrayOutputStream buf = new ByteArrayOutputStream();
+    PrintStream ps = new PrintStream(buf, true, StandardCharsets.UTF_8);
+    Thread t = PplJob.progressPoller(ps, 5, docs, toks, System.nanoTime(), 20);
+    try {
+      docs.add(2);
+      toks.add(1234);
+      long end = System.nanoTime() + 10_000_000_000L;
+      while (!buf.toString(StandardCharsets.UTF_8).contains("2/5 documents done, 1234 tokens")
+          && System.nanoTime() < end) {
+        Thread.sleep(20);
+      }
+      assertTrue(buf.toString(StandardCharsets.UTF_8).contains("2/5 documents done, 1234 tokens"),
+          buf.toString(StandardCharsets.UTF_8));
+      Thread.sleep(100); // no change: no new line
+      assertEquals(1, buf.toString(StandardCharsets.UTF_8).lines().count(), buf.toString(StandardCharsets.UTF_8));
+    } finally {
+      t.interrupt();
+      t.join(5000);
+    }
+    assertFalse(t.isAlive());
   }
 }

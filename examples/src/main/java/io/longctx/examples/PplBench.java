@@ -1,0 +1,393 @@
+package io.longctx.examples;
+
+import ai.djl.ndarray.NDManager;
+import io.longctx.djl.LlamaConfig;
+import io.longctx.djl.LlamaModel;
+import io.longctx.djl.ModelGenerator;
+import java.io.BufferedReader;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.io.UncheckedIOException;
+import java.lang.management.ManagementFactory;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.time.Instant;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Locale;
+import java.util.SplittableRandom;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * {@code bin/longctx bench-ppl}: document scoring with {@link LlamaModel#score} (chunked, KV cache as
+ * a chunk list, vocabulary-sharded LSE: path {@code ours}) against the same checkpoint run densely
+ * in one libtorch forward through DJL ({@link DenseLlama}: full causal T x T scores, full T x V
+ * logits: path {@code dense}), at several document lengths T. One JSON object per line on stdout,
+ * progress on stderr.
+ *
+ * <p>Every (path, T) runs alone in a fresh JVM (same java, flags and class path), so that peak
+ * memories do not mix: the child loads the model, warms up on a short document, reads {@code VmRSS}
+ * from /proc/self/status, scores the T-token document {@code iters} times (median wall time), and
+ * reports {@code VmHWM} (peak resident set of the process: JVM heap and libtorch's native memory
+ * alike) and {@code peak_extra_mb = VmHWM - VmRSS(before)}, the memory the scoring itself needed
+ * beyond the loaded weights. The dense path is not started when its estimate ({@link
+ * DenseLlama#estimateBytes}) exceeds the memory available: it is reported as {@code did_not_fit}
+ * with the estimate. Both paths score the same seeded random token ids with the same weights; where
+ * both run, their sum_logprob must agree within 1e-4 relative.
+ */
+public final class PplBench {
+
+  private PplBench() {}
+
+  static final String USAGE = String.join("\n",
+      "usage: bench-ppl [--t 2048,8192,32768] [--layers 4] [--hidden 512] [--heads 8] [--kv-heads 2]",
+      "                 [--vocab 32000] [--dtype bf16] [--model DIR] [--chunk-len 512] [--iters N]",
+      "                 [--paths ours,dense] [--child-timeout S] [--seed S]",
+      "  Tokens/s and peak memory of LlamaModel.score (ours) against the same model run densely in one",
+      "  libtorch forward through DJL (dense), each (path, T) alone in a fresh JVM. --model uses an",
+      "  existing checkpoint instead of generating one (ModelGenerator) into a temp directory.",
+      "  --iters: timed runs per (path, T), median reported (default 3 up to T=4096, else 1).");
+
+  /** Options; public fields so that a test can run a toy size. */
+  static final class Options {
+    int[] ts = {2048, 8192, 32768};
+    ModelGenerator.Spec spec = defaultSpec();
+    Path model;
+    int chunkLen = LlamaModel.DEFAULT_CHUNK_LEN;
+    int iters = -1;
+    List<String> paths = List.of("ours", "dense");
+    long childTimeoutS = 600;
+    long seed = 20261123L;
+    // child mode
+    String child;
+    int t;
+
+    int itersFor(int t) {
+      return iters > 0 ? iters : t <= 4096 ? 3 : 1;
+    }
+  }
+
+  static ModelGenerator.Spec defaultSpec() {
+    ModelGenerator.Spec s = new ModelGenerator.Spec();
+    s.layers = 4;
+    s.hidden = 512;
+    s.heads = 8;
+    s.kvHeads = 2;
+    s.vocab = 32000;
+    s.dtype = "BF16";
+    s.seed = 7;
+    return s;
+  }
+
+  static Options parse(String[] args) {
+    Options o = new Options();
+    for (int i = 0; i < args.length; i++) {
+      String a = args[i];
+      if (a.equals("--help") || a.equals("-h")) {
+        return null;
+      }
+      if (i + 1 >= args.length) {
+        throw new IllegalArgumentException(a + " needs a value");
+      }
+      String v = args[++i];
+      switch (a) {
+        case "--t" -> o.ts = Arrays.stream(v.split(",")).mapToInt(Integer::parseInt).toArray();
+        case "--layers" -> o.spec.layers = Integer.parseInt(v);
+        case "--hidden" -> o.spec.hidden = Integer.parseInt(v);
+        case "--heads" -> o.spec.heads = Integer.parseInt(v);
+        case "--kv-heads" -> o.spec.kvHeads = Integer.parseInt(v);
+        case "--vocab" -> o.spec.vocab = Integer.parseInt(v);
+        case "--dtype" -> o.spec.dtype = v.toUpperCase(Locale.ROOT);
+        case "--model" -> o.model = Path.of(v);
+        case "--chunk-len" -> o.chunkLen = Integer.parseInt(v);
+        case "--iters" -> o.iters = Integer.parseInt(v);
+        case "--paths" -> o.paths = List.of(v.split(","));
+        case "--child-timeout" -> o.childTimeoutS = Long.parseLong(v);
+        case "--seed" -> o.seed = Long.parseLong(v);
+        case "--child" -> o.child = v;
+        case "--child-t" -> o.t = Integer.parseInt(v);
+        default -> throw new IllegalArgumentException("unknown option " + a + "\n" + USAGE);
+      }
+    }
+    for (String p : o.paths) {
+      if (!p.equals("ours") && !p.equals("dense")) {
+        throw new IllegalArgumentException("--paths takes ours and/or dense, got " + p);
+      }
+    }
+    return o;
+  }
+
+  public static void main(String[] args) throws Exception {
+    Options o = parse(args);
+    if (o == null) {
+      System.out.println(USAGE);
+      return;
+    }
+    if (o.child != null) {
+      System.out.println(child(o));
+      return;
+    }
+    run(o, args);
+  }
+
+  /** The parent: generates the model if needed, then one child JVM per (T, path), and the comparisons. */
+  static void run(Options o, String[] args) throws IOException {
+    long t0 = System.nanoTime();
+    Path tmp = null;
+    Path model = o.model;
+    if (model == null) {
+      tmp = Files.createTempDirectory("longctx-bench-ppl-");
+      model = tmp.resolve("model");
+      System.err.printf("bench-ppl: generating the model (%d layers, hidden %d, heads %d/%d, vocab %d, %s) in %s%n",
+          o.spec.layers, o.spec.hidden, o.spec.heads, o.spec.kvHeads, o.spec.vocab, o.spec.dtype, model);
+      ModelGenerator.generate(o.spec, model);
+    }
+    try {
+      LlamaConfig cfg = LlamaConfig.read(model);
+      System.out.println(envLine(cfg, o, model, o.model == null));
+      for (int t : o.ts) {
+        String ours = null, dense = null;
+        for (String path : o.paths) {
+          String line;
+          long est = path.equals("dense") ? DenseLlama.estimateBytes(cfg, t) : oursEstimateBytes(cfg, t, o.chunkLen);
+          long avail = memAvailableKb() * 1024;
+          if (path.equals("dense") && avail > 0 && est > avail - (1L << 30)) {
+            line = String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"path\": \"dense\", \"t\": %d, "
+                + "\"did_not_fit\": true, "
+                + "\"estimate_extra_mb\": %.0f, \"mem_available_mb\": %.0f, \"note\": \"not started: estimate above "
+                + "available memory less 1 GiB\"}", t, est / 1048576.0, avail / 1048576.0);
+            System.err.printf("bench-ppl: dense T=%d does not fit (estimate %.1f GiB, available %.1f GiB)%n", t,
+                est / 1073741824.0, avail / 1073741824.0);
+          } else {
+            System.err.printf("bench-ppl: %s T=%d (estimate %.0f MiB beyond the weights; %d timed run(s))...%n",
+                path, t,
+                est / 1048576.0, o.itersFor(t));
+            line = runChild(o, model, path, t, est);
+            System.err.println("bench-ppl:   " + line);
+          }
+          System.out.println(line);
+          if (path.equals("ours")) {
+            ours = line;
+          } else {
+            dense = line;
+          }
+        }
+        if (ours != null && dense != null) {
+          System.out.println(compare(t, ours, dense));
+        }
+      }
+      System.out.printf(Locale.ROOT, "{\"bench\": \"ppl\", \"end\": true, \"loadavg_end\": \"%s\", \"wall_s\": %.1f}%n",
+          loadavg(), (System.nanoTime() - t0) / 1e9);
+    } finally {
+      if (tmp != null) {
+        try (var walk = Files.walk(tmp)) {
+          walk.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
+        }
+      }
+    }
+  }
+
+  /** Ours beyond the weights: the KV cache (float32, every layer) plus a chunk's activations and logits shard. */
+  static long oursEstimateBytes(LlamaConfig c, long t, int chunkLen) {
+    long cache = 2L * t * c.layers * c.kvHeads * c.headDim * 4;
+    long chunk = (long) chunkLen * (3L * c.intermediateSize + 8L * c.hiddenSize
+        + 3L * Math.min(LlamaModel.DEFAULT_VOCAB_SHARD, c.vocabSize)) * 4;
+    return cache + chunk;
+  }
+
+  static String compare(int t, String ours, String dense) {
+    double om = number(ours, "ms"), dm = number(dense, "ms");
+    double os = number(ours, "sum_logprob"), ds = number(dense, "sum_logprob");
+    if (Double.isNaN(om) || Double.isNaN(dm)) {
+      return String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"compare\": true, \"t\": %d, "
+          + "\"note\": \"one path has no "
+          + "time\"}", t);
+    }
+    double rel = Math.abs(os - ds) / Math.max(1e-30, Math.abs(ds));
+    return String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"compare\": true, \"t\": %d, \"ratio_vs_dense\": %.3f, "
+        + "\"peak_extra_ratio\": %.4f, \"sum_logprob_rel_diff\": %.2e, \"agree_1e-4\": %b}", t, dm / om,
+        number(ours, "peak_extra_mb") / number(dense, "peak_extra_mb"), rel, rel <= 1e-4);
+  }
+
+  /** A number field of a flat JSON line, or NaN. */
+  static double number(String json, String key) {
+    int i = json.indexOf("\"" + key + "\": ");
+    if (i < 0) {
+      return Double.NaN;
+    }
+    int s = i + key.length() + 4, e = s;
+    while (e < json.length() && ",}".indexOf(json.charAt(e)) < 0) {
+      e++;
+    }
+    try {
+      return Double.parseDouble(json.substring(s, e).trim());
+    } catch (NumberFormatException x) {
+      return Double.NaN;
+    }
+  }
+
+  private static String runChild(Options o, Path model, String path, int t, long est) {
+    List<String> cmd = new ArrayList<>();
+    cmd.add(ProcessHandle.current().info().command().orElse("java"));
+    cmd.addAll(ManagementFactory.getRuntimeMXBean().getInputArguments());
+    cmd.addAll(List.of("-cp", System.getProperty("java.class.path"), PplBench.class.getName(), "--child", path,
+        "--child-t", Integer.toString(t), "--model", model.toString(), "--chunk-len", Integer.toString(o.chunkLen),
+        "--iters", Integer.toString(o.itersFor(t)), "--seed", Long.toString(o.seed)));
+    try {
+      Process p = new ProcessBuilder(cmd).redirectErrorStream(true).start();
+      List<String> lines = java.util.Collections.synchronizedList(new ArrayList<>());
+      Thread reader = new Thread(() -> {
+        try (BufferedReader r = new BufferedReader(new InputStreamReader(p.getInputStream(), StandardCharsets.UTF_8))) {
+          for (String line; (line = r.readLine()) != null; ) {
+            lines.add(line);
+          }
+        } catch (IOException ignored) {
+          // the child died: its exit status says so
+        }
+      });
+      reader.start();
+      boolean done = p.waitFor(o.childTimeoutS, TimeUnit.SECONDS);
+      if (!done) {
+        p.destroyForcibly().waitFor();
+      }
+      reader.join(5000);
+      List<String> json;
+      synchronized (lines) {
+        json = lines.stream().filter(l -> l.startsWith("{\"bench\": \"ppl\"")).toList();
+      }
+      if (done && p.exitValue() == 0 && !json.isEmpty()) {
+        return json.get(json.size() - 1);
+      }
+      String last;
+      synchronized (lines) {
+        last = lines.isEmpty() ? "" : lines.get(lines.size() - 1).replace("\"", "'").replace("\\", "/");
+      }
+      String why = !done ? "timed out after " + o.childTimeoutS + " s" : "exit " + p.exitValue() + ": " + last;
+      return String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"path\": \"%s\", \"t\": %d, \"error\": \"%s\", "
+          + "\"estimate_extra_mb\": %.0f}", path, t, why.length() > 300 ? why.substring(0, 300) : why, est / 1048576.0);
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IllegalStateException(e);
+    }
+  }
+
+  /** Seeded token ids in [3, vocab): no special tokens. */
+  static int[] tokens(long seed, int n, int vocab) {
+    SplittableRandom r = new SplittableRandom(seed);
+    int[] t = new int[n];
+    for (int i = 0; i < n; i++) {
+      t[i] = 3 + r.nextInt(vocab - 3);
+    }
+    return t;
+  }
+
+  /** A child: one path at one T; returns its JSON line. */
+  static String child(Options o) throws IOException {
+    LlamaConfig cfg = LlamaConfig.read(o.model);
+    int[] doc = tokens(o.seed, o.t, cfg.vocabSize);
+    int[] warm = tokens(o.seed + 1, Math.min(o.t, 256), cfg.vocabSize);
+    boolean ours = o.child.equals("ours");
+    try (NDManager nm = NDManager.newBaseManager("PyTorch")) {
+      java.util.function.ToDoubleFunction<int[]> score;
+      AutoCloseable model;
+      if (ours) {
+        LlamaModel m = LlamaModel.load(o.model, nm);
+        score = d -> m.score(d, o.chunkLen, false).sumLogprob();
+        model = m;
+      } else {
+        DenseLlama m = DenseLlama.load(o.model, nm);
+        score = m::sumLogprob;
+        model = m;
+      }
+      score.applyAsDouble(warm);
+      System.gc();
+      long before = KernelBench.rssKb("VmRSS");
+      double[] ms = new double[o.itersFor(o.t)];
+      double sum = 0;
+      for (int i = 0; i < ms.length; i++) {
+        long s = System.nanoTime();
+        sum = score.applyAsDouble(doc);
+        ms[i] = (System.nanoTime() - s) / 1e6;
+      }
+      long hwm = KernelBench.rssKb("VmHWM");
+      Arrays.sort(ms);
+      double med = ms[ms.length / 2];
+      try {
+        model.close();
+      } catch (Exception e) {
+        throw new IllegalStateException(e);
+      }
+      return String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"path\": \"%s\", \"t\": %d, \"ms\": %.1f, "
+          + "\"tokens_per_s\": %.1f, \"iters\": %d, \"sum_logprob\": %.10e, \"rss_before_mb\": %.1f, "
+          + "\"peak_rss_mb\": %.1f, \"peak_extra_mb\": %.1f, \"estimate_extra_mb\": %.0f%s}", o.child, o.t, med,
+          o.t / (med / 1e3), ms.length, sum, before / 1024.0, hwm / 1024.0, (hwm - before) / 1024.0,
+          (ours ? oursEstimateBytes(cfg, o.t, o.chunkLen) : DenseLlama.estimateBytes(cfg, o.t)) / 1048576.0,
+          ours ? ", \"chunk_len\": " + o.chunkLen : "");
+    }
+  }
+
+  static String envLine(LlamaConfig c, Options o, Path model, boolean generated) {
+    String cpu = cpuInfo("model name");
+    String flags = cpuInfo("flags");
+    String simd = flags.contains("avx512f") ? "AVX-512" : flags.contains("avx2") ? "AVX2" : "no AVX2";
+    return String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"env\": true, \"date\": \"%s\", \"cpu\": \"%s\", "
+        + "\"simd\": \"%s\", \"cores\": %d, \"mem_total_mb\": %.0f, \"loadavg_start\": \"%s\", \"java\": \"%s\", "
+        + "\"model\": \"%s\", \"model_generated\": %b, \"model_dtype_stored\": \"%s\", \"layers\": %d, \"hidden\": %d, "
+        + "\"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"ffn\": %d, \"vocab\": %d, \"chunk_len\": %d, "
+        + "\"vocab_shard\": %d, \"tokens\": \"seeded random ids, seed %d\", \"memory\": \"per (path, T) a fresh JVM; "
+        + "peak_rss_mb = VmHWM (JVM + native), peak_extra_mb = VmHWM - VmRSS after load and warm-up\"}",
+        Instant.now().toString(), cpu.replace("\"", ""), simd, Runtime.getRuntime().availableProcessors(),
+        memTotalKb() / 1024.0, loadavg(), System.getProperty("java.version"), generated ? "generated (ModelGenerator)"
+            : model.toString().replace("\"", ""), generated, generated ? o.spec.dtype : "?", c.layers, c.hiddenSize,
+        c.heads,
+        c.kvHeads, c.headDim, c.intermediateSize, c.vocabSize, o.chunkLen, LlamaModel.DEFAULT_VOCAB_SHARD, o.seed);
+  }
+
+  static String loadavg() {
+    try {
+      String[] f = Files.readString(Paths.get("/proc/loadavg")).trim().split("\\s+");
+      return f[0] + " " + f[1] + " " + f[2];
+    } catch (IOException | RuntimeException e) {
+      return "unknown";
+    }
+  }
+
+  private static String cpuInfo(String key) {
+    try {
+      for (String l : Files.readAllLines(Paths.get("/proc/cpuinfo"), StandardCharsets.US_ASCII)) {
+        if (l.startsWith(key)) {
+          return l.substring(l.indexOf(':') + 1).trim();
+        }
+      }
+    } catch (IOException | RuntimeException e) {
+      return "unknown";
+    }
+    return "unknown";
+  }
+
+  private static long memInfoKb(String key) {
+    try {
+      for (String l : Files.readAllLines(Paths.get("/proc/meminfo"), StandardCharsets.US_ASCII)) {
+        if (l.startsWith(key + ":")) {
+          return Long.parseLong(l.replaceAll("[^0-9]", ""));
+        }
+      }
+    } catch (IOException | RuntimeException e) {
+      return -1;
+    }
+    return -1;
+  }
+
+  static long memAvailableKb() {
+    return memInfoKb("MemAvailable");
+  }
+
+  static long memTotalKb() {
+    return memInfoKb("MemTotal");
+  }
+}

@@ -1,0 +1,98 @@
+package io.longctx.examples;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import ai.djl.ndarray.NDManager;
+import io.longctx.djl.DocumentScore;
+import io.longctx.djl.LlamaModel;
+import io.longctx.djl.ModelGenerator;
+import java.io.ByteArrayOutputStream;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/** The ppl benchmark's dense anchor against LlamaModel on toy models, and the bench's own plumbing at toy size. */
+class PplBenchTest {
+
+  @TempDir
+  Path tmp;
+
+  static ModelGenerator.Spec toy(String type) {
+    ModelGenerator.Spec s = new ModelGenerator.Spec();
+    s.modelType = type;
+    s.layers = 2;
+    s.hidden = 32;
+    s.heads = 4;
+    s.kvHeads = 2;
+    s.vocab = 300;
+    s.seed = 11;
+    s.initStd = 2.0 / Math.sqrt(s.hidden); // attention far from uniform: a mask or rotary slip shows
+    if (type.equals("qwen2")) {
+      s.tie = true;
+    }
+    if (type.equals("mistral")) {
+      s.slidingWindow = 9;
+    }
+    return s;
+  }
+
+  /**
+   * The dense one-forward path and the chunked one give the same log-probabilities (llama, qwen2 with
+   * tied embeddings and bias, mistral with a window).
+   */
+  @Test
+  void denseAnchorMatchesLlamaModel() throws Exception {
+    for (String type : new String[] {"llama", "qwen2", "mistral"}) {
+      Path dir = tmp.resolve(type);
+      ModelGenerator.generate(toy(type), dir);
+      int[] doc = PplBench.tokens(5, 70, 300);
+      try (NDManager nm = NDManager.newBaseManager("PyTorch");
+          LlamaModel ours = LlamaModel.load(dir, nm);
+          DenseLlama dense = DenseLlama.load(dir, nm)) {
+        DocumentScore s = ours.score(doc, 7, true);
+        float[] d = dense.logprobs(doc);
+        assertEquals(doc.length - 1, d.length);
+        for (int i = 0; i < d.length; i++) {
+          assertEquals(s.logprobs()[i], d[i], 1e-4 + 1e-5 * Math.abs(d[i]), type + " token " + (i + 1));
+        }
+        double sum = dense.sumLogprob(doc);
+        assertEquals(s.sumLogprob(), sum, 1e-5 * Math.abs(sum), type);
+      }
+    }
+  }
+
+  /** A child run prints one JSON line; a dense size over the machine's memory is refused by the estimate, not run. */
+  @Test
+  void benchPlumbingAtToySize() throws Exception {
+    Path dir = tmp.resolve("m");
+    ModelGenerator.generate(toy("llama"), dir);
+    PplBench.Options o = PplBench.parse(new String[] {"--model", dir.toString(), "--iters", "1", "--chunk-len", "16"});
+    o.child = "ours";
+    o.t = 40;
+    String ours = PplBench.child(o);
+    o.child = "dense";
+    String dense = PplBench.child(o);
+    assertTrue(ours.startsWith("{\"bench\": \"ppl\", \"path\": \"ours\", \"t\": 40, \"ms\": "), ours);
+    assertTrue(PplBench.number(ours, "tokens_per_s") > 0, ours);
+    assertTrue(PplBench.number(dense, "peak_rss_mb") > 0, dense);
+    String cmp = PplBench.compare(40, ours, dense);
+    assertTrue(cmp.contains("\"agree_1e-4\": true"), cmp);
+
+    PplBench.Options big =
+        PplBench.parse(new String[] {"--model", dir.toString(), "--paths", "dense", "--t", "3000000"});
+    ByteArrayOutputStream buf = new ByteArrayOutputStream();
+    PrintStream old = System.out;
+    System.setOut(new PrintStream(buf, true, StandardCharsets.UTF_8));
+    try {
+      PplBench.run(big, new String[0]);
+    } finally {
+      System.setOut(old);
+    }
+    String text = buf.toString(StandardCharsets.UTF_8);
+    assertTrue(text.contains("\"path\": \"dense\", \"t\": 3000000, \"did_not_fit\": true"), text);
+    assertTrue(text.contains("\"simd\": "), text);
+  }
+}
