@@ -110,7 +110,7 @@ public final class LongctxMain {
       usage: longctx-spark COMMAND [options]
         score   exact long-context attention scoring (score --help)
         gen     generate a synthetic corpus (gen --help)
-        demo    generate, score and check a small corpus (demo --help)
+        demo    score a small corpus and a generated model's text, check both (demo --help)
         ppl     log-likelihood of whole documents under a Llama-family checkpoint (ppl --help)
         spark-bench   Spark overhead of a prefill: job wall time over kernel-only time (spark-bench --help)
       """;
