@@ -31,7 +31,7 @@ public final class LongctxMain {
         KEYS      one row per token: doc_id string, pos long, k array<float> (kv-heads*dim),
                   v array<float> (kv-heads*dim); in prefill mode also q array<float> (heads*dim)
         QUERIES   query_id string, doc_id string, q array<float> (heads*dim), optional pos long
-      Output OUT (same format): decode: query_id, doc_id, o, lse, n_keys; prefill: doc_id, pos, o, lse,
+      Output OUT (--output-format, default the input format): decode: query_id, doc_id, o, lse, n_keys; prefill: doc_id, pos, o, lse,
       n_keys. o array<float> (heads*dim), lse array<float> (heads, natural log; -Infinity and o = 0
       where no key was visible), n_keys long (keys attended). Written to a hidden sibling directory
       and renamed to OUT at the end: after a failure OUT is absent or, with --overwrite, the previous
@@ -43,8 +43,9 @@ public final class LongctxMain {
         --output PATH         output directory (required; must not exist unless --overwrite)
         --overwrite           replace OUT if it is a previous longctx output (its _LONGCTX marker and
                               only the files longctx writes); anything else is refused, never deleted
-        --format F            parquet | json, input and output (default: from the KEYS extension
+        --format F            parquet | json, the inputs (default: from the KEYS extension
                               .json/.jsonl/.ndjson -> json, else parquet)
+        --output-format F     parquet | json, OUT (default: the input format)
         --mode M              decode (default): QUERIES against documents; prefill: every KEYS token
                               is a causal query over its own document
         --heads H             query heads    } give at least one of these three; the others are
@@ -156,7 +157,8 @@ public final class LongctxMain {
   }
 
   static int score(String[] argv, PrintStream out, PrintStream err) throws Exception {
-    Args a = Args.parse(argv, List.of("--keys", "--queries", "--output", "--format", "--heads", "--kv-heads", "--dim",
+    Args a = Args.parse(argv, List.of("--keys", "--queries", "--output", "--format", "--output-format", "--heads",
+        "--kv-heads", "--dim",
         "--scale", "--softcap", "--window", "--chunk-len", "--query-block", "--partitions", "--mode", "--backend"),
         List.of("--causal", "--overwrite"));
     if (a.help) {
@@ -168,6 +170,7 @@ public final class LongctxMain {
     o.queries = a.get("--queries");
     o.output = a.get("--output");
     o.format = a.get("--format") == null ? null : a.get("--format").toLowerCase(Locale.ROOT);
+    o.outputFormat = a.get("--output-format") == null ? null : a.get("--output-format").toLowerCase(Locale.ROOT);
     o.heads = a.intValue("--heads", 0);
     o.kvHeads = a.intValue("--kv-heads", 0);
     o.dim = a.intValue("--dim", 0);

@@ -67,7 +67,8 @@ public final class PplJob {
         --input PATH          documents (required)
         --output OUT          output directory (required; must not exist unless --overwrite)
         --overwrite           replace OUT if it is a previous longctx output
-        --format F            parquet | json (default: from the input extension)
+        --format F            parquet | json, the input (default: from the input extension)
+        --output-format F     parquet | json, OUT (default: the input format)
         --per-token           add the logprobs column
         --chunk-len N         tokens per chunk (default 512; any length gives the same sums up to
                               float32 rounding, ~1e-6 relative)
@@ -85,18 +86,19 @@ public final class PplJob {
     public String input;
     public String output;
     public String format;
+    /** parquet or json; null: the input format. */
+    public String outputFormat;
     public boolean perToken;
     public int chunkLen = 512;
     public int partitions;
     public boolean overwrite;
 
     String resolvedFormat() {
-      if (format != null) {
-        return format;
-      }
-      String p = input.toLowerCase(Locale.ROOT).replaceAll("/+$", "");
-      return p.endsWith(".json") || p.endsWith(".jsonl") || p.endsWith(".ndjson") || p.endsWith(".json.gz")
-          || p.endsWith(".jsonl.gz") ? "json" : "parquet";
+      return Formats.resolve(format, input);
+    }
+
+    String resolvedOutputFormat() {
+      return outputFormat != null ? outputFormat : resolvedFormat();
     }
 
     void check() {
@@ -105,9 +107,8 @@ public final class PplJob {
           throw new IllegalArgumentException(r[0] + " is required");
         }
       }
-      if (format != null && !format.equals("parquet") && !format.equals("json")) {
-        throw new IllegalArgumentException("--format must be parquet or json, got " + format);
-      }
+      Formats.check("--format", format);
+      Formats.check("--output-format", outputFormat);
       if (chunkLen < 1) {
         throw new IllegalArgumentException("--chunk-len must be >= 1, got " + chunkLen);
       }
@@ -131,7 +132,8 @@ public final class PplJob {
 
   /** The command line: parse, run on a session (the default one if any, else a new one). */
   static int cli(String[] argv, PrintStream out, PrintStream err) throws Exception {
-    Args a = Args.parse(argv, List.of("--model", "--input", "--output", "--format", "--chunk-len", "--partitions"),
+    Args a = Args.parse(argv, List.of("--model", "--input", "--output", "--format", "--output-format", "--chunk-len",
+        "--partitions"),
         List.of("--per-token", "--overwrite"));
     if (a.help) {
       out.print(HELP);
@@ -142,6 +144,7 @@ public final class PplJob {
     o.input = a.get("--input");
     o.output = a.get("--output");
     o.format = a.get("--format") == null ? null : a.get("--format").toLowerCase(Locale.ROOT);
+    o.outputFormat = a.get("--output-format") == null ? null : a.get("--output-format").toLowerCase(Locale.ROOT);
     o.perToken = a.flag("--per-token");
     o.chunkLen = a.intValue("--chunk-len", o.chunkLen);
     o.partitions = a.intValue("--partitions", 0);
@@ -242,7 +245,7 @@ public final class PplJob {
       Row totals = result.agg(functions.count(functions.lit(1)), functions.sum("n_tokens")).first();
       long docCount = totals.getLong(0);
       long tokens = totals.isNullAt(1) ? 0 : totals.getLong(1);
-      commit.write(spark, result.write().format(fmt));
+      commit.write(spark, result.write().format(opt.resolvedOutputFormat()));
       double wall = (System.nanoTime() - t0) / 1e9;
       return new Summary(docCount, tokens, wall, opt.model, opt.output);
     } finally {
@@ -348,9 +351,7 @@ public final class PplJob {
     String file = r.getString(4);
     String where = "INPUT file " + file;
     if (!r.isNullAt(3)) {
-      String bad = r.getString(3);
-      throw new InputError(where + ": malformed JSON record (not JSON, or a value of the wrong type): "
-          + bad.substring(0, Math.min(300, bad.length())));
+      throw new InputError(where + ": " + Formats.malformedJson(r.getString(3)));
     }
     if (r.isNullAt(0)) {
       throw new InputError(where + ": a row has no doc_id");

@@ -266,7 +266,7 @@ public final class ScoreJob {
 
       // Dictionary encoding is wasted on o/lse (float arrays with hardly a repeated value): the
       // writer builds a hash map per page, then falls back to plain (a few percent of the job's CPU in a JFR profile).
-      commit.write(spark, result.write().format(fmt).option("parquet.enable.dictionary", "false"));
+      commit.write(spark, result.write().format(opt.resolvedOutputFormat()).option("parquet.enable.dictionary", "false"));
       double wall = (System.nanoTime() - t0) / 1e9;
       java.util.TreeSet<String> ran = new java.util.TreeSet<>(used.value());
       String backendUsed = backend.name + (ran.isEmpty() ? " (no pair computed)" : " (tasks ran on " + String.join(", ",
@@ -337,8 +337,9 @@ public final class ScoreJob {
     // A problem of the row found while reading, reported by validateKey / validateQuery with the row's place:
     // a malformed JSON line, else the first vector holding a null or NaN element (the bean encoder would fail on a
     // null with a message that names neither the file nor the row), kept whole in suspectVec for readProblem.
-    Column bad = json ? functions.when(col(CORRUPT).isNotNull(), functions.concat(lit("malformed JSON record "
-        + "(not JSON, or a value of the wrong type): "), functions.substring(col(CORRUPT), 1, 300))) : lit(null);
+    Column bad = json ? functions.when(col(CORRUPT).startsWith(Formats.PARQUET_MAGIC), lit(Formats.PARQUET_READ_AS_JSON))
+        .when(col(CORRUPT).isNotNull(), functions.concat(lit("malformed JSON record (not JSON, or a value of the wrong "
+        + "type): "), functions.substring(col(CORRUPT), 1, 300))) : lit(null);
     Column floats = lit(null).cast(DataTypes.createArrayType(DataTypes.FloatType));
     Column suspectVec = floats;
     Map<String, Column> vec = new HashMap<>();

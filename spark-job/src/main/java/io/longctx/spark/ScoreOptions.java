@@ -14,6 +14,8 @@ public final class ScoreOptions implements Serializable {
   public String output;
   /** parquet or json; null: from the KEYS path's extension, else parquet. */
   public String format;
+  /** parquet or json; null: the input format. */
+  public String outputFormat;
   public int heads;
   public int kvHeads;
   public int dim;
@@ -34,17 +36,14 @@ public final class ScoreOptions implements Serializable {
     return new AttentionOptions(scale, softcap, causal, window);
   }
 
-  /** The format used for reading and writing. */
+  /** The format inputs are read in. */
   public String resolvedFormat() {
-    if (format != null) {
-      return format;
-    }
-    String p = keys == null ? "" : keys.toLowerCase(java.util.Locale.ROOT).replaceAll("/+$", "");
-    if (p.endsWith(".json") || p.endsWith(".jsonl") || p.endsWith(".ndjson") || p.endsWith(".json.gz")
-        || p.endsWith(".jsonl.gz")) {
-      return "json";
-    }
-    return "parquet";
+    return Formats.resolve(format, keys);
+  }
+
+  /** The format OUT is written in: --output-format, else the input format. */
+  public String resolvedOutputFormat() {
+    return outputFormat != null ? outputFormat : resolvedFormat();
   }
 
   public void check() {
@@ -60,9 +59,8 @@ public final class ScoreOptions implements Serializable {
     if (mode == Mode.PREFILL && queries != null) {
       throw new IllegalArgumentException("--queries is not used in prefill mode (KEYS rows carry q)");
     }
-    if (format != null && !format.equals("parquet") && !format.equals("json")) {
-      throw new IllegalArgumentException("--format must be parquet or json, got " + format);
-    }
+    Formats.check("--format", format);
+    Formats.check("--output-format", outputFormat);
     if (chunkLen < 1) {
       throw new IllegalArgumentException("--chunk-len must be >= 1, got " + chunkLen);
     }

@@ -202,6 +202,27 @@ class BadInputTest {
     fails(twice, null, "doc 'alpha'", "the token at pos 7", "key at pos 4", "overflows");
   }
 
+  /** A Parquet file read as JSON is named as such (not its raw bytes); --output-format is separate. */
+  @Test
+  void parquetReadAsJsonIsNamedAndTheOutputFormatIsItsOwn() throws Exception {
+    TestData d = good();
+    Path keys = d.writeKeys(spark, tmp, "parquet", false);
+    Path queries = d.writeQueries(spark, tmp, "parquet");
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    int rc = LongctxMain.run(new String[] {"score", "--keys", keys.toString(), "--queries", queries.toString(),
+        "--output", tmp.resolve("o").toString(), "--dim", "8", "--format", "json"}, System.out, new PrintStream(err, true));
+    assertEquals(2, rc, err.toString());
+    assertTrue(err.toString().contains("Parquet file read as JSON") && !err.toString().contains("PAR1\u0015"),
+        err.toString());
+    assertFalse(Files.exists(tmp.resolve("o")));
+    err.reset();
+    rc = LongctxMain.run(new String[] {"score", "--keys", keys.toString(), "--queries", queries.toString(),
+        "--output", tmp.resolve("o").toString(), "--dim", "8", "--output-format", "json"}, System.out,
+        new PrintStream(err, true));
+    assertEquals(0, rc, err.toString());
+    assertEquals(2, Outputs.read(spark, tmp.resolve("o"), "json", false).size(), "JSON output from Parquet input");
+  }
+
   /** --heads * --dim is checked in long arithmetic: 536870914 * 8 wraps to 16 in an int. */
   @Test
   void shapeArithmeticDoesNotWrap() throws Exception {

@@ -1,0 +1,40 @@
+package io.longctx.spark;
+
+import java.util.Locale;
+
+/** Input and output formats of the Spark commands: parquet or json (JSON Lines), one rule for all. */
+final class Formats {
+  private Formats() {}
+
+  /** What a JSON reader sees as a "record" when it is handed a Parquet file: its magic bytes. */
+  static final String PARQUET_MAGIC = "PAR1";
+
+  static final String PARQUET_READ_AS_JSON = "this is a Parquet file read as JSON (it starts with PAR1): "
+      + "give --format parquet, or name the file with a .parquet extension";
+
+  /** The explicit format, else json for .json/.jsonl/.ndjson(.gz) paths, else parquet. */
+  static String resolve(String explicit, String path) {
+    if (explicit != null) {
+      return explicit;
+    }
+    String p = path == null ? "" : path.toLowerCase(Locale.ROOT).replaceAll("/+$", "");
+    return p.endsWith(".json") || p.endsWith(".jsonl") || p.endsWith(".ndjson") || p.endsWith(".json.gz")
+        || p.endsWith(".jsonl.gz") ? "json" : "parquet";
+  }
+
+  /** Throws for anything but parquet or json (null: not given). */
+  static void check(String option, String value) {
+    if (value != null && !value.equals("parquet") && !value.equals("json")) {
+      throw new IllegalArgumentException(option + " must be parquet or json, got " + value);
+    }
+  }
+
+  /** The message for a corrupt JSON record (first 300 characters), naming a Parquet file as such. */
+  static String malformedJson(String record) {
+    if (record.startsWith(PARQUET_MAGIC)) {
+      return PARQUET_READ_AS_JSON;
+    }
+    return "malformed JSON record (not JSON, or a value of the wrong type): "
+        + record.substring(0, Math.min(300, record.length()));
+  }
+}
