@@ -71,7 +71,7 @@ public final class LongctxMain {
       """ + COMMON_HELP;
 
   public static final String GEN_HELP = """
-      usage: longctx gen --docs N --tokens T --heads H --kv-heads HKV --dim D --queries-per-doc Q --output DIR
+      usage: longctx gen --output DIR [options]
 
       Writes a synthetic corpus: DIR/keys.parquet and DIR/queries.parquet (.jsonl with --format json).
       Documents doc-00000.. with positions 0..len-1; k, v, q standard normal, seeded per (seed, doc, pos).
@@ -233,8 +233,8 @@ public final class LongctxMain {
       for (int i = 0; i < g.docs; i++) {
         total += g.docLength(i);
       }
-      err.printf(Locale.ROOT, "longctx gen: %d documents, %d tokens, %d queries -> %s/%s%s (%.1f s)%n", g.docs, total,
-          (long) g.docs * g.queriesPerDoc, dir, g.keysName(), g.queriesPerDoc > 0 ? ", " + g.queriesName() : "",
+      err.printf(Locale.ROOT, "longctx gen: %d document%s, %d tokens, %d queries -> %s/%s%s (%.1f s)%n", g.docs,
+          g.docs == 1 ? "" : "s", total, (long) g.docs * g.queriesPerDoc, dir, g.keysName(), g.queriesPerDoc > 0 ? ", " + g.queriesName() : "",
           (System.nanoTime() - t0) / 1e9);
       return 0;
     });

@@ -96,8 +96,12 @@ public final class ScoreJob {
       return String.format(java.util.Locale.ROOT,
           "longctx score summary%n  documents      %d%n  tokens         %d%n  queries        %d%n  chunks         %d%n"
               + "  chunk pairs    %d computed, %d skipped%n  backend        %s%n  wall time      %.2f s%n"
-              + "  tokens/s       %.0f%n  output         %s%n",
-          documents, tokens, queries, chunks, pairsComputed, pairsSkipped, backend, wallSeconds, tokensPerSecond(),
+              + "  tokens/s       %s%n  output         %s%n",
+          documents, tokens, queries, chunks, pairsComputed, pairsSkipped, backend, wallSeconds,
+          // a tiny job is mostly Spark's start-up: say so rather than print a rate of 0
+          tokensPerSecond() >= 10 ? String.format(java.util.Locale.ROOT, "%.0f", tokensPerSecond())
+              : String.format(java.util.Locale.ROOT, "%.1f (a job this small measures Spark's start-up)",
+                  tokensPerSecond()),
           output);
     }
   }
