@@ -11,6 +11,12 @@ public final class InputError extends RuntimeException {
     super(message);
   }
 
+  /** An InputError wrapped in {@code e} (a failed task's), as itself; otherwise {@code e}. */
+  public static RuntimeException surfaced(RuntimeException e) {
+    InputError ie = find(e);
+    return ie != null && ie != e ? new InputError(ie.getMessage()) : e;
+  }
+
   /** The first InputError in a cause chain (Spark wraps task failures), or null. */
   public static InputError find(Throwable t) {
     for (int i = 0; t != null && i < 50; i++, t = t.getCause()) {

@@ -171,11 +171,7 @@ public final class PplJob {
     try {
       return runChecked(spark, opt, t0, progress);
     } catch (RuntimeException e) {
-      InputError ie = InputError.find(e);
-      if (ie != null && ie != e) {
-        throw new InputError(ie.getMessage());
-      }
-      throw e;
+      throw InputError.surfaced(e);
     } catch (IOException e) {
       throw new java.io.UncheckedIOException(e);
     }

@@ -130,11 +130,7 @@ public final class ScoreJob {
     try {
       return runChecked(spark, opt, t0);
     } catch (RuntimeException e) {
-      InputError ie = InputError.find(e);
-      if (ie != null && ie != e) {
-        throw new InputError(ie.getMessage());
-      }
-      throw e;
+      throw InputError.surfaced(e);
     } catch (IOException e) {
       throw new java.io.UncheckedIOException(e);
     }
