@@ -1,5 +1,9 @@
 package io.longctx.spark;
 
+import java.io.IOException;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.Path;
+
 /**
  * Bad input: the message names the input (file or path), the document and the position where
  * known. The launcher prints the message alone and exits with status 2.
@@ -9,6 +13,14 @@ public final class InputError extends RuntimeException {
 
   public InputError(String message) {
     super(message);
+  }
+
+  /** A named input path that does not exist (globs are left to the reader) is bad input. */
+  static void requireExists(Configuration conf, String path, String what) throws IOException {
+    Path p = new Path(path);
+    if (!path.contains("*") && !p.getFileSystem(conf).exists(p)) {
+      throw new InputError(what + " " + path + ": no such file or directory");
+    }
   }
 
   /** An InputError wrapped in {@code e} (a failed task's), as itself; otherwise {@code e}. */

@@ -3,8 +3,6 @@ package io.longctx.spark;
 import io.longctx.kernels.AttentionBackend;
 import io.longctx.kernels.AttentionBackends;
 import java.io.Serializable;
-import java.util.Map;
-import java.util.concurrent.ConcurrentHashMap;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 import org.apache.spark.resource.ResourceInformation;
@@ -21,8 +19,6 @@ final class JobBackend implements Serializable {
 
   /** Spark's task GPU resource name (spark.task.resource.gpu.amount, TaskContext.resources()). */
   static final String GPU = "gpu";
-
-  private static final Map<String, AttentionBackend> OPEN = new ConcurrentHashMap<>();
 
   final String name;
 
@@ -58,9 +54,8 @@ final class JobBackend implements Serializable {
         device = Integer.parseInt(gpu.addresses()[0].strip());
       }
     }
-    int d = device;
     try {
-      return OPEN.computeIfAbsent(name + "@" + d, k -> AttentionBackends.open(name, d));
+      return AttentionBackends.open(name, device); // providers keep their own instances (CUDA: one per device)
     } catch (IllegalStateException e) {
       SparkEnv env = SparkEnv.get();
       String where = env == null ? "this JVM" : "executor " + env.executorId();

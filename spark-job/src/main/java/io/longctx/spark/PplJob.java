@@ -20,7 +20,6 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import org.apache.hadoop.conf.Configuration;
-import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
 import org.apache.spark.Partitioner;
 import org.apache.spark.api.java.JavaRDD;
@@ -185,11 +184,7 @@ public final class PplJob {
   private static Summary runChecked(SparkSession spark, Options opt, long t0, PrintStream progress)
       throws IOException {
     Configuration hconf = spark.sparkContext().hadoopConfiguration();
-    Path in = new Path(opt.input);
-    FileSystem fs = in.getFileSystem(hconf);
-    if (!opt.input.contains("*") && !fs.exists(in)) {
-      throw new InputError("INPUT " + opt.input + ": no such file or directory");
-    }
+    InputError.requireExists(hconf, opt.input, "INPUT");
     int vocab = checkModel(opt.model);
     Map<String, String> inputs = new LinkedHashMap<>();
     inputs.put("INPUT", opt.input);

@@ -21,8 +21,6 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import org.apache.hadoop.conf.Configuration;
-import org.apache.hadoop.fs.FileSystem;
-import org.apache.hadoop.fs.Path;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.api.java.function.CoGroupFunction;
 import org.apache.spark.api.java.function.FlatMapFunction;
@@ -149,9 +147,9 @@ public final class ScoreJob {
     final CollectionAccumulator<String> used = spark.sparkContext().collectionAccumulator("longctx backends used");
     Configuration hconf = spark.sparkContext().hadoopConfiguration();
 
-    requireExists(hconf, opt.keys, "KEYS");
+    InputError.requireExists(hconf, opt.keys, "KEYS");
     if (!prefill) {
-      requireExists(hconf, opt.queries, "QUERIES");
+      InputError.requireExists(hconf, opt.queries, "QUERIES");
     }
     Map<String, String> inputs = new java.util.LinkedHashMap<>();
     inputs.put("KEYS", opt.keys);
@@ -278,14 +276,6 @@ public final class ScoreJob {
       if (!prefill) {
         blocks.unpersist();
       }
-    }
-  }
-
-  private static void requireExists(Configuration hconf, String path, String what) throws IOException {
-    Path p = new Path(path);
-    FileSystem pfs = p.getFileSystem(hconf);
-    if (!path.contains("*") && !pfs.exists(p)) {
-      throw new InputError(what + " " + path + ": no such file or directory");
     }
   }
 

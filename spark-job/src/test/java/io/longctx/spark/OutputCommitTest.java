@@ -60,6 +60,16 @@ class OutputCommitTest {
     return new Outcome(rc, err.toString());
   }
 
+  /** Runs with the test-only commit fault set for this run alone. */
+  static Outcome runWithCommitFault(String fault, String[] args) {
+    System.setProperty(OutputCommit.FAULT_PROPERTY, fault);
+    try {
+      return run(args);
+    } finally {
+      System.clearProperty(OutputCommit.FAULT_PROPERTY);
+    }
+  }
+
   /** Every file under dir (relative path -> content), to show nothing changed. */
   static Map<String, String> snapshot(Path dir) throws IOException {
     Map<String, String> m = new TreeMap<>();
@@ -139,13 +149,7 @@ class OutputCommitTest {
     Path out = tmp.resolve("out");
     assertEquals(0, run(args(out, false)).rc());
     Map<String, String> old = snapshot(out);
-    Outcome o;
-    System.setProperty(OutputCommit.FAULT_PROPERTY, "fail-after-aside");
-    try {
-      o = run(args(out, true, "--window", "4"));
-    } finally {
-      System.clearProperty(OutputCommit.FAULT_PROPERTY);
-    }
+    Outcome o = runWithCommitFault("fail-after-aside", args(out, true, "--window", "4"));
     assertEquals(1, o.rc(), o.err());
     assertTrue(o.err().contains("the previous output is back in"), o.err());
     assertEquals(old, snapshot(out), "the old OUT, complete and unchanged");
@@ -157,13 +161,7 @@ class OutputCommitTest {
     Path out = tmp.resolve("out");
     assertEquals(0, run(args(out, false)).rc());
     Map<String, String> old = snapshot(out);
-    Outcome o;
-    System.setProperty(OutputCommit.FAULT_PROPERTY, "fail-restore");
-    try {
-      o = run(args(out, true, "--window", "4"));
-    } finally {
-      System.clearProperty(OutputCommit.FAULT_PROPERTY);
-    }
+    Outcome o = runWithCommitFault("fail-restore", args(out, true, "--window", "4"));
     assertEquals(1, o.rc(), o.err());
     assertFalse(Files.exists(out));
     assertBothComplete(old, o.err());
