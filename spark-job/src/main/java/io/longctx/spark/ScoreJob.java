@@ -495,7 +495,7 @@ public final class ScoreJob {
     String file = t.getFile();
     String bad = readProblem(t);
     if (bad != null) {
-      throw new InputError("KEYS file " + file + (bad.startsWith("malformed") ? "" : ", doc '" + t.getDocId()
+      throw new InputError("KEYS file " + file + (unreadableRow(bad) ? "" : ", doc '" + t.getDocId()
           + "', pos " + t.getPos()) + ": " + bad);
     }
     if (t.getDocId() == null) {
@@ -514,13 +514,18 @@ public final class ScoreJob {
     return t;
   }
 
+  /** A row whose fields could not be read at all (no document or position to name): say the file only. */
+  private static boolean unreadableRow(String problem) {
+    return problem.startsWith("malformed") || problem.equals(Formats.PARQUET_READ_AS_JSON);
+  }
+
   static Token validateQuery(Token t, Shape s) {
     String file = t.getFile();
     String where = "QUERIES file " + file + ", query '" + t.getQueryId() + "', doc '" + t.getDocId() + "', pos "
         + (t.getPos() == null ? "(none)" : t.getPos());
     String bad = readProblem(t);
     if (bad != null) {
-      throw new InputError((bad.startsWith("malformed") ? "QUERIES file " + file : where) + ": " + bad);
+      throw new InputError((unreadableRow(bad) ? "QUERIES file " + file : where) + ": " + bad);
     }
     if (t.getQueryId() == null) {
       throw new InputError(where + ": column 'query_id' is missing or null");
