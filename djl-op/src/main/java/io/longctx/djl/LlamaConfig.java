@@ -208,6 +208,23 @@ public final class LlamaConfig {
     }
   }
 
+  /** The attention every layer computes: causal, Mistral's window if any, scale 1/sqrt(head_dim). */
+  public io.longctx.kernels.AttentionOptions attention() {
+    return io.longctx.kernels.AttentionOptions.DEFAULT.withCausal(true).withWindow(slidingWindow)
+        .withScale(1.0 / Math.sqrt(headDim));
+  }
+
+  /** Bytes the one-task path keeps per token: every layer's keys and values, float32. */
+  public long kvCacheBytesPerToken() {
+    return (long) layers * kvHeads * headDim * 2 * Float.BYTES;
+  }
+
+  /** FLOPs per token of one layer outside attention: the q, k, v, o projections and the MLP. */
+  public double denseFlopsPerToken() {
+    double qkvo = (double) hiddenSize * (2.0 * heads + 2.0 * kvHeads) * headDim;
+    return 2.0 * (qkvo + 3.0 * hiddenSize * intermediateSize);
+  }
+
   /**
    * The rotary inverse frequencies, float64, length headDim / 2, exactly as Hugging Face's rope
    * initialisation for this config: theta^(-2i/d); linear divides by the factor (the same as

@@ -19,6 +19,7 @@ import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
 import java.util.Objects;
@@ -196,8 +197,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
         headShardsT.add(head.get(s + ":" + e).transpose());
       }
       invFreq = cfg.inverseFrequencies();
-      attn = AttentionOptions.DEFAULT.withCausal(true).withWindow(cfg.slidingWindow)
-          .withScale(1.0 / Math.sqrt(cfg.headDim));
+      attn = cfg.attention();
     }
   }
 
@@ -205,15 +205,26 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
   private record Layer(NDArray inNorm, NDArray qT, NDArray qB, NDArray kT, NDArray kB, NDArray vT, NDArray vB,
       NDArray oT, NDArray oB, NDArray postNorm, NDArray gateT, NDArray upT, NDArray downT) {}
 
-  /** A layer's KV cache: chunks in the kernels' [1, Hkv, Tc, D] layout with their first positions. */
-  private static final class KvCache {
-    final List<Tensor> k = new ArrayList<>();
-    final List<Tensor> v = new ArrayList<>();
-    final List<long[]> pos = new ArrayList<>();
+  /**
+   * One chunk's keys and values at one layer, after rotary, in the kernels' [1, kvHeads, len, D]
+   * layout, with the absolute position of its first token (positions are consecutive).
+   */
+  public record KeysValues(long start, Tensor k, Tensor v) {
+    public int length() {
+      return k.tokens();
+    }
+
+    long[] positions() {
+      return LlamaModel.positions(start, length());
+    }
   }
 
   /**
    * Scores a document given as token ids, exactly as given (no special tokens added).
+   *
+   * <p>The layer pieces below ({@link #embed}, {@link #keysValues}, {@link #layer},
+   * {@link #logprobs}) are what this runs, chunk by chunk; the sequence-parallel Spark path runs the
+   * same pieces on other machines, so a chunk's numbers do not depend on where it was computed.
    *
    * @param chunkLen tokens per chunk (any value >= 1 gives the same result up to float32 rounding)
    * @param perToken whether to return the n-1 per-token log-probabilities
@@ -224,86 +235,176 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     if (chunkLen < 1) {
       throw new IllegalArgumentException("chunkLen must be >= 1, got " + chunkLen);
     }
-    Loaded m = loaded();
-    LlamaConfig c = m.cfg;
-    for (int i = 0; i < tokens.length; i++) {
-      if (tokens[i] < 0 || tokens[i] >= c.vocabSize) {
-        throw new IllegalArgumentException("token id " + tokens[i] + " at position " + i + " is outside the vocabulary "
-            + "[0, " + c.vocabSize + ")");
-      }
-    }
+    LlamaConfig c = loaded().cfg;
+    checkTokens(tokens, 0);
     int n = tokens.length;
     float[] lp = new float[Math.max(0, n - 1)];
     double sum = 0;
     // The last token's hidden state predicts nothing: positions 0..n-2 are all that run.
     int m1 = n - 1;
-    KvCache[] cache = new KvCache[c.layers];
+    List<List<KeysValues>> cache = new ArrayList<>(c.layers);
     for (int l = 0; l < c.layers; l++) {
-      cache[l] = new KvCache();
+      cache.add(new ArrayList<>());
     }
-    for (int s = 0; s < m1; s += chunkLen) {
+    for (int start = 0; start < m1; start += chunkLen) {
+      final int s = start;
       int len = Math.min(chunkLen, m1 - s);
-      try (NDManager cm = m.manager.newSubManager()) {
-        double[] chunkLp = chunk(m, cm, tokens, s, len, cache);
-        for (int i = 0; i < len; i++) {
-          lp[s + i] = (float) chunkLp[i];
-          sum += chunkLp[i];
-        }
+      float[] x = embed(Arrays.copyOfRange(tokens, s, s + len));
+      for (int l = 0; l < c.layers; l++) {
+        List<KeysValues> kv = cache.get(l);
+        kv.add(keysValues(l, x, s, len));
+        // Chunks no query of this chunk sees are invisible to every later chunk too (causal).
+        kv.removeIf(e -> !sees(s, len, e.start(), e.length()));
+        x = layer(l, x, s, len, kv.size(), kv.iterator());
+      }
+      double[] chunkLp = logprobs(x, Arrays.copyOfRange(tokens, s + 1, s + len + 1));
+      for (int i = 0; i < len; i++) {
+        lp[s + i] = (float) chunkLp[i];
+        sum += chunkLp[i];
       }
     }
     return new DocumentScore(n, sum, perToken ? lp : null);
   }
 
-  /** Runs positions [s, s + len) through the layers; returns log p(tokens[s+i+1]) for each. */
-  private double[] chunk(Loaded m, NDManager cm, int[] tokens, int s, int len, KvCache[] cache) {
-    LlamaConfig c = m.cfg;
-    long[] idx = new long[len];
-    long[] pos = new long[len];
-    long[] tgt = new long[len];
-    for (int i = 0; i < len; i++) {
-      idx[i] = tokens[s + i];
-      pos[i] = s + i;
-      tgt[i] = tokens[s + i + 1];
+  /** Throws naming the first token id outside the vocabulary; {@code offset}: position of tokens[0]. */
+  public void checkTokens(int[] tokens, long offset) {
+    int vocab = loaded().cfg.vocabSize;
+    for (int i = 0; i < tokens.length; i++) {
+      if (tokens[i] < 0 || tokens[i] >= vocab) {
+        throw new IllegalArgumentException("token id " + tokens[i] + " at position " + (offset + i)
+            + " is outside the vocabulary [0, " + vocab + ")");
+      }
     }
-    NDArray x = m.embed.get(cm.create(idx)); // [len, E]
-    x.attach(cm); // results belong to their first operand's manager: keep the chunk's arrays in cm
-    NDArray[] rope = ropeTables(cm, m.invFreq, pos);
-    for (int l = 0; l < c.layers; l++) {
-      Layer w = m.layers[l];
-      NDArray h = rmsNorm(x, w.inNorm(), c.rmsNormEps);
-      NDArray q = linear(h, w.qT(), w.qB()).reshape(len, c.heads, c.headDim);
-      NDArray k = linear(h, w.kT(), w.kB()).reshape(len, c.kvHeads, c.headDim);
+  }
+
+  /** Whether some query of the block [qStart, qStart + qLen) sees some key of [kStart, kStart + kLen). */
+  public boolean sees(long qStart, int qLen, long kStart, int kLen) {
+    return loaded().attn.anyVisible(qStart, qStart + qLen - 1, kStart, kStart + kLen - 1);
+  }
+
+  /** The input embeddings of {@code tokens}: hidden rows [len, hidden], row-major. */
+  public float[] embed(int[] tokens) {
+    Loaded m = loaded();
+    try (NDManager cm = m.manager.newSubManager()) {
+      long[] idx = new long[tokens.length];
+      for (int i = 0; i < idx.length; i++) {
+        idx[i] = tokens[i];
+      }
+      NDArray e = m.embed.get(cm.create(idx));
+      e.attach(cm); // results belong to their first operand's manager: the weights'
+      return e.toFloatArray();
+    }
+  }
+
+  /** Layer {@code l}'s keys and values of the chunk at positions [start, start + len) with hidden rows x. */
+  public KeysValues keysValues(int l, float[] x, long start, int len) {
+    Loaded m = loaded();
+    LlamaConfig c = m.cfg;
+    Layer w = m.layers[l];
+    try (NDManager cm = m.manager.newSubManager()) {
+      NDArray h = rmsNorm(hidden(cm, c, x, len), w.inNorm(), c.rmsNormEps);
+      NDArray[] rope = ropeTables(cm, m.invFreq, positions(start, len));
+      NDArray k = rotate(linear(h, w.kT(), w.kB()).reshape(len, c.kvHeads, c.headDim), rope[0], rope[1]);
       NDArray v = linear(h, w.vT(), w.vB()).reshape(len, c.kvHeads, c.headDim);
-      q = rotate(q, rope[0], rope[1]);
-      k = rotate(k, rope[0], rope[1]);
-      NDArray o = attention(m, cm, q, k, v, pos, cache[l]); // [len, H*D]
-      x = x.add(linear(o, w.oT(), w.oB()));
-      NDArray g = rmsNorm(x, w.postNorm(), c.rmsNormEps);
+      // [len, H, D] is BTHD with batch 1; the kernels read [1, H, T, D].
+      return new KeysValues(start, AttentionOp.toTensor(k.expandDims(0), AttentionOp.Layout.BTHD),
+          AttentionOp.toTensor(v.expandDims(0), AttentionOp.Layout.BTHD));
+    }
+  }
+
+  /**
+   * The rest of layer {@code l} for the chunk at [start, start + len) with hidden rows x: its queries
+   * attend the {@code n} chunks of keys and values {@code visible} yields (in chunk order, its own
+   * included, each taken only when needed), one attention state per chunk merged with
+   * {@link AttentionState#mergeAll(int, java.util.Iterator)}; then the output projection, the
+   * residual, the MLP and its residual. Returns the chunk's hidden rows after the layer.
+   */
+  public float[] layer(int l, float[] x, long start, int len, int n, java.util.Iterator<KeysValues> visible) {
+    Loaded m = loaded();
+    LlamaConfig c = m.cfg;
+    Layer w = m.layers[l];
+    try (NDManager cm = m.manager.newSubManager()) {
+      NDArray xa = hidden(cm, c, x, len);
+      NDArray h = rmsNorm(xa, w.inNorm(), c.rmsNormEps);
+      long[] pos = positions(start, len);
+      NDArray[] rope = ropeTables(cm, m.invFreq, pos);
+      NDArray q = rotate(linear(h, w.qT(), w.qB()).reshape(len, c.heads, c.headDim), rope[0], rope[1]);
+      Tensor qt = AttentionOp.toTensor(q.expandDims(0), AttentionOp.Layout.BTHD);
+      java.util.Iterator<AttentionState> states = new java.util.Iterator<>() {
+        @Override
+        public boolean hasNext() {
+          return visible.hasNext();
+        }
+
+        @Override
+        public AttentionState next() {
+          KeysValues kv = visible.next();
+          // Few query rows: split-K also splits the keys, as AttentionOp's Java path does.
+          return len <= AttentionOp.SPLIT_K_MAX_QUERY_ROWS
+              ? backend.decode(qt, kv.k(), kv.v(), pos, kv.positions(), m.attn, CpuAttention.DEFAULT_SPLIT_LEN).state()
+              : backend.forward(qt, kv.k(), kv.v(), pos, kv.positions(), m.attn);
+        }
+      };
+      AttentionState st = AttentionState.mergeAll(n, states);
+      NDArray o = cm.create(st.o(), new Shape(len, (long) c.heads * c.headDim));
+      xa = xa.add(linear(o, w.oT(), w.oB()));
+      NDArray g = rmsNorm(xa, w.postNorm(), c.rmsNormEps);
       NDArray gate = g.matMul(w.gateT());
       NDArray act = gate.mul(Activation.sigmoid(gate)).mul(g.matMul(w.upT())); // silu(gate) * up
-      x = x.add(act.matMul(w.downT()));
+      return xa.add(act.matMul(w.downT())).toFloatArray();
     }
-    NDArray hn = rmsNorm(x, m.finalNorm, c.rmsNormEps);
-    // log p(t) = z[t] - logsumexp(z): the logsumexp per vocabulary shard, merged with LSE arithmetic.
-    double[] lse = new double[len];
-    java.util.Arrays.fill(lse, Double.NEGATIVE_INFINITY);
-    for (NDArray shardT : m.headShardsT) {
-      NDArray z = hn.matMul(shardT); // [len, shard]
-      NDArray max = z.max(new int[] {1}, true);
-      float[] part = z.sub(max).exp().sum(new int[] {1}).log().add(max.squeeze(1)).toFloatArray();
-      for (int i = 0; i < len; i++) {
-        lse[i] = lseMerge(lse[i], part[i]);
+  }
+
+  /**
+   * log p(targets[i]) of each hidden row after the last layer: the final norm, then the LM head by
+   * vocabulary shards, the log-sum-exp over the shards merged with LSE arithmetic in float64.
+   */
+  public double[] logprobs(float[] x, int[] targets) {
+    Loaded m = loaded();
+    LlamaConfig c = m.cfg;
+    int len = targets.length;
+    try (NDManager cm = m.manager.newSubManager()) {
+      NDArray hn = rmsNorm(hidden(cm, c, x, len), m.finalNorm, c.rmsNormEps);
+      double[] lse = new double[len];
+      Arrays.fill(lse, Double.NEGATIVE_INFINITY);
+      for (NDArray shardT : m.headShardsT) {
+        NDArray z = hn.matMul(shardT); // [len, shard]
+        NDArray max = z.max(new int[] {1}, true);
+        float[] part = z.sub(max).exp().sum(new int[] {1}).log().add(max.squeeze(1)).toFloatArray();
+        for (int i = 0; i < len; i++) {
+          lse[i] = lseMerge(lse[i], part[i]);
+        }
+        z.close();
       }
-      z.close();
+      long[] tgt = new long[len];
+      for (int i = 0; i < len; i++) {
+        tgt[i] = targets[i];
+      }
+      NDArray targetRows = m.head.get(cm.create(tgt));
+      targetRows.attach(cm);
+      float[] target = hn.mul(targetRows).sum(new int[] {1}).toFloatArray();
+      double[] out = new double[len];
+      for (int i = 0; i < len; i++) {
+        out[i] = (double) target[i] - lse[i];
+      }
+      return out;
     }
-    NDArray targetRows = m.head.get(cm.create(tgt));
-    targetRows.attach(cm);
-    float[] target = hn.mul(targetRows).sum(new int[] {1}).toFloatArray();
-    double[] out = new double[len];
+  }
+
+  /** Hidden rows as a [len, hidden] array of the chunk's manager. */
+  private static NDArray hidden(NDManager cm, LlamaConfig c, float[] x, int len) {
+    if (x.length != (long) len * c.hiddenSize) {
+      throw new IllegalArgumentException("hidden rows: " + x.length + " values, expected " + len + " x " + c.hiddenSize);
+    }
+    return cm.create(x, new Shape(len, c.hiddenSize));
+  }
+
+  static long[] positions(long start, int len) {
+    long[] p = new long[len];
     for (int i = 0; i < len; i++) {
-      out[i] = (double) target[i] - lse[i];
+      p[i] = start + i;
     }
-    return out;
+    return p;
   }
 
   /** log(exp(a) + exp(b)) in float64, with -inf as the identity. */
@@ -313,44 +414,6 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       return mx;
     }
     return mx + Math.log(Math.exp(a - mx) + Math.exp(b - mx));
-  }
-
-  /**
-   * Attention of the chunk's queries over the cached chunks and its own keys (appended to the
-   * cache first): one attention state per visible chunk from the backend, merged in chunk order.
-   */
-  private NDArray attention(Loaded m, NDManager cm, NDArray q, NDArray k, NDArray v, long[] pos, KvCache kv) {
-    LlamaConfig c = m.cfg;
-    int len = pos.length;
-    // [len, H, D] is BTHD with batch 1; the kernels read [1, H, T, D].
-    Tensor qt = AttentionOp.toTensor(q.expandDims(0), AttentionOp.Layout.BTHD);
-    kv.k.add(AttentionOp.toTensor(k.expandDims(0), AttentionOp.Layout.BTHD));
-    kv.v.add(AttentionOp.toTensor(v.expandDims(0), AttentionOp.Layout.BTHD));
-    kv.pos.add(pos);
-    long window = c.slidingWindow;
-    if (window > 0) {
-      // A chunk whose last key is at or before s - W is invisible to this query chunk and all later ones.
-      long horizon = pos[0] - window;
-      while (!kv.pos.isEmpty()) {
-        long[] first = kv.pos.get(0);
-        if (first[first.length - 1] > horizon) {
-          break;
-        }
-        kv.k.remove(0);
-        kv.v.remove(0);
-        kv.pos.remove(0);
-      }
-    }
-    List<AttentionState> states = new ArrayList<>(kv.k.size());
-    for (int i = 0; i < kv.k.size(); i++) {
-      // Few query rows: split-K also splits the keys, as AttentionOp's Java path does.
-      states.add(len <= AttentionOp.SPLIT_K_MAX_QUERY_ROWS
-          ? backend.decode(qt, kv.k.get(i), kv.v.get(i), pos, kv.pos.get(i), m.attn, CpuAttention.DEFAULT_SPLIT_LEN)
-              .state()
-          : backend.forward(qt, kv.k.get(i), kv.v.get(i), pos, kv.pos.get(i), m.attn));
-    }
-    AttentionState st = AttentionState.mergeAll(states);
-    return cm.create(st.o(), new Shape(len, (long) c.heads * c.headDim));
   }
 
   private static NDArray linear(NDArray x, NDArray wT, NDArray b) {
@@ -406,7 +469,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       throw new IllegalArgumentException("token ids must be int32 or int64, got " + t.getDataType());
     }
     int[] tokens = t.getDataType() == DataType.INT32 ? t.toIntArray()
-        : java.util.Arrays.stream(t.toLongArray()).mapToInt(Math::toIntExact).toArray();
+        : Arrays.stream(t.toLongArray()).mapToInt(Math::toIntExact).toArray();
     int chunkLen = blockChunkLen;
     if (params != null && params.get(CHUNK_LEN) != null) {
       chunkLen = (Integer) params.get(CHUNK_LEN);

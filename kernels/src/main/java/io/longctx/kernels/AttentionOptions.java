@@ -13,7 +13,8 @@ package io.longctx.kernels;
  *
  * Masks are defined by absolute token positions, never by array offsets (docs/CONVENTIONS.md).
  */
-public record AttentionOptions(double scale, float softcap, boolean causal, long window) {
+public record AttentionOptions(double scale, float softcap, boolean causal, long window)
+    implements java.io.Serializable {
 
   public static final AttentionOptions DEFAULT = new AttentionOptions(Double.NaN, 0f, false, 0);
 

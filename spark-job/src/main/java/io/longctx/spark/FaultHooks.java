@@ -50,6 +50,14 @@ public final class FaultHooks {
 
   private FaultHooks() {}
 
+  /**
+   * The stage name of layer {@code layer}'s step in split {@code ppl}: {@code layerL-map} where a
+   * chunk's keys and values are made and sent, {@code layerL-reduce} where a block runs the layer.
+   */
+  public static String layerStage(int layer, String step) {
+    return "layer" + layer + "-" + step;
+  }
+
   /** The hook: a no-op unless a test property is set (see the class comment). */
   public static void at(String stage) {
     if (!Boolean.getBoolean(ENABLE_PROPERTY)) {

@@ -128,6 +128,14 @@ public final class OutputCommit {
     commit();
   }
 
+  /**
+   * A hidden sibling of OUT for a run's scratch data ({@code .OUT-tmp-UUID-name}, the staging
+   * directory's name plus a suffix): not created here; the caller that creates it deletes it.
+   */
+  public Path scratch(String name) {
+    return new Path(staging.getParent(), staging.getName() + "-" + name);
+  }
+
   /** Where the job writes its result; becomes OUT on {@link #commit()}. */
   public Path staging() {
     return staging;

@@ -12,6 +12,7 @@ import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashMap;
 import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -34,6 +35,7 @@ import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
+import org.apache.spark.storage.StorageLevel;
 import org.apache.spark.util.LongAccumulator;
 import scala.Tuple2;
 
@@ -91,6 +93,14 @@ public final class PplJob {
     public int chunkLen = 512;
     public int partitions;
     public boolean overwrite;
+    /** Documents longer than this many tokens take the split path; -1: derived from memory ({@link #defaultSplitAbove}). */
+    public long splitAbove = -1;
+    /** Tasks per layer of the split path; 0: Spark's default parallelism. */
+    public int splitPartitions;
+    /** Where the split path checkpoints (a directory is made inside and deleted); null: beside OUT. */
+    public String checkpointDir;
+    /** How the split path places blocks in tasks. */
+    public SplitPpl.Balance balance = SplitPpl.Balance.COST;
 
     String resolvedFormat() {
       return Formats.resolve(format, input);
@@ -114,16 +124,25 @@ public final class PplJob {
       if (partitions < 0) {
         throw new IllegalArgumentException("--partitions must be >= 1, got " + partitions);
       }
+      if (splitAbove < -1) {
+        throw new IllegalArgumentException("--split-above must be >= 0, got " + splitAbove);
+      }
+      if (splitPartitions < 0) {
+        throw new IllegalArgumentException("--split-partitions must be >= 1, got " + splitPartitions);
+      }
     }
   }
 
   /** What a run did. */
-  public record Summary(long documents, long tokens, double wallSeconds, String model, String output) {
+  public record Summary(long documents, long tokens, double wallSeconds, String model, String output, long splitAbove,
+      SplitPpl.Stats split) {
     @Override
     public String toString() {
       return String.format(Locale.ROOT, "longctx ppl summary%n  documents      %d%n  tokens         %d%n"
-          + "  model          %s%n  wall time      %.2f s%n  tokens/s       %.0f%n  output         %s%n",
-          documents, tokens, model, wallSeconds, wallSeconds > 0 ? tokens / wallSeconds : 0, output);
+          + "  model          %s%n  split above    %d tokens%n  split path     %s%n  wall time      %.2f s%n"
+          + "  tokens/s       %.0f%n  output         %s%n",
+          documents, tokens, model, splitAbove, split == null ? "none (every document in one task)" : split.describe(),
+          wallSeconds, wallSeconds > 0 ? tokens / wallSeconds : 0, output);
     }
   }
 
@@ -132,7 +151,7 @@ public final class PplJob {
   /** The command line: parse, run on a session (the default one if any, else a new one). */
   static int cli(String[] argv, PrintStream out, PrintStream err) throws Exception {
     Args a = Args.parse(argv, List.of("--model", "--input", "--output", "--format", "--output-format", "--chunk-len",
-        "--partitions"),
+        "--partitions", "--split-above", "--split-partitions", "--checkpoint-dir", "--balance"),
         List.of("--per-token", "--overwrite"));
     if (a.help) {
       out.print(HELP);
@@ -148,6 +167,27 @@ public final class PplJob {
     o.chunkLen = a.intValue("--chunk-len", o.chunkLen);
     o.partitions = a.intValue("--partitions", 0);
     o.overwrite = a.flag("--overwrite");
+    String split = a.get("--split-above");
+    if (split != null) {
+      try {
+        o.splitAbove = Long.parseLong(split);
+      } catch (NumberFormatException e) {
+        throw new IllegalArgumentException("--split-above must be a whole number of tokens, got '" + split + "'");
+      }
+      if (o.splitAbove < 0) {
+        throw new IllegalArgumentException("--split-above must be >= 0, got " + split);
+      }
+    }
+    o.splitPartitions = a.intValue("--split-partitions", 0);
+    o.checkpointDir = a.get("--checkpoint-dir");
+    String balance = a.get("--balance");
+    if (balance != null) {
+      o.balance = switch (balance.toLowerCase(Locale.ROOT)) {
+        case "cost" -> SplitPpl.Balance.COST;
+        case "contiguous" -> SplitPpl.Balance.CONTIGUOUS;
+        default -> throw new IllegalArgumentException("--balance must be cost or contiguous, got '" + balance + "'");
+      };
+    }
     o.check();
     return Sessions.run("longctx ppl", a.get("--master"), a.confs, spark -> {
       err.print(run(spark, o, err));
@@ -185,7 +225,8 @@ public final class PplJob {
       throws IOException {
     Configuration hconf = spark.sparkContext().hadoopConfiguration();
     InputError.requireExists(hconf, opt.input, "INPUT");
-    int vocab = checkModel(opt.model);
+    LlamaConfig cfg = checkModel(opt.model);
+    int vocab = cfg.vocabSize;
     Map<String, String> inputs = new LinkedHashMap<>();
     inputs.put("INPUT", opt.input);
     inputs.put("MODEL", opt.model);
@@ -209,21 +250,19 @@ public final class PplJob {
       throw new InputError("INPUT " + opt.input + ": no documents");
     }
     int parts = opt.partitions > 0 ? opt.partitions : (int) Math.min(n, Integer.MAX_VALUE);
-    // One document per task: index the rows and place document i in partition i % parts.
-    JavaRDD<Row> placed = docs.javaRDD().zipWithIndex().mapToPair(t -> new Tuple2<>(t._2(), t._1()))
-        .partitionBy(new ByIndex(parts)).values();
     final Options o = opt;
     final boolean bpb = hasText;
+    // One document per task: index the rows and place document i in partition i % parts; tokenize and
+    // check there (bad input fails here, naming the document), kept for the scoring that follows.
+    JavaRDD<SplitPpl.Doc> tokenized = docs.javaRDD().zipWithIndex().mapToPair(t -> new Tuple2<>(t._2(), t._1()))
+        .partitionBy(new ByIndex(parts)).map(t -> tokenize(t._1(), t._2(), o, vocab));
+    tokenized.persist(StorageLevel.MEMORY_AND_DISK_SER());
+    long splitAbove = opt.splitAbove >= 0 ? opt.splitAbove : defaultSplitAbove(spark, cfg);
+    List<Tuple2<Long, Tuple2<String, long[]>>> longDocs = tokenized.filter(d -> splits(d, splitAbove))
+        .map(d -> new Tuple2<>(d.index(), new Tuple2<>(d.docId(), new long[] {d.tokens().length, d.bytes()})))
+        .collect();
     LongAccumulator docsDone = spark.sparkContext().longAccumulator("longctx ppl documents");
     LongAccumulator tokensDone = spark.sparkContext().longAccumulator("longctx ppl tokens");
-    JavaRDD<Row> scored = placed.map(r -> {
-      Row out = scoreRow(r, o, vocab, bpb);
-      docsDone.add(1);
-      tokensDone.add(out.getLong(1));
-      return out;
-    });
-    StructType schema = outputSchema(hasText, opt.perToken);
-    Dataset<Row> result = spark.createDataFrame(scored, schema).cache();
     if (progress != null) {
       progress.printf(Locale.ROOT, "longctx ppl: scoring %d documents in %d tasks (model %s, chunk %d tokens)%n", n,
           parts, opt.model, opt.chunkLen);
@@ -231,20 +270,86 @@ public final class PplJob {
     }
     Thread poller = progress == null ? null : progressPoller(progress, n, docsDone, tokensDone, System.nanoTime(),
         Math.max(1, Long.getLong(PROGRESS_SECONDS_PROPERTY, 10L)) * 1000L);
+    Path checkpoints = null;
+    Dataset<Row> result = null;
     try {
+      JavaRDD<Row> rows = tokenized.filter(d -> !splits(d, splitAbove)).map(d -> {
+        DocumentScore sc = Loaded.get(o.model).model.score(d.tokens(), o.chunkLen, o.perToken);
+        docsDone.add(1);
+        tokensDone.add(d.tokens().length);
+        return row(d.docId(), sc.nTokens(), sc.sumLogprob(), sc.logprobs(), d.bytes(), bpb, o.perToken);
+      });
+      SplitPpl.Stats split = null;
+      if (!longDocs.isEmpty()) {
+        List<long[]> lengths = new ArrayList<>();
+        Map<Long, Tuple2<String, long[]>> meta = new HashMap<>();
+        for (Tuple2<Long, Tuple2<String, long[]>> d : longDocs) {
+          lengths.add(new long[] {d._1(), d._2()._2()[0]});
+          meta.put(d._1(), d._2());
+        }
+        int splitParts = opt.splitPartitions > 0 ? opt.splitPartitions : spark.sparkContext().defaultParallelism();
+        checkpoints = opt.checkpointDir != null
+            ? new Path(opt.checkpointDir, "longctx-ppl-checkpoint-" + java.util.UUID.randomUUID())
+            : commit.scratch("checkpoint");
+        if (progress != null) {
+          progress.printf(Locale.ROOT, "longctx ppl: %d documents longer than %d tokens run layer by layer over %d "
+              + "tasks (checkpoints in %s)%n", longDocs.size(), splitAbove, splitParts, checkpoints);
+          progress.flush();
+        }
+        Tuple2<JavaRDD<SplitPpl.Scored>, SplitPpl.Stats> sp = SplitPpl.score(spark,
+            tokenized.filter(d -> splits(d, splitAbove)), lengths, opt.model, cfg, opt.chunkLen, splitParts,
+            opt.balance, checkpoints, progress);
+        split = sp._2();
+        rows = rows.union(sp._1().map(sc -> {
+          Tuple2<String, long[]> m = meta.get(sc.index());
+          docsDone.add(1);
+          tokensDone.add(m._2()[0]);
+          return row(m._1(), (int) m._2()[0], sc.sum(), sc.logprobs(), m._2()[1], bpb, o.perToken);
+        }));
+      }
+      result = spark.createDataFrame(rows, outputSchema(hasText, opt.perToken)).cache();
       // Score once (cached), then write: the summary's token count comes from the same rows.
       Row totals = result.agg(functions.count(functions.lit(1)), functions.sum("n_tokens")).first();
       long docCount = totals.getLong(0);
       long tokens = totals.isNullAt(1) ? 0 : totals.getLong(1);
       commit.write(spark, result.write().format(opt.resolvedOutputFormat()));
       double wall = (System.nanoTime() - t0) / 1e9;
-      return new Summary(docCount, tokens, wall, opt.model, opt.output);
+      return new Summary(docCount, tokens, wall, opt.model, opt.output, splitAbove, split);
     } finally {
       if (poller != null) {
         poller.interrupt();
       }
-      result.unpersist();
+      if (result != null) {
+        result.unpersist();
+      }
+      tokenized.unpersist(false);
+      if (checkpoints != null) {
+        checkpoints.getFileSystem(hconf).delete(checkpoints, true); // made by this run, named by its UUID
+      }
     }
+  }
+
+  /** Whether a document takes the split path: longer than splitAbove, and at least one token to predict. */
+  static boolean splits(SplitPpl.Doc d, long splitAbove) {
+    return d.tokens().length > splitAbove && d.tokens().length >= 2;
+  }
+
+  /**
+   * Documents longer than this take the split path by default: the one-task path holds a document's
+   * whole KV cache ({@link LlamaConfig#kvCacheBytesPerToken}) in one task, and a fifth of an
+   * executor's heap shared by its concurrent tasks is what we let it take (the rest: Spark, the
+   * model's weights are off-heap, the chunk's temporaries). Executor heap: spark.executor.memory,
+   * or this JVM's heap with a local master; tasks at once: spark.executor.cores / spark.task.cpus, or
+   * the local master's threads.
+   */
+  static long defaultSplitAbove(SparkSession spark, LlamaConfig cfg) {
+    org.apache.spark.SparkContext sc = spark.sparkContext();
+    boolean local = sc.isLocal();
+    long heap = local || !sc.conf().contains("spark.executor.memory") ? Runtime.getRuntime().maxMemory()
+        : sc.conf().getSizeAsBytes("spark.executor.memory");
+    int slots = local ? sc.defaultParallelism()
+        : Math.max(1, sc.conf().getInt("spark.executor.cores", 1) / Math.max(1, sc.conf().getInt("spark.task.cpus", 1)));
+    return Math.max(1, heap / 5 / Math.max(1, slots) / cfg.kvCacheBytesPerToken());
   }
 
   /**
@@ -278,7 +383,7 @@ public final class PplJob {
   }
 
   /** Reads config.json and the tensor headers on the driver: a bad checkpoint fails before any task. */
-  private static int checkModel(String dir) throws IOException {
+  private static LlamaConfig checkModel(String dir) throws IOException {
     java.nio.file.Path p = java.nio.file.Path.of(dir);
     if (!java.nio.file.Files.isDirectory(p)) {
       throw new InputError("MODEL " + dir + ": not a directory");
@@ -286,7 +391,7 @@ public final class PplJob {
     try {
       LlamaConfig cfg = LlamaConfig.read(p);
       Safetensors.requireExactly(Safetensors.checkpointEntries(p), cfg.expectedTensors(), p);
-      return cfg.vocabSize;
+      return cfg;
     } catch (IllegalArgumentException e) {
       throw new InputError("MODEL " + dir + ": " + e.getMessage());
     }
@@ -337,8 +442,8 @@ public final class PplJob {
     return s;
   }
 
-  /** Scores one input row (doc_id, text, tokens, corrupt, file) in a task. */
-  static Row scoreRow(Row r, Options o, int vocab, boolean bitsPerByteColumn) throws IOException {
+  /** Checks and tokenizes one input row (doc_id, text, tokens, corrupt, file) in a task. */
+  static SplitPpl.Doc tokenize(long index, Row r, Options o, int vocab) throws IOException {
     String file = r.getString(4);
     String where = "INPUT file " + file;
     if (!r.isNullAt(3)) {
@@ -354,12 +459,11 @@ public final class PplJob {
       throw new InputError(where + ": a row needs exactly one of text and tokens, got "
           + (text ? "both" : "neither"));
     }
-    Loaded m = Loaded.get(o.model);
     int[] ids;
     long bytes = -1;
     if (text) {
       String s = r.getString(1);
-      ids = LlamaTranslator.encode(m.tokenizer(), s);
+      ids = LlamaTranslator.encode(Loaded.get(o.model).tokenizer(), s);
       bytes = s.getBytes(StandardCharsets.UTF_8).length;
     } else {
       List<Long> l = r.getList(2);
@@ -373,25 +477,30 @@ public final class PplJob {
         ids[i] = (int) (long) v;
       }
     }
-    DocumentScore s;
     try {
-      s = m.model.score(ids, o.chunkLen, o.perToken);
+      Loaded.get(o.model).model.checkTokens(ids, 0); // a tokenizer that does not fit the model
     } catch (IllegalArgumentException e) {
       throw new InputError(where + ": " + e.getMessage());
     }
+    return new SplitPpl.Doc(index, doc, ids, bytes);
+  }
+
+  /** An output row (see {@link #outputSchema}); bytes < 0: not a text row. */
+  static Row row(String doc, int nTokens, double sum, float[] logprobs, long bytes, boolean bitsPerByteColumn,
+      boolean perToken) {
+    DocumentScore s = new DocumentScore(nTokens, sum, logprobs);
     List<Object> out = new ArrayList<>();
     out.add(doc);
-    out.add((long) s.nTokens());
-    out.add(s.sumLogprob());
-    out.add(s.nTokens() < 2 ? null : s.perplexity());
+    out.add((long) nTokens);
+    out.add(sum);
+    out.add(nTokens < 2 ? null : s.perplexity());
     if (bitsPerByteColumn) {
       out.add(bytes > 0 ? s.bitsPerByte(bytes) : null);
     }
-    if (o.perToken) {
-      float[] lp = s.logprobs();
-      Float[] boxed = new Float[lp.length];
-      for (int i = 0; i < lp.length; i++) {
-        boxed[i] = lp[i];
+    if (perToken) {
+      Float[] boxed = new Float[logprobs.length];
+      for (int i = 0; i < logprobs.length; i++) {
+        boxed[i] = logprobs[i];
       }
       // An external Row's array must be a Scala Seq for the encoder.
       out.add(scala.jdk.javaapi.CollectionConverters.asScala(Arrays.asList(boxed)).toSeq());

@@ -1,0 +1,182 @@
+package io.longctx.spark;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.longctx.djl.ModelGenerator;
+import java.io.ByteArrayOutputStream;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.SplittableRandom;
+import java.util.stream.Stream;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.SparkSession;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/**
+ * Split {@code ppl} (one document's layers over many tasks) against the one-task path on a corpus
+ * mixing short and long documents: bit for bit at the same chunk length (both run the same chunk
+ * pieces of {@code LlamaModel}), within 1e-5 relative at other chunk lengths, and bit for bit
+ * whatever the number of tasks or the placement of blocks in them.
+ */
+class SplitPplTest {
+
+  @TempDir
+  static Path shared;
+
+  static Path causal, windowed, input;
+  static long seed;
+  final SparkSession spark = TestSpark.get();
+
+  @TempDir
+  Path tmp;
+
+  @BeforeAll
+  static void setUp() throws Exception {
+    Long fixed = Long.getLong("longctx.seed");
+    seed = fixed != null ? fixed : System.nanoTime();
+    System.out.println("SplitPplTest: seed " + seed + " (replay with -Dlongctx.seed=" + seed + ")");
+    causal = shared.resolve("causal");
+    windowed = shared.resolve("windowed");
+    ModelGenerator.generate(spec(seed, "llama", 0, 3), causal);
+    ModelGenerator.generate(spec(seed + 1, "mistral", 23, 2), windowed);
+    // Lengths around the chunk lengths used below (16, 7, 40): 1 and 2 tokens, a partial last chunk,
+    // exact multiples, and documents over several windows.
+    SplittableRandom r = new SplittableRandom(seed);
+    List<String> lines = new ArrayList<>();
+    int[] lengths = {1, 2, 17, 33, 64, 97, 150};
+    for (int d = 0; d < lengths.length; d++) {
+      StringBuilder t = new StringBuilder("[");
+      for (int i = 0; i < lengths[d]; i++) {
+        t.append(i == 0 ? "" : ",").append(r.nextInt(300));
+      }
+      lines.add("{\"doc_id\": \"d" + d + "\", \"tokens\": " + t + "]}");
+    }
+    lines.add("{\"doc_id\": \"text\", \"text\": \"Exact attention over the whole document, split or not.\"}");
+    input = shared.resolve("docs.jsonl");
+    Files.writeString(input, String.join("\n", lines) + "\n", StandardCharsets.UTF_8);
+  }
+
+  static ModelGenerator.Spec spec(long seed, String type, long window, int layers) {
+    ModelGenerator.Spec s = new ModelGenerator.Spec();
+    s.seed = seed;
+    s.modelType = type;
+    s.slidingWindow = window;
+    s.layers = layers;
+    s.hidden = 32;
+    s.heads = 4;
+    s.kvHeads = 2;
+    s.vocab = 300;
+    return s;
+  }
+
+  record Result(String log, Map<String, Row> rows) {}
+
+  Result ppl(Path model, String... extra) throws Exception {
+    Path out = tmp.resolve("out-" + System.nanoTime());
+    List<String> args = new ArrayList<>(List.of("ppl", "--model", model.toString(), "--input", input.toString(),
+        "--output", out.toString(), "--per-token"));
+    args.addAll(List.of(extra));
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    int rc = LongctxMain.run(args.toArray(new String[0]), System.out, new PrintStream(err, true));
+    assertEquals(0, rc, err.toString());
+    try (Stream<Path> s = Files.list(tmp)) {
+      assertFalse(s.anyMatch(p -> p.getFileName().toString().contains("checkpoint")),
+          "the checkpoints are deleted at the end");
+    }
+    Map<String, Row> rows = new HashMap<>();
+    for (Row row : spark.read().json(out.toString()).collectAsList()) {
+      rows.put(row.getAs("doc_id"), row);
+    }
+    assertEquals(8, rows.size(), err.toString());
+    return new Result(err.toString(), rows);
+  }
+
+  static void assertSameBits(Result a, Result b, String what) {
+    for (String d : a.rows().keySet()) {
+      Row x = a.rows().get(d), y = b.rows().get(d);
+      String m = what + ", doc " + d + " (seed " + seed + ")";
+      assertEquals((double) x.getAs("sum_logprob"), (double) y.getAs("sum_logprob"), 0.0, m);
+      assertEquals(x.getList(x.fieldIndex("logprobs")), y.getList(y.fieldIndex("logprobs")), m);
+    }
+  }
+
+  static void assertClose(Result a, Result b, double rel, String what) {
+    for (String d : a.rows().keySet()) {
+      double x = a.rows().get(d).getAs("sum_logprob"), y = b.rows().get(d).getAs("sum_logprob");
+      assertTrue(Math.abs(x - y) <= rel * Math.abs(x), what + ", doc " + d + ": " + x + " vs " + y + " (seed "
+          + seed + ")");
+    }
+  }
+
+  @Test
+  void splitEqualsOneTaskBitForBitAndDoesNotDependOnTasks() throws Exception {
+    for (Path model : List.of(causal, windowed)) {
+      Result one = ppl(model, "--chunk-len", "16", "--split-above", "1000000");
+      assertTrue(one.log().contains("split path     none"), one.log());
+      Result split = ppl(model, "--chunk-len", "16", "--split-above", "0", "--split-partitions", "3");
+      assertTrue(split.log().contains("7 documents split into"), split.log());
+      assertTrue(split.log().contains("layer 1/"), "progress per layer:\n" + split.log());
+      assertSameBits(one, split, model.getFileName() + ": split vs one task, chunk 16");
+      // Same bits over 1 and 5 tasks and with contiguous placement; a mixed corpus (long above 40).
+      assertSameBits(split, ppl(model, "--chunk-len", "16", "--split-above", "0", "--split-partitions", "1"),
+          model.getFileName() + ": 1 task");
+      assertSameBits(split, ppl(model, "--chunk-len", "16", "--split-above", "40", "--split-partitions", "5",
+          "--balance", "contiguous"), model.getFileName() + ": 5 tasks, contiguous, mixed corpus");
+      // Other chunk lengths: rounding only.
+      for (String len : List.of("7", "40")) {
+        assertClose(one, ppl(model, "--chunk-len", len, "--split-above", "0", "--split-partitions", "2"), 1e-5,
+            model.getFileName() + ": chunk " + len + " vs 16");
+      }
+    }
+  }
+
+  @Test
+  void planSeesWhatTheWindowAllowsAndBalancesCausalWork() {
+    io.longctx.djl.LlamaConfig cfg = configOf(windowed);
+    // Window 23: a query at q sees keys q-22..q. Chunks of 10 over positions 0..99 (101 tokens).
+    SplitPpl.Plan p = SplitPpl.Plan.make(List.of(new long[] {0, 101}), 10, cfg.attention(), cfg, 3,
+        SplitPpl.Balance.COST);
+    assertEquals(10, p.chunkCount(0));
+    assertEquals(0, p.firstChunkSeen(0, 0));
+    assertEquals(0, p.firstChunkSeen(0, 3)); // q = 30 sees keys 8 and 9 of chunk 0
+    assertEquals(1, p.firstChunkSeen(0, 4)); // q = 40 sees from 18
+    assertEquals(2, p.firstChunkSeen(0, 5));
+    assertEquals(4, p.lastBlockSeeing(0, 1)); // chunk 1 ends at 19: q = 40 sees it, q = 50 does not
+    assertEquals(9, p.lastBlockSeeing(0, 9));
+    io.longctx.djl.LlamaConfig full = configOf(causal);
+    SplitPpl.Plan cost = SplitPpl.Plan.make(List.of(new long[] {0, 4097}), 256, full.attention(), full, 4,
+        SplitPpl.Balance.COST);
+    SplitPpl.Plan contiguous = SplitPpl.Plan.make(List.of(new long[] {0, 4097}), 256, full.attention(), full, 4,
+        SplitPpl.Balance.CONTIGUOUS);
+    assertEquals(0, cost.firstChunkSeen(0, 15));
+    double c = spread(cost.load), n = spread(contiguous.load);
+    assertTrue(c < 1.1 && n > 2, "max/min estimated task cost: by cost " + c + ", contiguous " + n);
+  }
+
+  static double spread(double[] load) {
+    double max = 0, min = Double.MAX_VALUE;
+    for (double l : load) {
+      max = Math.max(max, l);
+      min = Math.min(min, l);
+    }
+    return max / min;
+  }
+
+  static io.longctx.djl.LlamaConfig configOf(Path dir) {
+    try {
+      return io.longctx.djl.LlamaConfig.read(dir);
+    } catch (java.io.IOException e) {
+      throw new java.io.UncheckedIOException(e);
+    }
+  }
+}
