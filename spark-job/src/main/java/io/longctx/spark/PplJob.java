@@ -52,8 +52,12 @@ public final class PplJob {
 
       Log-likelihood of whole documents under a Llama-family checkpoint (Hugging Face layout:
       config.json, model.safetensors or shards with model.safetensors.index.json, tokenizer.json for
-      text input). One document per Spark task; each document runs chunk by chunk through the model
-      with its KV cache as a list of chunks, so memory is O(document) and never O(T^2) or O(T x vocab).
+      text input). A document runs chunk by chunk through the model with its KV cache as a list of
+      chunks, so memory is O(document) and never O(T^2) or O(T x vocab). Documents up to --split-above
+      tokens run one per task; longer ones are split: their chunks spread over many tasks, layer by
+      layer (keys and values sent to the chunks that attend to them, hidden states checkpointed after
+      every layer, so a lost executor costs one layer). Both paths give the same bits at the same
+      --chunk-len.
 
       Input rows (Parquet or JSON Lines): doc_id string and exactly one of text string (tokenized with
       tokenizer.json and its own special tokens) or tokens array<int> (scored exactly as given).
@@ -73,7 +77,18 @@ public final class PplJob {
         --per-token           add the logprobs column
         --chunk-len N         tokens per chunk (default 512; any length gives the same sums up to
                               float32 rounding, ~1e-6 relative)
-        --partitions N        tasks (default: one per document)
+        --partitions N        tasks of the one-document-per-task path (default: one per document)
+        --split-above N       split documents longer than N tokens (0: every document of 2+ tokens).
+                              Default: what one task can hold, a fifth of the executor heap
+                              (spark.executor.memory; the driver's heap with a local master) shared by
+                              the executor's concurrent tasks, over the KV cache per token (layers x
+                              kv heads x head dim x 8 bytes); the summary prints the value used
+        --split-partitions N  tasks per layer of the split path (default: Spark's default parallelism)
+        --checkpoint-dir DIR  where the split path checkpoints each layer; every executor must reach
+                              it (default: a hidden .OUT-tmp-*-checkpoint beside OUT); the run makes
+                              its own directory there and deletes it at the end
+        --balance B           cost | contiguous: place split blocks by estimated work (default) or in
+                              contiguous runs (to measure the difference); never changes the result
 
       Bad input exits 2 naming the document: a token id outside the vocabulary, a row with neither or
       both of text and tokens, a missing doc_id; an unreadable or inconsistent checkpoint names the

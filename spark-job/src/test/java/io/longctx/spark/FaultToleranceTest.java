@@ -26,6 +26,7 @@ import java.util.jar.Manifest;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 import java.util.stream.Stream;
+import io.longctx.djl.ModelGenerator;
 import org.apache.spark.sql.SparkSession;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.AfterEach;
@@ -53,7 +54,10 @@ import org.junit.jupiter.api.io.TempDir;
  *   <li>injected task failures (the test-only {@link FaultHooks}) in both stages with
  *       spark.task.maxFailures retries: bit-identical;
  *   <li>the driver SIGKILLed mid-job: no OUT, no _SUCCESS anywhere, only the hidden temp
- *       directory; the Worker ends the orphaned executors.
+ *       directory; the Worker ends the orphaned executors;
+ *   <li>split {@code ppl} (a 3-layer model, every document split over 4 tasks per layer): an
+ *       executor SIGKILLed while it runs layer 1, and injected failures of every layer-1 task:
+ *       the same bits as the fault-free cluster run (which matches the in-process one-task path).
  * </ul>
  *
  * Tasks are paused for a kill by the marker protocol of {@link FaultHooks} (the paused task writes
@@ -110,7 +114,8 @@ class FaultToleranceTest {
     Files.createDirectories(home.resolve("launcher/target/scala-2.13"));
     // C1 only and small heaps: seven JVMs share two cores here.
     flags = new ArrayList<>(LocalClusterTest.ManagementFlags.jvmFlags());
-    flags.addAll(List.of("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-D" + FaultHooks.ENABLE_PROPERTY + "=true"));
+    flags.addAll(List.of("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-D" + FaultHooks.ENABLE_PROPERTY + "=true",
+        "-Dai.djl.offline=true"));
 
     // Should this JVM be ended from outside (surefire's timeout), take the cluster with it.
     Runtime.getRuntime().addShutdownHook(new Thread(() -> daemons.forEach(d -> {
@@ -253,6 +258,57 @@ class FaultToleranceTest {
     assertSameBits(ref, r.output(), "the driver on 127.0.0.3");
   }
 
+
+  /** Split ppl, fault-free on the cluster: the reference of the next two, checked against the one-task path. */
+  @Test
+  @Order(6)
+  @Timeout(value = 200, unit = TimeUnit.SECONDS)
+  void splitPplFaultFree() throws Exception {
+    Map<String, Double> ref = pplReference();
+    assertEquals(3, ref.size());
+    // In this JVM, one document per task: the same model code on another machine's threads; rounding at most.
+    Path out = tmp.resolve("ppl-local");
+    assertEquals(0, LongctxMain.run(new String[] {"ppl", "--model", pplModel.toString(), "--input",
+        pplInput.toString(), "--output", out.toString(), "--chunk-len", "20"}, System.out, System.err));
+    Map<String, Double> local = pplSums(out);
+    for (String d : ref.keySet()) {
+      assertEquals(local.get(d), ref.get(d), 1e-9 * Math.abs(local.get(d)), "doc " + d + " (seed " + seed + ")");
+    }
+  }
+
+  @Test
+  @Order(7)
+  @Timeout(value = 200, unit = TimeUnit.SECONDS)
+  void splitPplExecutorKilledInAMiddleLayer() throws Exception {
+    Map<String, Double> ref = pplReference();
+    String stage = FaultHooks.layerStage(1, FaultHooks.REDUCE);
+    Run r = submitPpl("ppl-kill", Map.of(FaultHooks.PAUSE_STAGE, stage));
+    long pid = r.awaitPause(stage);
+    assertTrue(daemons.stream().anyMatch(d -> d.children().anyMatch(c -> c.pid() == pid)),
+        "pid " + pid + " is not an executor started by a Worker of this test");
+    ProcessHandle victim = ProcessHandle.of(pid).orElseThrow(() -> new AssertionError("no process " + pid));
+    assertTrue(victim.destroyForcibly(), "SIGKILL " + pid);
+    victim.onExit().get(30, TimeUnit.SECONDS);
+    r.await(180);
+    assertEquals(0, r.exitCode(), r.tail());
+    assertTrue(Pattern.compile("Lost executor \\d+ on 127\\.0\\.0\\.1").matcher(r.log()).find(), r.tail());
+    assertEquals(ref, pplSums(r.out), "an executor SIGKILLed in layer 1 of 3 (seed " + seed + ")");
+  }
+
+  @Test
+  @Order(8)
+  @Timeout(value = 200, unit = TimeUnit.SECONDS)
+  void splitPplLayerTasksRetried() throws Exception {
+    Map<String, Double> ref = pplReference();
+    String stages = FaultHooks.layerStage(1, FaultHooks.MAP) + "," + FaultHooks.layerStage(1, FaultHooks.REDUCE);
+    Run r = submitPpl("ppl-retries", Map.of(FaultHooks.FAIL_FIRST_ATTEMPTS, "1", FaultHooks.FAIL_STAGE, stages,
+        "spark.task.maxFailures", "4"));
+    r.await(180);
+    assertEquals(0, r.exitCode(), r.tail());
+    assertTrue(r.log().contains("in the " + FaultHooks.layerStage(1, FaultHooks.REDUCE) + " stage"), r.tail());
+    assertEquals(ref, pplSums(r.out), "every layer-1 task failed once (seed " + seed + ")");
+  }
+
   // ---------------------------------------------------------------- runs
 
   /** The fault-free cluster run, computed once. */
@@ -265,6 +321,55 @@ class FaultToleranceTest {
       reference = r.output();
     }
     return reference;
+  }
+
+  Path pplModel, pplInput;
+  Map<String, Double> pplReference;
+
+  /** The fault-free split ppl run on the cluster (made once, with its model and documents). */
+  Map<String, Double> pplReference() throws Exception {
+    if (pplReference == null) {
+      ModelGenerator.Spec s = new ModelGenerator.Spec();
+      s.seed = seed;
+      s.layers = 3;
+      s.hidden = 32;
+      s.heads = 4;
+      s.kvHeads = 2;
+      pplModel = tmp.resolve("ppl-model");
+      ModelGenerator.generate(s, pplModel);
+      java.util.SplittableRandom rnd = new java.util.SplittableRandom(seed);
+      List<String> lines = new ArrayList<>();
+      for (int d = 0; d < 3; d++) {
+        StringBuilder t = new StringBuilder();
+        for (int i = 0; i < 90 + 40 * d; i++) {
+          t.append(i == 0 ? "" : ",").append(rnd.nextInt(s.vocab));
+        }
+        lines.add("{\"doc_id\": \"p" + d + "\", \"tokens\": [" + t + "]}");
+      }
+      pplInput = tmp.resolve("ppl-docs.jsonl");
+      Files.writeString(pplInput, String.join("\n", lines) + "\n");
+      Run r = submitPpl("ppl-fault-free", Map.of());
+      r.await(180);
+      assertEquals(0, r.exitCode(), r.tail());
+      assertTrue(r.log().contains("layer 3/3 done"), r.tail());
+      pplReference = pplSums(r.out);
+    }
+    return pplReference;
+  }
+
+  Map<String, Double> pplSums(Path out) {
+    Map<String, Double> m = new java.util.TreeMap<>();
+    for (org.apache.spark.sql.Row row : spark.read().json(out.toString()).collectAsList()) {
+      m.put(row.getAs("doc_id"), row.getAs("sum_logprob"));
+    }
+    return m;
+  }
+
+  /** Submits split ppl (every document split, chunks of 20 tokens, 4 tasks per layer) on the cluster. */
+  Run submitPpl(String name, Map<String, String> conf) throws IOException {
+    return submit(name, conf, true, List.of("ppl", "--model", pplModel.toString(), "--input", pplInput.toString(),
+        "--output", tmp.resolve("runs").resolve(name).resolve("out").toString(), "--chunk-len", "20",
+        "--split-above", "0", "--split-partitions", "4"));
   }
 
   void assertNoCompleteOutput(Run r, boolean hiddenTempAllowed) throws IOException {
@@ -361,6 +466,14 @@ class FaultToleranceTest {
   /** loopback false: no driver address settings and no SPARK_LOCAL_IP for the driver (the README recipe). */
   Run submit(String name, Map<String, String> conf, boolean loopback) throws IOException {
     Path dir = tmp.resolve("runs").resolve(name);
+    return submit(name, conf, loopback, List.of("score", "--keys", keys.toString(), "--queries", queries.toString(),
+        "--output", dir.resolve("out").toString(), "--dim", "16", "--causal", "--chunk-len", "50",
+        "--query-block", "3"));
+  }
+
+  /** Submits {@code command} (a longctx command line) on the cluster. */
+  Run submit(String name, Map<String, String> conf, boolean loopback, List<String> command) throws IOException {
+    Path dir = tmp.resolve("runs").resolve(name);
     Files.createDirectories(dir.resolve("pause"));
     Map<String, String> c = new LinkedHashMap<>();
     c.put("spark.executor.extraClassPath", sparkCp); // Spark itself; the job's classes come from the app jar
@@ -384,9 +497,8 @@ class FaultToleranceTest {
     cmd.addAll(List.of("-Xmx768m", "-cp", sparkCp, "org.apache.spark.deploy.SparkSubmit", "--master", masterUrl,
         "--deploy-mode", "client", "--class", LongctxMain.class.getName()));
     c.forEach((k, v) -> cmd.addAll(List.of("--conf", k + "=" + v)));
-    cmd.addAll(List.of(appJar.toString(), "score", "--keys", keys.toString(), "--queries", queries.toString(),
-        "--output", dir.resolve("out").toString(), "--dim", "16", "--causal", "--chunk-len", "50",
-        "--query-block", "3"));
+    cmd.add(appJar.toString());
+    cmd.addAll(command);
     Run r = new Run(process(cmd, dir.resolve("driver.log"), loopback), dir);
     started.add(r);
     return r;
