@@ -90,6 +90,9 @@ def parse_log(path):
         "job_wall_s": r"^\s*(?:wall time|job wall time)\s+([\d.]+) s", "tokens_per_s": r"^\s*tokens/s\s+([\d.]+)",
         "kernel_only_s": r"kernel-only time\s+([\d.]+) s", "kernel_gflops": r"pairs, ([\d.]+) GFLOP/s",
         "spark_overhead": r"Spark overhead\s+([\d.]+)x", "gen_s": r"longctx gen: .*\(([\d.]+) s\)",
+        "split_above": r"^\s*split above\s+(\d+)", "split_chunks": r"split into (\d+) chunks",
+        "shuffle_bytes_per_token_layer": r"shuffle ([\d.]+) bytes/token/layer",
+        "layer_task_median_s": r"layer task time median ([\d.]+) s", "layer_task_max_s": r"s, max ([\d.]+) s",
     }
     for k, p in pats.items():
         m = re.findall(p, text, re.M)

@@ -7,12 +7,21 @@
 #   examples/scale-runs.sh scaling    # spark-bench prefill on local[1] vs local[2] (with CLUSTER=1
 #                                     # also local-cluster with 1 vs 2 executor JVMs of one core)
 #   examples/scale-runs.sh cluster-decode  # the 1M decode again with a separate 2 GiB executor JVM
+#   examples/scale-runs.sh ppl-window # split ppl: one 1,000,000-token document, mistral model made by
+#                                     # gen-model (8 layers, hidden 512, 8 heads / 2 kv heads, window
+#                                     # 4096, vocab 4096), chunks of 4096, 2 GiB heap, local[2]
+#   examples/scale-runs.sh ppl-causal # split ppl: one 131,072-token document, full causal attention
+#                                     # (llama, 2 layers, otherwise the same model)
+#   examples/scale-runs.sh ppl-overhead  # a 32,768-token document both ways on the window model, same
+#                                     # run: one task vs split on local[1], local[2] (with CLUSTER=1
+#                                     # also local-cluster[2,1,heap]); and split with --balance
+#                                     # contiguous, for the task time spread
 #   examples/scale-runs.sh clean      # delete the generated data
 #
 # Environment: DATA (default examples/target/scale-data: ignored by git, gone with mvn clean; 7.7 GB of Parquet for decode, 1.6 GB for
 # prefill, plus Spark's shuffle, spill and cache files under DATA/tmp: ~33 GB at the decode's peak), HEAP (default 2g: -Xmx of every JVM, driver
-# and executor), OUT (default docs/bench-data/scale-runs.jsonl), TOKENS / PREFILL_TOKENS to run
-# smaller sizes.
+# and executor), OUT (default docs/bench-data/scale-runs.jsonl), TOKENS / PREFILL_TOKENS /
+# PPL_TOKENS / PPL_LAYERS to run smaller sizes.
 #
 # Each run appends one JSON line to OUT: wall time, the job's own summary (tokens, chunks, pairs,
 # tokens/s), peak resident memory (VmHWM) of every JVM of the run, sampled from /proc once a second
@@ -90,7 +99,7 @@ setup_cluster() {
   mkdir -p "$home/jars" "$home/launcher/target/scala-2.13"
   export SPARK_HOME="$home" SPARK_SCALA_VERSION=2.13
   cluster_conf=(--conf "spark.executor.extraClassPath=$root/spark-job/target/classes:$(cat "$root/spark-job/target/classpath.txt")"
-    --conf "spark.executor.extraJavaOptions=-XX:+IgnoreUnrecognizedVMOptions --add-modules=jdk.incubator.vector -Djava.io.tmpdir=$data/tmp"
+    --conf "spark.executor.extraJavaOptions=-XX:+IgnoreUnrecognizedVMOptions --add-modules=jdk.incubator.vector -Dai.djl.offline=true -Djava.io.tmpdir=$data/tmp"
     --conf "spark.executor.memory=$heap")
 }
 
@@ -138,13 +147,84 @@ scaling() {
   fi
 }
 
+# gen_ppl_model DIR TYPE LAYERS [WINDOW]: the benchmark model (seeded, bf16 weights).
+gen_ppl_model() {
+  local dir="$1" type="$2" layers="$3" window="${4:-}"
+  [ -f "$dir/config.json" ] && return 0
+  "$root/bin/longctx" gen-model --output "$dir" --model-type "$type" --layers "$layers" --hidden 512 --heads 8 \
+    --kv-heads 2 --vocab 4096 --seed 7 ${window:+--sliding-window "$window"}
+}
+
+# gen_tokens FILE TOKENS: one JSON line, doc_id "doc" and seeded random token ids below 4096.
+gen_tokens() {
+  [ -f "$1" ] && return 0
+  python3 -c "
+import random, sys
+random.seed(7)
+n = int(sys.argv[2])
+with open(sys.argv[1] + '.tmp', 'w') as f:
+    f.write('{\"doc_id\": \"doc\", \"tokens\": [' + ','.join(str(random.randrange(4096)) for _ in range(n)) + ']}\n')
+" "$1" "$2"
+  mv "$1.tmp" "$1"
+}
+
+# ppl_run NAME MODEL DOCS MASTER [ppl options...]: one measured ppl run (the KV cache of the
+# one-task path is the naive figure: layers x kv heads x dim x 2 x 4 bytes per token).
+ppl_run() {
+  local name="$1" model="$2" docs="$3" master="$4"
+  shift 4
+  measure "$name" 0 "$longctx" ppl --model "$model" --input "$docs" --output "$data/ppl/out-$name" --overwrite \
+    --chunk-len 4096 "$@" "${spark_conf[@]}" --master "$master"
+}
+
+ppl_window() {
+  local tokens="${PPL_TOKENS:-1000000}" layers="${PPL_LAYERS:-8}" d="$data/ppl"
+  mkdir -p "$d"
+  gen_ppl_model "$d/mistral-$layers" mistral "$layers" 4096
+  gen_tokens "$d/doc-$tokens.jsonl" "$tokens"
+  ppl_run "ppl-window-$tokens-$layers" "$d/mistral-$layers" "$d/doc-$tokens.jsonl" "local[2]" --split-above 0 \
+    --split-partitions "${PARTITIONS:-8}"
+}
+
+ppl_causal() {
+  local tokens="${PPL_TOKENS:-131072}" layers="${PPL_LAYERS:-2}" d="$data/ppl"
+  mkdir -p "$d"
+  gen_ppl_model "$d/llama-$layers" llama "$layers"
+  gen_tokens "$d/doc-$tokens.jsonl" "$tokens"
+  ppl_run "ppl-causal-$tokens-$layers" "$d/llama-$layers" "$d/doc-$tokens.jsonl" "local[2]" --split-above 0 \
+    --split-partitions "${PARTITIONS:-8}"
+}
+
+ppl_overhead() {
+  local tokens="${PPL_TOKENS:-32768}" layers="${PPL_LAYERS:-8}" d="$data/ppl"
+  mkdir -p "$d"
+  gen_ppl_model "$d/mistral-$layers" mistral "$layers" 4096
+  gen_tokens "$d/doc-$tokens.jsonl" "$tokens"
+  local m
+  for m in "local[1]" "local[2]"; do
+    ppl_run "ppl-one-task-$tokens-$m" "$d/mistral-$layers" "$d/doc-$tokens.jsonl" "$m" --split-above 1000000000
+    ppl_run "ppl-split-$tokens-$m" "$d/mistral-$layers" "$d/doc-$tokens.jsonl" "$m" --split-above 0 \
+      --split-partitions 8
+  done
+  ppl_run "ppl-split-contiguous-$tokens-local[2]" "$d/mistral-$layers" "$d/doc-$tokens.jsonl" "local[2]" \
+    --split-above 0 --split-partitions 8 --balance contiguous
+  if [ -n "${CLUSTER:-}" ]; then
+    setup_cluster
+    ppl_run "ppl-split-$tokens-cluster-2" "$d/mistral-$layers" "$d/doc-$tokens.jsonl" \
+      "local-cluster[2,1,$(heap_mb)]" --split-above 0 --split-partitions 8 "${cluster_conf[@]}"
+  fi
+}
+
 case "${1:-}" in
   decode) decode ;;
+  ppl-window) ppl_window ;;
+  ppl-causal) ppl_causal ;;
+  ppl-overhead) ppl_overhead ;;
   cluster-decode) cluster_decode ;;
   prefill) prefill ;;
   gen-prefill) gen_prefill ;;
   scaling) scaling ;;
   all) decode; prefill; scaling ;;
   clean) rm -rf "$data" ;;
-  *) sed -n '2,22p' "$0"; exit 2 ;;
+  *) sed -n '2,30p' "$0"; exit 2 ;;
 esac
