@@ -16,6 +16,8 @@
 #                                     # run: one task vs split on local[1], local[2] (with CLUSTER=1
 #                                     # also local-cluster[2,1,heap]); and split with --balance
 #                                     # contiguous, for the task time spread
+#   examples/scale-runs.sh ppl-balance   # split ppl of a 32,768-token causal document (2 layers),
+#                                     # 16 blocks over 4 tasks: --balance cost vs contiguous
 #   examples/scale-runs.sh clean      # delete the generated data
 #
 # Environment: DATA (default examples/target/scale-data: ignored by git, gone with mvn clean; 7.7 GB of Parquet for decode, 1.6 GB for
@@ -168,13 +170,13 @@ with open(sys.argv[1] + '.tmp', 'w') as f:
   mv "$1.tmp" "$1"
 }
 
-# ppl_run NAME MODEL DOCS MASTER [ppl options...]: one measured ppl run (the KV cache of the
-# one-task path is the naive figure: layers x kv heads x dim x 2 x 4 bytes per token).
+# ppl_run NAME MODEL DOCS MASTER [ppl options...]: one measured ppl run, chunks of CHUNK tokens
+# (default 4096).
 ppl_run() {
   local name="$1" model="$2" docs="$3" master="$4"
   shift 4
   measure "$name" 0 "$longctx" ppl --model "$model" --input "$docs" --output "$data/ppl/out-$name" --overwrite \
-    --chunk-len 4096 "$@" "${spark_conf[@]}" --master "$master"
+    --chunk-len "${CHUNK:-4096}" "$@" "${spark_conf[@]}" --master "$master"
 }
 
 ppl_window() {
@@ -215,8 +217,22 @@ ppl_overhead() {
   fi
 }
 
+# Causal work per block grows with its index: 16 blocks over 4 tasks placed by cost vs contiguously.
+ppl_balance() {
+  local tokens="${PPL_TOKENS:-32768}" d="$data/ppl"
+  mkdir -p "$d"
+  gen_ppl_model "$d/llama-2" llama 2
+  gen_tokens "$d/doc-$tokens.jsonl" "$tokens"
+  local b
+  for b in cost contiguous; do
+    CHUNK=2048 ppl_run "ppl-balance-$b-$tokens-local[2]" "$d/llama-2" "$d/doc-$tokens.jsonl" "local[2]" \
+      --split-above 0 --split-partitions 4 --balance "$b"
+  done
+}
+
 case "${1:-}" in
   decode) decode ;;
+  ppl-balance) ppl_balance ;;
   ppl-window) ppl_window ;;
   ppl-causal) ppl_causal ;;
   ppl-overhead) ppl_overhead ;;
@@ -226,5 +242,5 @@ case "${1:-}" in
   scaling) scaling ;;
   all) decode; prefill; scaling ;;
   clean) rm -rf "$data" ;;
-  *) sed -n '2,30p' "$0"; exit 2 ;;
+  *) sed -n '2,32p' "$0"; exit 2 ;;
 esac

@@ -69,31 +69,50 @@ final class SplitPpl {
   /** Keys and values of one chunk at one layer (float32 little-endian, [kvHeads, len, headDim]). */
   record Kv(long start, int len, byte[] k, byte[] v) implements Serializable {}
 
-  /** What the split path did: for the summary and the benchmarks. */
+  /**
+   * What the split path did, for the summary and the benchmarks. layerTaskSeconds: per layer, the
+   * seconds each task spent in its blocks (the layer's arithmetic, not Spark's start-up of it).
+   */
   record Stats(long documents, long tokens, long chunks, int layers, int partitions, long shuffleBytes,
-      double[] layerTaskSeconds) implements Serializable {
+      double[][] layerTaskSeconds) implements Serializable {
     double shuffleBytesPerTokenLayer() {
       return tokens == 0 || layers == 0 ? 0 : shuffleBytes / (double) tokens / layers;
     }
 
-    /** The slowest layer task over the median one: 1 means perfectly even. */
+    /** Slowest task over the median task of each layer, then the median over the layers: 1 is even. */
     double taskSpread() {
-      if (layerTaskSeconds.length == 0) {
+      double[] r = new double[layerTaskSeconds.length];
+      for (int l = 0; l < r.length; l++) {
+        double[] s = layerTaskSeconds[l].clone();
+        Arrays.sort(s);
+        r[l] = s.length == 0 || s[s.length / 2] == 0 ? 1 : s[s.length - 1] / s[s.length / 2];
+      }
+      return median(r);
+    }
+
+    /** The median over layers of the slowest task's seconds: what a layer waits for. */
+    double slowestTaskSeconds() {
+      double[] r = new double[layerTaskSeconds.length];
+      for (int l = 0; l < r.length; l++) {
+        r[l] = Arrays.stream(layerTaskSeconds[l]).max().orElse(0);
+      }
+      return median(r);
+    }
+
+    private static double median(double[] v) {
+      if (v.length == 0) {
         return 0;
       }
-      double[] s = layerTaskSeconds.clone();
+      double[] s = v.clone();
       Arrays.sort(s);
-      double median = s[s.length / 2];
-      return median > 0 ? s[s.length - 1] / median : 0;
+      return s[s.length / 2];
     }
 
     String describe() {
-      double[] s = layerTaskSeconds.clone();
-      Arrays.sort(s);
       return String.format(Locale.ROOT, "%d documents split into %d chunks over %d tasks per layer, %d layers; "
-          + "shuffle %.0f bytes/token/layer; layer task time median %.3f s, max %.3f s (max/median %.2f)",
-          documents, chunks, partitions, layers, shuffleBytesPerTokenLayer(), s.length == 0 ? 0 : s[s.length / 2],
-          s.length == 0 ? 0 : s[s.length - 1], taskSpread());
+          + "shuffle %.0f bytes/token/layer; per layer the slowest task takes %.3f s, %.2fx the median task "
+          + "(medians over layers)", documents, chunks, partitions, layers, shuffleBytesPerTokenLayer(),
+          slowestTaskSeconds(), taskSpread());
     }
   }
 
@@ -119,7 +138,7 @@ final class SplitPpl {
       throw new IOException("cannot create the checkpoint directory " + checkpointDir);
     }
     spark.sparkContext().setCheckpointDir(checkpointDir.toString());
-    CollectionAccumulator<Double> taskSeconds = spark.sparkContext().collectionAccumulator("longctx ppl layer tasks");
+    CollectionAccumulator<double[]> taskSeconds = spark.sparkContext().collectionAccumulator("longctx ppl layer tasks");
     ShuffleBytes shuffle = new ShuffleBytes();
     long t0 = System.nanoTime();
     final int len = chunkLen;
@@ -167,7 +186,11 @@ final class SplitPpl {
       double[] lp = PplJob.Loaded.get(model).model.logprobs(floats(c.x()), c.targets());
       return new Tuple2<>(c.doc(), new Tuple2<>(c.index(), lp));
     }).groupByKey().map(g -> sumInOrder(g._1(), g._2()));
-    double[] secs = taskSeconds.value().stream().mapToDouble(Double::doubleValue).toArray();
+    double[][] secs = new double[cfg.layers][];
+    for (int l = 0; l < cfg.layers; l++) {
+      final int layer = l;
+      secs[l] = taskSeconds.value().stream().filter(t -> t[0] == layer).mapToDouble(t -> t[1]).toArray();
+    }
     return new Tuple2<>(scored, new Stats(plan.documents, plan.tokens, plan.chunks, cfg.layers, plan.numPartitions(),
         shuffle.bytes(), secs));
   }
@@ -256,12 +279,12 @@ final class SplitPpl {
     private final Iterator<Tuple2<BlockKey, Hidden>> blocks;
     private final Iterator<Tuple2<RouteKey, Kv>> kvs;
     private final Plan plan;
-    private final CollectionAccumulator<Double> taskSeconds;
+    private final CollectionAccumulator<double[]> taskSeconds;
     private long nanos;
     private boolean reported;
 
     LayerIterator(String model, int layer, Iterator<Tuple2<BlockKey, Hidden>> blocks,
-        Iterator<Tuple2<RouteKey, Kv>> kvs, Plan plan, CollectionAccumulator<Double> taskSeconds) {
+        Iterator<Tuple2<RouteKey, Kv>> kvs, Plan plan, CollectionAccumulator<double[]> taskSeconds) {
       this.taskSeconds = taskSeconds;
       this.model = PplJob.Loaded.get(model).model;
       this.cfg = this.model.config();
@@ -280,7 +303,7 @@ final class SplitPpl {
       }
       if (!blocks.hasNext() && !reported) {
         reported = true;
-        taskSeconds.add(nanos / 1e9);
+        taskSeconds.add(new double[] {layer, nanos / 1e9});
       }
       return blocks.hasNext();
     }
