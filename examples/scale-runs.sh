@@ -218,6 +218,8 @@ ppl_overhead() {
 }
 
 # Causal work per block grows with its index: 16 blocks over 4 tasks placed by cost vs contiguously.
+# Tasks of one thread each (the kernels' pool and libtorch), as on executors of one core: with
+# threads to spare, a lone heavy task would borrow the idle core and hide the imbalance.
 ppl_balance() {
   local tokens="${PPL_TOKENS:-32768}" d="$data/ppl"
   mkdir -p "$d"
@@ -225,7 +227,7 @@ ppl_balance() {
   gen_tokens "$d/doc-$tokens.jsonl" "$tokens"
   local b
   for b in cost contiguous; do
-    CHUNK=2048 ppl_run "ppl-balance-$b-$tokens-local[2]" "$d/llama-2" "$d/doc-$tokens.jsonl" "local[2]" \
+    OMP_NUM_THREADS=1 LONGCTX_JAVA_OPTS="$LONGCTX_JAVA_OPTS -XX:ActiveProcessorCount=1" CHUNK=2048 ppl_run "ppl-balance-$b-$tokens-local[2]" "$d/llama-2" "$d/doc-$tokens.jsonl" "local[2]" \
       --split-above 0 --split-partitions 4 --balance "$b"
   done
 }

@@ -82,7 +82,9 @@ public final class PplJob {
                               Default: what one task can hold, a fifth of the executor heap
                               (spark.executor.memory; the driver's heap with a local master) shared by
                               the executor's concurrent tasks, over the KV cache per token (layers x
-                              kv heads x head dim x 8 bytes); the summary prints the value used
+                              kv heads x head dim x 8 bytes); never for a sliding-window model whose
+                              window fits (its one-task cache is bounded): set N to spread long
+                              documents for speed. The summary prints the value used
         --split-partitions N  tasks per layer of the split path (default: Spark's default parallelism)
         --checkpoint-dir DIR  where the split path checkpoints each layer; every executor must reach
                               it (default: a hidden .OUT-tmp-*-checkpoint beside OUT); the run makes
@@ -154,9 +156,10 @@ public final class PplJob {
     @Override
     public String toString() {
       return String.format(Locale.ROOT, "longctx ppl summary%n  documents      %d%n  tokens         %d%n"
-          + "  model          %s%n  split above    %d tokens%n  split path     %s%n  wall time      %.2f s%n"
+          + "  model          %s%n  split above    %s%n  split path     %s%n  wall time      %.2f s%n"
           + "  tokens/s       %.0f%n  output         %s%n",
-          documents, tokens, model, splitAbove, split == null ? "none (every document in one task)" : split.describe(),
+          documents, tokens, model, splitAbove == Long.MAX_VALUE ? "never (the window bounds the one-task cache)"
+              : splitAbove + " tokens", split == null ? "none (every document in one task)" : split.describe(),
           wallSeconds, wallSeconds > 0 ? tokens / wallSeconds : 0, output);
     }
   }
@@ -272,7 +275,7 @@ public final class PplJob {
     JavaRDD<SplitPpl.Doc> tokenized = docs.javaRDD().zipWithIndex().mapToPair(t -> new Tuple2<>(t._2(), t._1()))
         .partitionBy(new ByIndex(parts)).map(t -> tokenize(t._1(), t._2(), o, vocab));
     tokenized.persist(StorageLevel.MEMORY_AND_DISK_SER());
-    long splitAbove = opt.splitAbove >= 0 ? opt.splitAbove : defaultSplitAbove(spark, cfg);
+    long splitAbove = opt.splitAbove >= 0 ? opt.splitAbove : defaultSplitAbove(spark, cfg, opt.chunkLen);
     List<Tuple2<Long, Tuple2<String, long[]>>> longDocs = tokenized.filter(d -> splits(d, splitAbove))
         .map(d -> new Tuple2<>(d.index(), new Tuple2<>(d.docId(), new long[] {d.tokens().length, d.bytes()})))
         .collect();
@@ -350,21 +353,26 @@ public final class PplJob {
   }
 
   /**
-   * Documents longer than this take the split path by default: the one-task path holds a document's
-   * whole KV cache ({@link LlamaConfig#kvCacheBytesPerToken}) in one task, and a fifth of an
-   * executor's heap shared by its concurrent tasks is what we let it take (the rest: Spark, the
-   * model's weights are off-heap, the chunk's temporaries). Executor heap: spark.executor.memory,
-   * or this JVM's heap with a local master; tasks at once: spark.executor.cores / spark.task.cpus, or
-   * the local master's threads.
+   * Documents longer than this take the split path by default: a fifth of an executor's heap, shared
+   * by its concurrent tasks, is what one task may keep as KV cache ({@link LlamaConfig#kvCacheBytesPerToken}
+   * per token; the rest is for Spark and the chunk's temporaries; the weights are off-heap). Executor
+   * heap: spark.executor.memory, or this JVM's heap with a local master; tasks at once:
+   * spark.executor.cores / spark.task.cpus, or the local master's threads. A sliding-window model
+   * keeps only the chunks its window reaches (window + 2 chunks at most): when that fits, no length
+   * needs splitting for memory and the default is {@link Long#MAX_VALUE} (never).
    */
-  static long defaultSplitAbove(SparkSession spark, LlamaConfig cfg) {
+  static long defaultSplitAbove(SparkSession spark, LlamaConfig cfg, int chunkLen) {
     org.apache.spark.SparkContext sc = spark.sparkContext();
     boolean local = sc.isLocal();
     long heap = local || !sc.conf().contains("spark.executor.memory") ? Runtime.getRuntime().maxMemory()
         : sc.conf().getSizeAsBytes("spark.executor.memory");
     int slots = local ? sc.defaultParallelism()
         : Math.max(1, sc.conf().getInt("spark.executor.cores", 1) / Math.max(1, sc.conf().getInt("spark.task.cpus", 1)));
-    return Math.max(1, heap / 5 / Math.max(1, slots) / cfg.kvCacheBytesPerToken());
+    long budgetTokens = Math.max(1, heap / 5 / Math.max(1, slots) / cfg.kvCacheBytesPerToken());
+    if (cfg.slidingWindow > 0 && cfg.slidingWindow + 2L * chunkLen <= budgetTokens) {
+      return Long.MAX_VALUE;
+    }
+    return budgetTokens;
   }
 
   /**

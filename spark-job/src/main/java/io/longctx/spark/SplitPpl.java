@@ -74,7 +74,7 @@ final class SplitPpl {
    * seconds each task spent in its blocks (the layer's arithmetic, not Spark's start-up of it).
    */
   record Stats(long documents, long tokens, long chunks, int layers, int partitions, long shuffleBytes,
-      double[][] layerTaskSeconds) implements Serializable {
+      double[][] layerTaskSeconds, double plannedSpread) implements Serializable {
     double shuffleBytesPerTokenLayer() {
       return tokens == 0 || layers == 0 ? 0 : shuffleBytes / (double) tokens / layers;
     }
@@ -110,9 +110,9 @@ final class SplitPpl {
 
     String describe() {
       return String.format(Locale.ROOT, "%d documents split into %d chunks over %d tasks per layer, %d layers; "
-          + "shuffle %.0f bytes/token/layer; per layer the slowest task takes %.3f s, %.2fx the median task "
-          + "(medians over layers)", documents, chunks, partitions, layers, shuffleBytesPerTokenLayer(),
-          slowestTaskSeconds(), taskSpread());
+          + "shuffle %.0f bytes/token/layer; planned work of the busiest task %.2fx the mean; per layer the "
+          + "slowest task takes %.3f s, %.2fx the median task (medians over layers)", documents, chunks, partitions,
+          layers, shuffleBytesPerTokenLayer(), plannedSpread, slowestTaskSeconds(), taskSpread());
     }
   }
 
@@ -192,7 +192,7 @@ final class SplitPpl {
       secs[l] = taskSeconds.value().stream().filter(t -> t[0] == layer).mapToDouble(t -> t[1]).toArray();
     }
     return new Tuple2<>(scored, new Stats(plan.documents, plan.tokens, plan.chunks, cfg.layers, plan.numPartitions(),
-        shuffle.bytes(), secs));
+        shuffle.bytes(), secs, plan.spread()));
   }
 
   /** Adds a document's chunk log-probabilities in position order (the one-task path's order). */
@@ -452,6 +452,16 @@ final class SplitPpl {
         }
       }
       return new Plan(len, chunkLen, attn, p, task, load, tokens, blocks.size());
+    }
+
+    /** The busiest task's estimated work over the mean task's. */
+    double spread() {
+      double max = 0, sum = 0;
+      for (double l : load) {
+        max = Math.max(max, l);
+        sum += l;
+      }
+      return sum > 0 ? max / (sum / load.length) : 1;
     }
 
     long chunkCount(long doc) {

@@ -163,6 +163,17 @@ class SplitPplTest {
     assertTrue(c < 1.1 && n > 2, "max/min estimated task cost: by cost " + c + ", contiguous " + n);
   }
 
+  @Test
+  void defaultSplitAboveFollowsTheCacheAndTheWindow() {
+    io.longctx.djl.LlamaConfig full = configOf(causal);
+    // local[2]: two tasks share this JVM's heap; a fifth of it per task's KV cache.
+    long want = Runtime.getRuntime().maxMemory() / 5 / 2 / full.kvCacheBytesPerToken();
+    assertEquals(want, PplJob.defaultSplitAbove(spark, full, 16));
+    assertEquals(3L * 32 / 4 * 2 * 2 * 4, full.kvCacheBytesPerToken()); // layers x kv heads x head dim x K,V x 4
+    // A window of 23 tokens bounds the one-task cache: no length needs splitting for memory.
+    assertEquals(Long.MAX_VALUE, PplJob.defaultSplitAbove(spark, configOf(windowed), 16));
+  }
+
   static double spread(double[] load) {
     double max = 0, min = Double.MAX_VALUE;
     for (double l : load) {
