@@ -92,7 +92,7 @@ def parse_log(path):
         "spark_overhead": r"Spark overhead\s+([\d.]+)x", "gen_s": r"longctx gen: .*\(([\d.]+) s\)",
         "split_above": r"^\s*split above\s+(\d+)", "split_chunks": r"split into (\d+) chunks",
         "shuffle_bytes_per_token_layer": r"shuffle ([\d.]+) bytes/token/layer",
-        "layer_slowest_task_s": r"the slowest task takes ([\d.]+) s", "layer_task_spread": r"s, ([\d.]+)x the median task",
+        "layer_slowest_task_s": r"the slowest task takes ([\d.]+) s", "layer_task_spread": r"s, ([\d.]+)x the mean task",
     }
     for k, p in pats.items():
         m = re.findall(p, text, re.M)

@@ -17,7 +17,7 @@
 #                                     # also local-cluster[2,1,heap]); and split with --balance
 #                                     # contiguous, for the task time spread
 #   examples/scale-runs.sh ppl-balance   # split ppl of a 32,768-token causal document (2 layers),
-#                                     # 16 blocks over 4 tasks: --balance cost vs contiguous
+#                                     # 16 blocks over 2 tasks: --balance cost vs contiguous
 #   examples/scale-runs.sh clean      # delete the generated data
 #
 # Environment: DATA (default examples/target/scale-data: ignored by git, gone with mvn clean; 7.7 GB of Parquet for decode, 1.6 GB for
@@ -217,7 +217,8 @@ ppl_overhead() {
   fi
 }
 
-# Causal work per block grows with its index: 16 blocks over 4 tasks placed by cost vs contiguously.
+# Causal work per block grows with its index: 16 blocks over 2 tasks (one wave on local[2]) placed by
+# cost vs contiguously.
 # Tasks of one thread each (the kernels' pool and libtorch), as on executors of one core: with
 # threads to spare, a lone heavy task would borrow the idle core and hide the imbalance.
 ppl_balance() {
@@ -228,7 +229,7 @@ ppl_balance() {
   local b
   for b in cost contiguous; do
     OMP_NUM_THREADS=1 LONGCTX_JAVA_OPTS="$LONGCTX_JAVA_OPTS -XX:ActiveProcessorCount=1" CHUNK=2048 ppl_run "ppl-balance-$b-$tokens-local[2]" "$d/llama-2" "$d/doc-$tokens.jsonl" "local[2]" \
-      --split-above 0 --split-partitions 4 --balance "$b"
+      --split-above 0 --split-partitions 2 --balance "$b"
   done
 }
 
