@@ -20,7 +20,9 @@ import org.apache.spark.TaskContext;
  * <p>{@link #at} is called once per group in the two stages of the job that do the work:
  * {@link #MAP} in the stage that runs the kernel on (query block, key chunk) pairs and writes the
  * partial states to the shuffle, {@link #REDUCE} in {@link LseMerge#finish}, which runs after the
- * shuffle in the final aggregation (and therefore in the stage that writes the output).
+ * shuffle in the final aggregation (and therefore in the stage that writes the output). Split
+ * {@code ppl} calls it per chunk with {@link #layerStage} names: {@code layerL-map} where a chunk's
+ * keys and values are made, {@code layerL-reduce} where a block runs layer L.
  *
  * <ul>
  *   <li>{@code spark.longctx.test.failFirstAttempts=N} (with {@code spark.longctx.test.failStage},

@@ -42,8 +42,9 @@ import scala.Tuple2;
 /**
  * {@code longctx ppl}: the log-likelihood of whole documents under a Llama-family checkpoint, one
  * document per Spark task ({@link LlamaModel#score}: chunked over a KV chunk list, vocabulary LSE
- * over shards, so neither T x T nor T x V ever exists). The model is loaded once per executor JVM
- * and shared by its tasks.
+ * over shards, so neither T x T nor T x V ever exists); documents longer than --split-above
+ * spread over many tasks layer by layer ({@link SplitPpl}), with the same bits. The model is loaded
+ * once per executor JVM and shared by its tasks.
  */
 public final class PplJob {
 
@@ -85,7 +86,8 @@ public final class PplJob {
                               kv heads x head dim x 8 bytes); never for a sliding-window model whose
                               window fits (its one-task cache is bounded): set N to spread long
                               documents for speed. The summary prints the value used
-        --split-partitions N  tasks per layer of the split path (default: Spark's default parallelism)
+        --split-partitions N  tasks per layer of the split path (default: Spark's default parallelism,
+                              or more to keep a task's hidden rows under 64 MiB; at most the chunks)
         --checkpoint-dir DIR  where the split path checkpoints each layer; every executor must reach
                               it (default: a hidden .OUT-tmp-*-checkpoint beside OUT); the run makes
                               its own directory there and deletes it at the end
@@ -218,7 +220,8 @@ public final class PplJob {
   }
 
   /**
-   * Runs the job; with {@code progress} non-null, a start line (documents, tasks) and then, while
+   * Runs the job (when documents split, it sets the SparkContext's checkpoint directory to the run's
+   * own, deleted at the end); with {@code progress} non-null, a start line (documents, tasks) and then, while
    * documents finish, a line at most every {@link #PROGRESS_SECONDS_PROPERTY} seconds (default 10)
    * with the documents and tokens done so far (counted on task completion, one document per task).
    */
@@ -289,6 +292,7 @@ public final class PplJob {
     Thread poller = progress == null ? null : progressPoller(progress, n, docsDone, tokensDone, System.nanoTime(),
         Math.max(1, Long.getLong(PROGRESS_SECONDS_PROPERTY, 10L)) * 1000L);
     Path checkpoints = null;
+    SplitPpl.Result split = null;
     Dataset<Row> result = null;
     try {
       JavaRDD<Row> rows = tokenized.filter(d -> !splits(d, splitAbove)).map(d -> {
@@ -297,7 +301,6 @@ public final class PplJob {
         tokensDone.add(d.tokens().length);
         return row(d.docId(), sc.nTokens(), sc.sumLogprob(), sc.logprobs(), d.bytes(), bpb, o.perToken);
       });
-      SplitPpl.Stats split = null;
       if (!longDocs.isEmpty()) {
         List<long[]> lengths = new ArrayList<>();
         Map<Long, Tuple2<String, long[]>> meta = new HashMap<>();
@@ -305,7 +308,8 @@ public final class PplJob {
           lengths.add(new long[] {d._1(), d._2()._2()[0]});
           meta.put(d._1(), d._2());
         }
-        int splitParts = opt.splitPartitions > 0 ? opt.splitPartitions : spark.sparkContext().defaultParallelism();
+        int splitParts = opt.splitPartitions > 0 ? opt.splitPartitions
+            : defaultSplitPartitions(spark.sparkContext().defaultParallelism(), lengths, cfg, opt.chunkLen);
         checkpoints = opt.checkpointDir != null
             ? new Path(opt.checkpointDir, "longctx-ppl-checkpoint-" + java.util.UUID.randomUUID())
             : commit.scratch("checkpoint");
@@ -314,11 +318,9 @@ public final class PplJob {
               + "tasks (checkpoints in %s)%n", longDocs.size(), splitAbove, splitParts, checkpoints);
           progress.flush();
         }
-        Tuple2<JavaRDD<SplitPpl.Scored>, SplitPpl.Stats> sp = SplitPpl.score(spark,
-            tokenized.filter(d -> splits(d, splitAbove)), lengths, opt.model, cfg, opt.chunkLen, splitParts,
-            opt.balance, checkpoints, progress);
-        split = sp._2();
-        rows = rows.union(sp._1().map(sc -> {
+        split = SplitPpl.score(spark, tokenized.filter(d -> splits(d, splitAbove)), lengths, opt.model, cfg,
+            opt.chunkLen, splitParts, opt.balance, checkpoints, progress);
+        rows = rows.union(split.scored.map(sc -> {
           Tuple2<String, long[]> m = meta.get(sc.index());
           docsDone.add(1);
           tokensDone.add(m._2()[0]);
@@ -332,7 +334,7 @@ public final class PplJob {
       long tokens = totals.isNullAt(1) ? 0 : totals.getLong(1);
       commit.write(spark, result.write().format(opt.resolvedOutputFormat()));
       double wall = (System.nanoTime() - t0) / 1e9;
-      return new Summary(docCount, tokens, wall, opt.model, opt.output, splitAbove, split);
+      return new Summary(docCount, tokens, wall, opt.model, opt.output, splitAbove, split == null ? null : split.stats);
     } finally {
       if (poller != null) {
         poller.interrupt();
@@ -341,10 +343,31 @@ public final class PplJob {
         result.unpersist();
       }
       tokenized.unpersist(false);
+      if (split != null) {
+        split.close();
+      }
       if (checkpoints != null) {
         checkpoints.getFileSystem(hconf).delete(checkpoints, true); // made by this run, named by its UUID
       }
     }
+  }
+
+  /** Hidden rows per split task (float32): small against an executor heap, large against a task's start-up. */
+  static final long SPLIT_TASK_BYTES = 64L << 20;
+
+  /**
+   * Tasks per layer of the split path: Spark's default parallelism, or more where a layer's hidden
+   * rows (tokens x hidden x 4 bytes) would exceed {@link #SPLIT_TASK_BYTES} per task; never more than
+   * there are chunks.
+   */
+  static int defaultSplitPartitions(int parallelism, List<long[]> lengths, LlamaConfig cfg, int chunkLen) {
+    long tokens = 0, chunks = 0;
+    for (long[] l : lengths) {
+      tokens += l[1];
+      chunks += (l[1] - 1 + chunkLen - 1) / chunkLen;
+    }
+    long bySize = (tokens * cfg.hiddenSize * Float.BYTES + SPLIT_TASK_BYTES - 1) / SPLIT_TASK_BYTES;
+    return (int) Math.max(1, Math.min(chunks, Math.max(parallelism, bySize)));
   }
 
   /** Whether a document takes the split path: longer than splitAbove, and at least one token to predict. */

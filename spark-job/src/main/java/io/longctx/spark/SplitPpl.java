@@ -12,11 +12,9 @@ import java.nio.ByteOrder;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Comparator;
-import java.util.HashMap;
 import java.util.Iterator;
 import java.util.List;
 import java.util.Locale;
-import java.util.Map;
 import java.util.NoSuchElementException;
 import java.util.PriorityQueue;
 import org.apache.hadoop.fs.FileSystem;
@@ -63,7 +61,10 @@ final class SplitPpl {
   /** Keys and values of chunk {@code chunk} on their way to block {@code block}. */
   record RouteKey(long doc, long block, long chunk) implements Serializable {}
 
-  /** Chunk {@code index}'s tokens, hidden rows (float32 little-endian bytes) and next-token targets. */
+  /** Chunk {@code index}'s tokens and next-token targets, before the embedding. */
+  record ChunkTokens(long doc, long index, long start, int[] tokens, int[] targets) implements Serializable {}
+
+  /** Chunk {@code index}'s hidden rows (float32 little-endian bytes, len x hidden) and next-token targets. */
   record Hidden(long doc, long index, long start, int len, byte[] x, int[] targets) implements Serializable {}
 
   /** Keys and values of one chunk at one layer (float32 little-endian, [kvHeads, len, headDim]). */
@@ -125,12 +126,33 @@ final class SplitPpl {
   record Scored(long index, double sum, float[] logprobs) implements Serializable {}
 
   /**
-   * Scores the long documents of {@code docs} (every element is one). Runs one Spark job per layer;
-   * checkpoints go to a directory made for this run under {@code checkpointRoot}, deleted at the end.
+   * The split documents' scores (computed when read, from the last layer's checkpoint) and the run's
+   * figures; {@link #close} drops the last layer's cached rows once the scores are written.
    */
-  static Tuple2<JavaRDD<Scored>, Stats> score(SparkSession spark, JavaRDD<Doc> docs, List<long[]> lengths,
-      String model, LlamaConfig cfg, int chunkLen, int partitions, Balance balance, Path checkpointDir,
-      PrintStream progress) throws IOException {
+  static final class Result implements AutoCloseable {
+    final JavaRDD<Scored> scored;
+    final Stats stats;
+    private final JavaPairRDD<BlockKey, Hidden> last;
+
+    Result(JavaRDD<Scored> scored, Stats stats, JavaPairRDD<BlockKey, Hidden> last) {
+      this.scored = scored;
+      this.stats = stats;
+      this.last = last;
+    }
+
+    @Override
+    public void close() {
+      last.unpersist(false);
+    }
+  }
+
+  /**
+   * Runs the layers over the long documents of {@code docs} (every element is one), one Spark job
+   * per layer, checkpointing into {@code checkpointDir}, which this creates and the caller deletes.
+   * Sets the SparkContext's checkpoint directory (Spark has one per context).
+   */
+  static Result score(SparkSession spark, JavaRDD<Doc> docs, List<long[]> lengths, String model, LlamaConfig cfg,
+      int chunkLen, int partitions, Balance balance, Path checkpointDir, PrintStream progress) throws IOException {
     AttentionOptions attn = cfg.attention();
     Plan plan = Plan.make(lengths, chunkLen, attn, cfg, partitions, balance);
     FileSystem fs = checkpointDir.getFileSystem(spark.sparkContext().hadoopConfiguration());
@@ -146,9 +168,6 @@ final class SplitPpl {
     JavaPairRDD<BlockKey, Hidden> hidden = docs.flatMapToPair(d -> chunks(d, len).iterator())
         .repartitionAndSortWithinPartitions(plan, BLOCK_ORDER)
         .mapPartitionsToPair(it -> embedded(model, it), true);
-    hidden.persist(StorageLevel.MEMORY_AND_DISK_SER());
-    hidden.count();
-    JavaPairRDD<BlockKey, Hidden> first = hidden;
     spark.sparkContext().addSparkListener(shuffle);
     try {
       for (int l = 0; l < cfg.layers; l++) {
@@ -157,14 +176,13 @@ final class SplitPpl {
             .repartitionAndSortWithinPartitions(plan, ROUTE_ORDER);
         JavaPairRDD<BlockKey, Hidden> next = JavaPairRDD.fromJavaRDD(hidden.zipPartitions(routed,
             (hs, kvs) -> new LayerIterator(model, layer, hs, kvs, plan, taskSeconds)));
-        // Persisted so that writing the checkpoint reads the layer instead of computing it again.
-        next.persist(StorageLevel.MEMORY_AND_DISK_SER());
+        // Persisted so that writing the checkpoint reads the layer instead of computing it again; on
+        // disk, streamed: a task never holds its partition's rows in memory (a 2 GiB heap is enough).
+        next.persist(StorageLevel.DISK_ONLY());
         next.checkpoint();
         next.count();
         hidden.unpersist(false);
-        if (hidden != first) {
-          deleteCheckpoint(fs, hidden);
-        }
+        deleteCheckpoint(fs, hidden); // the layer before: no longer needed for recovery
         hidden = next;
         if (progress != null) {
           double sec = (System.nanoTime() - t0) / 1e9;
@@ -178,6 +196,9 @@ final class SplitPpl {
       } catch (java.util.concurrent.TimeoutException e) {
         // a busy listener bus: the shuffle figure may miss the last tasks; the scores are unaffected
       }
+    } catch (RuntimeException e) {
+      hidden.unpersist(false); // a failed layer: nothing of the run stays cached (the files go with the directory)
+      throw e;
     } finally {
       spark.sparkContext().removeSparkListener(shuffle);
     }
@@ -191,8 +212,8 @@ final class SplitPpl {
       final int layer = l;
       secs[l] = taskSeconds.value().stream().filter(t -> t[0] == layer).mapToDouble(t -> t[1]).toArray();
     }
-    return new Tuple2<>(scored, new Stats(plan.documents, plan.tokens, plan.chunks, cfg.layers, plan.numPartitions(),
-        shuffle.bytes(), secs, plan.spread()));
+    return new Result(scored, new Stats(plan.documents, plan.tokens, plan.chunks, cfg.layers, plan.numPartitions(),
+        shuffle.bytes(), secs, plan.spread()), hidden);
   }
 
   /** Adds a document's chunk log-probabilities in position order (the one-task path's order). */
@@ -219,6 +240,7 @@ final class SplitPpl {
     return new Scored(doc, sum, lp);
   }
 
+  /** Deletes an RDD's checkpoint files, if it was checkpointed. */
   private static void deleteCheckpoint(FileSystem fs, JavaPairRDD<?, ?> rdd) throws IOException {
     if (rdd.getCheckpointFile().isPresent()) {
       fs.delete(new Path(rdd.getCheckpointFile().get()), true);
@@ -227,20 +249,20 @@ final class SplitPpl {
 
   // ------------------------------------------------------------------ tasks
 
-  static List<Tuple2<BlockKey, Hidden>> chunks(Doc d, int chunkLen) {
+  static List<Tuple2<BlockKey, ChunkTokens>> chunks(Doc d, int chunkLen) {
     int[] t = d.tokens();
     int m1 = t.length - 1; // the last token predicts nothing
-    List<Tuple2<BlockKey, Hidden>> out = new ArrayList<>();
+    List<Tuple2<BlockKey, ChunkTokens>> out = new ArrayList<>();
     for (int s = 0, c = 0; s < m1; s += chunkLen, c++) {
       int len = Math.min(chunkLen, m1 - s);
-      // x holds the chunk's tokens until it is embedded on the block's task.
-      out.add(new Tuple2<>(new BlockKey(d.index(), c), new Hidden(d.index(), c, s, len,
-          bytes(Arrays.copyOfRange(t, s, s + len)), Arrays.copyOfRange(t, s + 1, s + len + 1))));
+      out.add(new Tuple2<>(new BlockKey(d.index(), c), new ChunkTokens(d.index(), c, s,
+          Arrays.copyOfRange(t, s, s + len), Arrays.copyOfRange(t, s + 1, s + len + 1))));
     }
     return out;
   }
 
-  private static Iterator<Tuple2<BlockKey, Hidden>> embedded(String model, Iterator<Tuple2<BlockKey, Hidden>> it) {
+  private static Iterator<Tuple2<BlockKey, Hidden>> embedded(String model,
+      Iterator<Tuple2<BlockKey, ChunkTokens>> it) {
     LlamaModel m = PplJob.Loaded.get(model).model;
     return new Iterator<>() {
       @Override
@@ -250,10 +272,10 @@ final class SplitPpl {
 
       @Override
       public Tuple2<BlockKey, Hidden> next() {
-        Tuple2<BlockKey, Hidden> e = it.next();
-        Hidden h = e._2();
-        float[] x = m.embed(ints(h.x()));
-        return new Tuple2<>(e._1(), new Hidden(h.doc(), h.index(), h.start(), h.len(), bytes(x), h.targets()));
+        Tuple2<BlockKey, ChunkTokens> e = it.next();
+        ChunkTokens c = e._2();
+        return new Tuple2<>(e._1(), new Hidden(c.doc(), c.index(), c.start(), c.tokens().length,
+            bytes(m.embed(c.tokens())), c.targets()));
       }
     };
   }
@@ -368,7 +390,8 @@ final class SplitPpl {
 
   /**
    * Which chunks each block sees and which task holds each block. Made on the driver from the long
-   * documents' lengths; the partitioner of every shuffle of the split path.
+   * documents' lengths; the partitioner of every shuffle of the split path, so it travels with each
+   * stage: a few arrays, 4 bytes per block.
    */
   static final class Plan extends Partitioner {
     private static final long serialVersionUID = 1L;
@@ -376,82 +399,84 @@ final class SplitPpl {
     private final int partitions;
     private final int chunkLen;
     private final AttentionOptions attn;
-    /** doc -> its token count (the chunks follow from it). */
-    private final Map<Long, Long> lengths;
-    /** (doc, block) -> task. */
-    private final Map<BlockKey, Integer> task;
-    /** Estimated cost per task (FLOPs of a layer), for the record. */
+    /** The long documents' indices, ascending, and their token counts. */
+    private final long[] docs, lengths;
+    /** Global number of each document's block 0 (running sum of chunk counts). */
+    private final int[] base;
+    /** The task of each block, by global number. */
+    private final int[] task;
+    /** Estimated work per task (FLOPs of a layer), for the record. */
     final double[] load;
 
-    private Plan(Map<Long, Long> lengths, int chunkLen, AttentionOptions attn, int partitions,
-        Map<BlockKey, Integer> task, double[] load, long tokens, long chunks) {
+    private Plan(long[] docs, long[] lengths, int chunkLen, AttentionOptions attn, int partitions) {
+      this.docs = docs;
       this.lengths = lengths;
       this.chunkLen = chunkLen;
       this.attn = attn;
       this.partitions = partitions;
-      this.task = task;
-      this.load = load;
-      this.documents = lengths.size();
-      this.tokens = tokens;
-      this.chunks = chunks;
+      this.base = new int[docs.length];
+      long blocks = 0, t = 0;
+      for (int i = 0; i < docs.length; i++) {
+        base[i] = Math.toIntExact(blocks);
+        blocks += chunkCount(docs[i]);
+        t += lengths[i];
+      }
+      this.task = new int[Math.toIntExact(blocks)];
+      this.load = new double[partitions];
+      this.documents = docs.length;
+      this.tokens = t;
+      this.chunks = blocks;
     }
 
     /**
      * lengths: (doc index, token count) of each long document. Cost of a block per layer: its rows
      * times (the dense work per token + the attention work per visible key); {@link Balance#COST}
      * gives blocks, heaviest first, to the least loaded task (ties: the lower task), so early causal
-     * blocks fill around late ones instead of one task holding the whole tail.
+     * blocks fill in around late ones instead of one task holding the whole tail.
      */
     static Plan make(List<long[]> lengths, int chunkLen, AttentionOptions attn, LlamaConfig cfg, int partitions,
         Balance balance) {
-      Map<Long, Long> len = new HashMap<>();
-      long tokens = 0;
-      for (long[] l : lengths) {
-        len.put(l[0], l[1]);
-        tokens += l[1];
-      }
-      Plan shape = new Plan(len, chunkLen, attn, Math.max(1, partitions), Map.of(), new double[0], tokens, 0);
-      double dense = cfg.denseFlopsPerToken();
-      double perPair = 4.0 * cfg.heads * cfg.headDim;
-      List<Object[]> blocks = new ArrayList<>(); // {BlockKey, cost}
       List<long[]> sorted = new ArrayList<>(lengths);
       sorted.sort(Comparator.comparingLong(l -> l[0]));
-      for (long[] l : sorted) {
-        long n = shape.chunkCount(l[0]);
+      Plan p = new Plan(sorted.stream().mapToLong(l -> l[0]).toArray(), sorted.stream().mapToLong(l -> l[1]).toArray(),
+          chunkLen, attn, Math.max(1, partitions));
+      double dense = cfg.denseFlopsPerToken();
+      double perPair = 4.0 * cfg.heads * cfg.headDim;
+      double[] cost = new double[p.task.length];
+      for (int i = 0; i < p.docs.length; i++) {
+        long n = p.chunkCount(p.docs[i]);
         for (long b = 0; b < n; b++) {
-          long rows = shape.rows(l[0], b);
           long keys = 0;
-          for (long c = shape.firstChunkSeen(l[0], b); c <= b; c++) {
-            keys += shape.rows(l[0], c);
+          for (long c = p.firstChunkSeen(p.docs[i], b); c <= b; c++) {
+            keys += p.rows(p.docs[i], c);
           }
-          blocks.add(new Object[] {new BlockKey(l[0], b), rows * (dense + perPair * keys)});
+          cost[p.base[i] + (int) b] = p.rows(p.docs[i], b) * (dense + perPair * keys);
         }
       }
-      int p = shape.partitions;
-      Map<BlockKey, Integer> task = new HashMap<>();
-      double[] load = new double[p];
       if (balance == Balance.CONTIGUOUS) {
-        for (int i = 0; i < blocks.size(); i++) {
-          int t = (int) ((long) i * p / blocks.size());
-          task.put((BlockKey) blocks.get(i)[0], t);
-          load[t] += (double) blocks.get(i)[1];
+        for (int g = 0; g < cost.length; g++) {
+          p.task[g] = (int) ((long) g * p.partitions / cost.length);
+          p.load[p.task[g]] += cost[g];
         }
       } else {
-        List<Object[]> byCost = new ArrayList<>(blocks);
-        byCost.sort((a, b) -> Double.compare((double) b[1], (double) a[1])); // stable: ties keep (doc, block) order
-        PriorityQueue<int[]> free = new PriorityQueue<>((a, b) -> Double.compare(load[a[0]], load[b[0]]) != 0
-            ? Double.compare(load[a[0]], load[b[0]]) : Integer.compare(a[0], b[0]));
-        for (int t = 0; t < p; t++) {
-          free.add(new int[] {t});
+        Integer[] byCost = new Integer[cost.length];
+        for (int g = 0; g < cost.length; g++) {
+          byCost[g] = g;
         }
-        for (Object[] b : byCost) {
-          int[] t = free.poll();
-          task.put((BlockKey) b[0], t[0]);
-          load[t[0]] += (double) b[1];
+        Arrays.sort(byCost, (x, y) -> Double.compare(cost[y], cost[x])); // stable: ties keep block order
+        PriorityQueue<Integer> free = new PriorityQueue<>((x, y) -> p.load[x] != p.load[y]
+            ? Double.compare(p.load[x], p.load[y]) : Integer.compare(x, y));
+        for (int t = 0; t < p.partitions; t++) {
+          free.add(t);
+        }
+        for (int g : byCost) {
+          int t = free.poll();
+          p.task[g] = t;
+          p.load[t] += cost[g];
           free.add(t);
         }
       }
-      return new Plan(len, chunkLen, attn, p, task, load, tokens, blocks.size());
+      return p;
     }
 
     /** The busiest task's estimated work over the mean task's. */
@@ -464,13 +489,21 @@ final class SplitPpl {
       return sum > 0 ? max / (sum / load.length) : 1;
     }
 
+    private int position(long doc) {
+      int i = Arrays.binarySearch(docs, doc);
+      if (i < 0) {
+        throw new IllegalStateException("document " + doc + " is not in the split plan");
+      }
+      return i;
+    }
+
     long chunkCount(long doc) {
-      long m1 = lengths.get(doc) - 1;
+      long m1 = lengths[position(doc)] - 1; // the last token predicts nothing
       return (m1 + chunkLen - 1) / chunkLen;
     }
 
     long rows(long doc, long c) {
-      long m1 = lengths.get(doc) - 1;
+      long m1 = lengths[position(doc)] - 1;
       return Math.min(chunkLen, m1 - c * chunkLen);
     }
 
@@ -504,12 +537,20 @@ final class SplitPpl {
 
     @Override
     public int getPartition(Object key) {
-      BlockKey k = key instanceof RouteKey r ? new BlockKey(r.doc(), r.block()) : (BlockKey) key;
-      Integer t = task.get(k);
-      if (t == null) {
-        throw new IllegalStateException("no task planned for block " + k);
+      long doc, block;
+      if (key instanceof RouteKey r) {
+        doc = r.doc();
+        block = r.block();
+      } else {
+        BlockKey k = (BlockKey) key;
+        doc = k.doc();
+        block = k.block();
       }
-      return t;
+      int i = position(doc);
+      if (block < 0 || block >= chunkCount(doc)) {
+        throw new IllegalStateException("document " + doc + " has no block " + block);
+      }
+      return task[base[i] + (int) block];
     }
   }
 
@@ -543,17 +584,5 @@ final class SplitPpl {
     float[] f = new float[b.length / 4];
     ByteBuffer.wrap(b).order(ByteOrder.LITTLE_ENDIAN).asFloatBuffer().get(f);
     return f;
-  }
-
-  static byte[] bytes(int[] v) {
-    ByteBuffer b = ByteBuffer.allocate(v.length * 4).order(ByteOrder.LITTLE_ENDIAN);
-    b.asIntBuffer().put(v);
-    return b.array();
-  }
-
-  static int[] ints(byte[] b) {
-    int[] v = new int[b.length / 4];
-    ByteBuffer.wrap(b).order(ByteOrder.LITTLE_ENDIAN).asIntBuffer().get(v);
-    return v;
   }
 }

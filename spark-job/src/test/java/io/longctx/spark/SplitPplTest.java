@@ -174,6 +174,16 @@ class SplitPplTest {
     assertEquals(Long.MAX_VALUE, PplJob.defaultSplitAbove(spark, configOf(windowed), 16));
   }
 
+  @Test
+  void defaultSplitPartitionsKeepTasksSmall() {
+    io.longctx.djl.LlamaConfig cfg = configOf(causal); // hidden 32: 128 bytes per token
+    assertEquals(2, PplJob.defaultSplitPartitions(2, List.of(new long[] {0, 1001}), cfg, 100));
+    assertEquals(1, PplJob.defaultSplitPartitions(2, List.of(new long[] {0, 50}), cfg, 100), "one chunk, one task");
+    // 2^20 tokens x 128 bytes = 128 MiB: two tasks of 64 MiB at least; 5 on a wider cluster.
+    assertEquals(2, PplJob.defaultSplitPartitions(1, List.of(new long[] {0, 1 << 20}), cfg, 4096));
+    assertEquals(5, PplJob.defaultSplitPartitions(5, List.of(new long[] {0, 1 << 20}), cfg, 4096));
+  }
+
   static double spread(double[] load) {
     double max = 0, min = Double.MAX_VALUE;
     for (double l : load) {
