@@ -9,7 +9,8 @@
 #   examples/scale-runs.sh cluster-decode  # the 1M decode again with a separate 2 GiB executor JVM
 #   examples/scale-runs.sh ppl-window # split ppl: one 1,000,000-token document, mistral model made by
 #                                     # gen-model (8 layers, hidden 512, 8 heads / 2 kv heads, window
-#                                     # 4096, vocab 4096), chunks of 4096, 2 GiB heap, local[2]
+#                                     # 4096, vocab 4096), chunks of 4096, 2 GiB heap, local[2], the
+#                                     # default tasks per layer (PARTITIONS=N to choose)
 #   examples/scale-runs.sh ppl-causal # split ppl: one 131,072-token document, full causal attention
 #                                     # (llama, 2 layers, otherwise the same model)
 #   examples/scale-runs.sh ppl-overhead  # a 32,768-token document both ways on the window model, same
@@ -185,7 +186,7 @@ ppl_window() {
   gen_ppl_model "$d/mistral-$layers" mistral "$layers" 4096
   gen_tokens "$d/doc-$tokens.jsonl" "$tokens"
   ppl_run "ppl-window-$tokens-$layers" "$d/mistral-$layers" "$d/doc-$tokens.jsonl" "local[2]" --split-above 0 \
-    --split-partitions "${PARTITIONS:-8}"
+    ${PARTITIONS:+--split-partitions "$PARTITIONS"}
 }
 
 ppl_causal() {
@@ -194,7 +195,7 @@ ppl_causal() {
   gen_ppl_model "$d/llama-$layers" llama "$layers"
   gen_tokens "$d/doc-$tokens.jsonl" "$tokens"
   ppl_run "ppl-causal-$tokens-$layers" "$d/llama-$layers" "$d/doc-$tokens.jsonl" "local[2]" --split-above 0 \
-    --split-partitions "${PARTITIONS:-8}"
+    ${PARTITIONS:+--split-partitions "$PARTITIONS"}
 }
 
 ppl_overhead() {
