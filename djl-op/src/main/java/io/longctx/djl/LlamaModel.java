@@ -236,7 +236,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       throw new IllegalArgumentException("chunkLen must be >= 1, got " + chunkLen);
     }
     LlamaConfig c = loaded().cfg;
-    checkTokens(tokens, 0);
+    checkTokens(tokens);
     int n = tokens.length;
     float[] lp = new float[Math.max(0, n - 1)];
     double sum = 0;
@@ -266,12 +266,12 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     return new DocumentScore(n, sum, perToken ? lp : null);
   }
 
-  /** Throws naming the first token id outside the vocabulary; {@code offset}: position of tokens[0]. */
-  public void checkTokens(int[] tokens, long offset) {
+  /** Throws naming the first token id outside the vocabulary and its position. */
+  public void checkTokens(int[] tokens) {
     int vocab = loaded().cfg.vocabSize;
     for (int i = 0; i < tokens.length; i++) {
       if (tokens[i] < 0 || tokens[i] >= vocab) {
-        throw new IllegalArgumentException("token id " + tokens[i] + " at position " + (offset + i)
+        throw new IllegalArgumentException("token id " + tokens[i] + " at position " + i
             + " is outside the vocabulary [0, " + vocab + ")");
       }
     }

@@ -524,7 +524,7 @@ public final class PplJob {
       }
     }
     try {
-      Loaded.get(o.model).model.checkTokens(ids, 0); // a tokenizer that does not fit the model
+      Loaded.get(o.model).model.checkTokens(ids); // a tokenizer that does not fit the model
     } catch (IllegalArgumentException e) {
       throw new InputError(where + ": " + e.getMessage());
     }
