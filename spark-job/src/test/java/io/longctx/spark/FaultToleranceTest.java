@@ -329,12 +329,7 @@ class FaultToleranceTest {
   /** The fault-free split ppl run on the cluster (made once, with its model and documents). */
   Map<String, Double> pplReference() throws Exception {
     if (pplReference == null) {
-      ModelGenerator.Spec s = new ModelGenerator.Spec();
-      s.seed = seed;
-      s.layers = 3;
-      s.hidden = 32;
-      s.heads = 4;
-      s.kvHeads = 2;
+      ModelGenerator.Spec s = TestModels.small(seed, 3);
       pplModel = tmp.resolve("ppl-model");
       ModelGenerator.generate(s, pplModel);
       java.util.SplittableRandom rnd = new java.util.SplittableRandom(seed);

@@ -53,15 +53,8 @@ class PplJobTest {
     Long fixed = Long.getLong("longctx.seed");
     seed = fixed != null ? fixed : System.nanoTime();
     System.out.println("PplJobTest: seed " + seed + " (replay with -Dlongctx.seed=" + seed + ")");
-    ModelGenerator.Spec s = new ModelGenerator.Spec();
-    s.seed = seed;
-    s.layers = 2;
-    s.hidden = 32;
-    s.heads = 4;
-    s.kvHeads = 2;
-    s.vocab = 300;
     model = shared.resolve("model");
-    ModelGenerator.generate(s, model);
+    ModelGenerator.generate(TestModels.small(seed, 2), model);
   }
 
   int run(ByteArrayOutputStream err, String... args) {

@@ -67,15 +67,9 @@ class SplitPplTest {
   }
 
   static ModelGenerator.Spec spec(long seed, String type, long window, int layers) {
-    ModelGenerator.Spec s = new ModelGenerator.Spec();
-    s.seed = seed;
+    ModelGenerator.Spec s = TestModels.small(seed, layers);
     s.modelType = type;
     s.slidingWindow = window;
-    s.layers = layers;
-    s.hidden = 32;
-    s.heads = 4;
-    s.kvHeads = 2;
-    s.vocab = 300;
     return s;
   }
 
