@@ -180,21 +180,13 @@ ppl_run() {
     --chunk-len "${CHUNK:-4096}" "$@" "${spark_conf[@]}" --master "$master"
 }
 
-ppl_window() {
-  local tokens="${PPL_TOKENS:-1000000}" layers="${PPL_LAYERS:-8}" d="$data/ppl"
+# ppl_long NAME TYPE TOKENS LAYERS [WINDOW]: one long document split over the default tasks per layer.
+ppl_long() {
+  local name="$1" type="$2" tokens="$3" layers="$4" window="${5:-}" d="$data/ppl"
   mkdir -p "$d"
-  gen_ppl_model "$d/mistral-$layers" mistral "$layers" 4096
+  gen_ppl_model "$d/$type-$layers" "$type" "$layers" "$window"
   gen_tokens "$d/doc-$tokens.jsonl" "$tokens"
-  ppl_run "ppl-window-$tokens-$layers" "$d/mistral-$layers" "$d/doc-$tokens.jsonl" "local[2]" --split-above 0 \
-    ${PARTITIONS:+--split-partitions "$PARTITIONS"}
-}
-
-ppl_causal() {
-  local tokens="${PPL_TOKENS:-131072}" layers="${PPL_LAYERS:-2}" d="$data/ppl"
-  mkdir -p "$d"
-  gen_ppl_model "$d/llama-$layers" llama "$layers"
-  gen_tokens "$d/doc-$tokens.jsonl" "$tokens"
-  ppl_run "ppl-causal-$tokens-$layers" "$d/llama-$layers" "$d/doc-$tokens.jsonl" "local[2]" --split-above 0 \
+  ppl_run "$name-$tokens-$layers" "$d/$type-$layers" "$d/doc-$tokens.jsonl" "local[2]" --split-above 0 \
     ${PARTITIONS:+--split-partitions "$PARTITIONS"}
 }
 
@@ -237,8 +229,8 @@ ppl_balance() {
 case "${1:-}" in
   decode) decode ;;
   ppl-balance) ppl_balance ;;
-  ppl-window) ppl_window ;;
-  ppl-causal) ppl_causal ;;
+  ppl-window) ppl_long ppl-window mistral "${PPL_TOKENS:-1000000}" "${PPL_LAYERS:-8}" 4096 ;;
+  ppl-causal) ppl_long ppl-causal llama "${PPL_TOKENS:-131072}" "${PPL_LAYERS:-2}" ;;
   ppl-overhead) ppl_overhead ;;
   cluster-decode) cluster_decode ;;
   prefill) prefill ;;
