@@ -1,6 +1,7 @@
-// Host emulation of flash_decode.cu, shared by the test harness (decode_emulation.cpp) and the
-// fake libcuda that runs JCuda launches on the host (fake_libcuda_emulated.cpp). See
-// decode_emulation.cpp for what it does and does not check.
+// Host emulation of flash_decode.cu and the plain forward kernel (flash_forward.cu), shared by the
+// test harness (decode_emulation.cpp) and the fake libcuda that runs JCuda launches on the host
+// (fake_libcuda_emulated.cpp). See decode_emulation.cpp for what it does and does not check. The
+// tensor-core forward (inline PTX: ldmatrix, mma.sync, cp.async) is not emulated yet.
 #pragma once
 
 #include <atomic>
@@ -27,6 +28,7 @@ using std::min;
 
 namespace emu {
 thread_local dim3 thread_idx, block_idx;
+const dim3 block_dim(128, 1, 1);  // every kernel here runs 128 threads per block
 std::barrier<>* cta_barrier;
 std::barrier<>* warp_barrier[4];
 float fslot[4][32];
@@ -53,6 +55,7 @@ inline int warp() { return thread_idx.x / 32; }
 #undef __launch_bounds__
 #define threadIdx emu::thread_idx
 #define blockIdx emu::block_idx
+#define blockDim emu::block_dim
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -72,6 +75,10 @@ inline double __longlong_as_double(long long i) {  // used by CUDART_INF
   std::memcpy(&d, &i, sizeof d);
   return d;
 }
+
+// The device's fast exp is approximate; the host's is exact: the emulation checks structure
+// (indices, masks, barriers, merges), not the last bits of exp.
+inline float __expf(float x) { return std::exp(x); }
 
 inline void __syncthreads() { emu::cta_barrier->arrive_and_wait(); }
 inline void __syncwarp() { emu::warp_barrier[emu::warp()]->arrive_and_wait(); }
@@ -130,6 +137,10 @@ inline void cp_async_wait_1() { cp_async_wait_n(1); }
 inline void cp_async_wait_0() { cp_async_wait_n(0); }
 
 #include "flash_decode.cu"
+// Its own namespace: the forward file's anonymous-namespace constants share names with decode's.
+namespace fwd {
+#include "flash_forward.cu"
+}  // namespace fwd
 
 namespace emu {
 
@@ -175,6 +186,13 @@ using Partial = void (*)(const void*, const void* const*, const void* const*, co
   ENTRY(longctx_decode_sync_##S##_d256_r8), ENTRY(longctx_decode_unified_##S##_d256_r8)
 
 inline const std::map<std::string, Partial> kPartials = {ENTRIES(f32), ENTRIES(f16), ENTRIES(bf16)};
+
+// The plain forward kernel (flash_forward.cu): grid (ceil(Tq / 4), H, B).
+using Forward = void (*)(const void*, const void*, const void*, const long long*, const long long*, float*, float*,
+                         int, int, int, int, int, float, float, int, long long);
+#define FORWARD(NAME) {#NAME, reinterpret_cast<Forward>(&fwd::NAME)}
+inline const std::map<std::string, Forward> kForwards = {FORWARD(longctx_forward_f32), FORWARD(longctx_forward_f16),
+                                                         FORWARD(longctx_forward_bf16)};
 
 }  // namespace emu
 

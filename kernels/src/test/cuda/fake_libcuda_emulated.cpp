@@ -1,11 +1,12 @@
 // A stand-in libcuda.so.1 whose "device" is the host: memory is malloc'ed, copies are memcpy, and
-// cuLaunchKernel runs the decode kernels of flash_decode.cu in the host emulation (emulation.h).
-// With it on LD_LIBRARY_PATH, JCuda and CudaAttention run their whole decode path (probe, module
-// and function loading, allocation, chunk tables, kernel parameters, launches, copies back)
-// without a GPU (CudaDecodeFakeDeviceTest). Forward kernels are not emulated: launching one returns
-// CUDA_ERROR_NOT_SUPPORTED (801), or the code in $LONGCTX_FAKE_FORWARD_RC; a sticky code (700,
-// 714-719: a kernel fault) then makes cuCtxSynchronize return it, as a lost context does
-// (GpuCheckFakeDeviceTest). Only the driver calls longctx makes exist here.
+// cuLaunchKernel runs the decode kernels of flash_decode.cu and the plain forward kernels of
+// flash_forward.cu in the host emulation (emulation.h). With it on LD_LIBRARY_PATH, JCuda and
+// CudaAttention run their whole path (probe, module and function loading, allocation, chunk
+// tables, kernel parameters, launches, copies back) without a GPU (CudaDecodeFakeDeviceTest,
+// GpuCheckFakeDeviceTest). The tensor-core forward kernels are not emulated: launching one returns
+// CUDA_ERROR_NOT_SUPPORTED (801). With $LONGCTX_FAKE_FORWARD_RC set, every forward launch returns
+// that code instead; a sticky code (700, 714-719: a kernel fault) then makes cuCtxSynchronize
+// return it, as a lost context does. Only the driver calls longctx makes exist here.
 
 #include <cstdlib>
 #include <cstring>
@@ -104,6 +105,15 @@ int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
   auto it = emu::kPartials.find(name);
   if (it == emu::kPartials.end()) {
     const char* rc = std::getenv("LONGCTX_FAKE_FORWARD_RC");
+    auto fwd = emu::kForwards.find(name);
+    if (rc == nullptr && fwd != emu::kForwards.end()) {
+      emu::launch(dim3(gx, gy, gz), [&] {
+        fwd->second(ptr(0), ptr(1), ptr(2), static_cast<const long long*>(ptr(3)), static_cast<const long long*>(ptr(4)),
+                    static_cast<float*>(ptr(5)), static_cast<float*>(ptr(6)), i32(7), i32(8), i32(9), i32(10), i32(11),
+                    f32(12), f32(13), i32(14), i64(15));
+      });
+      return 0;
+    }
     int code = rc ? std::atoi(rc) : 801;
     if (code == 700 || (code >= 714 && code <= 719)) lost_context_rc = code;
     return code;

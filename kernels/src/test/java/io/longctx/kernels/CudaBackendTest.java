@@ -16,7 +16,6 @@ import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
-import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
 
@@ -103,11 +102,9 @@ class CudaBackendTest {
     Path dir = Paths.get("target", "fake-cuda").toAbsolutePath();
     Files.createDirectories(dir);
     Path so = dir.resolve("libcuda.so.1");
-    Process p = new ProcessBuilder("gcc", "-shared", "-fPIC", "-O1", "-o", so.toString(),
-        Paths.get("src", "test", "c", "fake_libcuda.c").toAbsolutePath().toString())
-        .redirectErrorStream(true).start();
-    String log = new String(p.getInputStream().readAllBytes());
-    assertTrue(p.waitFor(60, TimeUnit.SECONDS) && p.exitValue() == 0, "gcc failed: " + log);
+    Child p = Child.run(new ProcessBuilder("gcc", "-shared", "-fPIC", "-O1", "-o", so.toString(),
+        Paths.get("src", "test", "c", "fake_libcuda.c").toAbsolutePath().toString()), 60);
+    assertTrue(p.exit() == 0, "gcc failed: " + p.output());
     return dir;
   }
 
@@ -118,10 +115,9 @@ class CudaBackendTest {
         CudaProbeMain.class.getName()));
     ProcessBuilder pb = new ProcessBuilder(cmd).redirectErrorStream(true);
     pb.environment().putAll(env);
-    Process p = pb.start();
-    String text = new String(p.getInputStream().readAllBytes());
-    assertTrue(p.waitFor(90, TimeUnit.SECONDS), "probe JVM hung: " + text);
-    assertEquals(0, p.exitValue(), "probe JVM failed: " + text);
+    Child p = Child.run(pb, 90);
+    String text = p.output();
+    assertEquals(0, p.exit(), "probe JVM failed: " + text);
     return text.lines().toList();
   }
 }

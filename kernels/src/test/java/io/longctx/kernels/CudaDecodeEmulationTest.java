@@ -15,7 +15,6 @@ import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.SplittableRandom;
-import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
@@ -66,12 +65,10 @@ class CudaDecodeEmulationTest {
     Path dir = Paths.get("target", "decode-emulation").toAbsolutePath();
     Files.createDirectories(dir);
     exe = dir.resolve("decode_emulation");
-    Process p = new ProcessBuilder("g++", "-std=c++20", "-O1", "-pthread", "-I" + include,
+    Child p = Child.run(new ProcessBuilder("g++", "-std=c++20", "-O1", "-pthread", "-I" + include,
         "-I" + Paths.get("src", "main", "cuda").toAbsolutePath(), "-o", exe.toString(),
-        Paths.get("src", "test", "cuda", "decode_emulation.cpp").toAbsolutePath().toString())
-        .redirectErrorStream(true).start();
-    String log = new String(p.getInputStream().readAllBytes());
-    assertTrue(p.waitFor(170, TimeUnit.SECONDS) && p.exitValue() == 0, "g++ failed: " + log);
+        Paths.get("src", "test", "cuda", "decode_emulation.cpp").toAbsolutePath().toString()), 170);
+    assertTrue(p.exit() == 0, "g++ failed: " + p.output());
   }
 
   /** The emulated decode: same plan, same inputs, o/lse/count back. */
@@ -115,10 +112,8 @@ class CudaDecodeEmulationTest {
     Path out = Files.createTempFile(exe.getParent(), "out", ".bin");
     try {
       Files.write(in, b.array());
-      Process p = new ProcessBuilder(exe.toString(), in.toString(), out.toString()).redirectErrorStream(true).start();
-      String log = new String(p.getInputStream().readAllBytes());
-      assertTrue(p.waitFor(170, TimeUnit.SECONDS), "emulation hung: " + log);
-      assertEquals(0, p.exitValue(), "emulation failed: " + log);
+      Child p = Child.run(new ProcessBuilder(exe.toString(), in.toString(), out.toString()), 170);
+      assertEquals(0, p.exit(), "emulation failed: " + p.output());
       ByteBuffer r = ByteBuffer.wrap(Files.readAllBytes(out)).order(ByteOrder.LITTLE_ENDIAN);
       float[] o = new float[Math.toIntExact(plan.states() * plan.dim())];
       float[] lse = new float[Math.toIntExact(plan.states())];

@@ -130,14 +130,26 @@ public final class CudaDecodeFakeDeviceMain {
         return e.getMessage().contains("k chunk 0") && e.getMessage().contains("position 7, dim 5") ? null : e.getMessage();
       }
     });
+    // The host-array forward runs the plain float32 kernel, emulated: against the float64 reference.
+    run("forward-f32", () -> {
+      Tensor q = Accuracy.random(rng, 1, 4, 37, 64, 1);
+      Tensor k = Accuracy.random(rng, 1, 2, 53, 64, 1);
+      Tensor v = Accuracy.random(rng, 1, 2, 53, 64, 1);
+      long[] qp = GpuCheck.lastPositions(37, 53);
+      AttentionOptions opt = causal.withWindow(20);
+      return Tolerance.violation(cuda.forward(q, k, v, qp, null, opt), ReferenceAttention.compute(q, k, v, qp, null, opt),
+          ReferenceAttention.computeFloat32(q, k, v, qp, null, opt));
+    });
+
+    // The tensor-core forward is not emulated: its launch fails, and the error names the call.
     run("launch-error-names-the-call", () -> {
       Tensor q = Accuracy.random(rng, 1, 1, 4, 64, 1);
       try {
-        cuda.forward(q, q, q, null, null, AttentionOptions.DEFAULT);
-        return "the forward kernel is not emulated, yet it 'ran'";
+        GpuCheck.run(cuda, CudaAttention.DType.BF16, q, q, q, GpuCheck.lastPositions(4, 4), AttentionOptions.DEFAULT);
+        return "the tensor-core kernel is not emulated, yet it 'ran'";
       } catch (CudaAttention.CudaException e) {
-        return e.getMessage().startsWith("cuLaunchKernel(longctx_forward_f32) failed: CUDA_ERROR_NOT_SUPPORTED") ? null
-            : e.getMessage();
+        return e.getMessage().startsWith("cuLaunchKernel(longctx_forward_tc_bf16_d64) failed: CUDA_ERROR_NOT_SUPPORTED")
+            ? null : e.getMessage();
       }
     });
   }

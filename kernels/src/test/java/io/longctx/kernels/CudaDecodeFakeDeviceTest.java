@@ -9,7 +9,6 @@ import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.util.List;
 import java.util.Map;
-import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
 
@@ -34,13 +33,11 @@ class CudaDecodeFakeDeviceTest {
     assumeTrue(include != null && CudaDecodeEmulationTest.onPath("g++"), "needs g++ and the CUDA headers");
     Path dir = Paths.get("target", name).toAbsolutePath();
     Files.createDirectories(dir);
-    Process gcc = new ProcessBuilder("g++", "-shared", "-fPIC", "-std=c++20", "-O1", "-pthread", "-I" + include,
+    Child gcc = Child.run(new ProcessBuilder("g++", "-shared", "-fPIC", "-std=c++20", "-O1", "-pthread", "-I" + include,
         "-I" + Paths.get("src", "main", "cuda").toAbsolutePath(), "-I" + Paths.get("src", "test", "cuda").toAbsolutePath(),
         "-o", dir.resolve("libcuda.so.1").toString(),
-        Paths.get("src", "test", "cuda", "fake_libcuda_emulated.cpp").toAbsolutePath().toString())
-        .redirectErrorStream(true).start();
-    String log = new String(gcc.getInputStream().readAllBytes());
-    assertTrue(gcc.waitFor(170, TimeUnit.SECONDS) && gcc.exitValue() == 0, "g++ failed: " + log);
+        Paths.get("src", "test", "cuda", "fake_libcuda_emulated.cpp").toAbsolutePath().toString()), 170);
+    assertTrue(gcc.exit() == 0, "g++ failed: " + gcc.output());
     return dir;
   }
 
@@ -54,14 +51,13 @@ class CudaDecodeFakeDeviceTest {
         "--add-modules=jdk.incubator.vector", "-Dlongctx.seed=" + System.getProperty("longctx.seed", ""), "-cp",
         System.getProperty("java.class.path"), CudaDecodeFakeDeviceMain.class.getName()).redirectErrorStream(true);
     pb.environment().putAll(Map.of("LD_LIBRARY_PATH", dir.toString()));
-    Process p = pb.start();
-    String text = new String(p.getInputStream().readAllBytes());
-    assertTrue(p.waitFor(240, TimeUnit.SECONDS), "child JVM hung: " + text);
-    assertTrue(p.exitValue() == 0, "child JVM failed (exit " + p.exitValue() + "): " + text);
+    Child child = Child.run(pb, 240);
+    String text = child.output();
+    assertTrue(child.exit() == 0, "child JVM failed (exit " + child.exit() + "): " + text);
     List<String> lines = text.lines().toList();
     assertTrue(lines.contains("backend=cuda:0 host emulation (fake libcuda)"), text);
     for (String check : List.of("chunked-bf16", "backend-f32", "unified-recompute", "device-chunks", "fp16-overflow",
-        "launch-error-names-the-call")) {
+        "forward-f32", "launch-error-names-the-call")) {
       assertTrue(lines.contains(check + "=pass"), check + ":\n" + text);
     }
 
@@ -72,10 +68,9 @@ class CudaDecodeFakeDeviceTest {
     check.environment().put("LD_LIBRARY_PATH", dir.toString());
     Path outDir = Files.createTempDirectory(dir, "decode-check-out");
     check.environment().put("OUT", outDir.toString());
-    Process c = check.start();
-    String out = new String(c.getInputStream().readAllBytes());
-    assertTrue(c.waitFor(240, TimeUnit.SECONDS), "decode check hung: " + out);
-    assertTrue(c.exitValue() == 0 && out.contains("summary decode: ") && out.contains(" 0 FAIL, 0 ERROR -> ok"),
+    Child c = Child.run(check, 240);
+    String out = c.output();
+    assertTrue(c.exit() == 0 && out.contains("summary decode: ") && out.contains(" 0 FAIL, 0 ERROR -> ok"),
         "decode check failed:\n" + out);
     // Every row printed was also appended to the results file as it was made.
     List<String> file = Files.readAllLines(outDir.resolve("gpu-check.txt"));

@@ -10,7 +10,6 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.util.List;
-import java.util.concurrent.TimeUnit;
 import java.util.jar.JarEntry;
 import java.util.jar.JarOutputStream;
 import java.util.stream.Stream;
@@ -50,16 +49,15 @@ class GpuCheckScriptTest {
     pb.environment().put("PATH", Paths.get(System.getProperty("java.home"), "bin") + File.pathSeparator
         + System.getenv("PATH"));
     pb.environment().put("GPU_CHECK_DECODE_S", "2"); // the emulated decode smoke run takes far longer
-    Process p = pb.start();
-    String text = new String(p.getInputStream().readAllBytes());
-    assertTrue(p.waitFor(240, TimeUnit.SECONDS), "bin/gpu-check hung: " + text);
+    Child p = Child.run(pb, 240);
+    String text = p.output();
     List<String> file = Files.readAllLines(out.resolve("gpu-check.txt"));
     String all = String.join("\n", file);
-    assertEquals(1, p.exitValue(), text);
+    assertEquals(1, p.exit(), text);
     assertEquals("# longctx GPU check", file.get(0), all);
     for (String prefix : List.of("- date: ", "- commit: ", "- host: ", "- java: ", "- mode: sections forward decode --smoke",
         "=== section forward (time limit 180 s) ===", "## Forward on host emulation (fake libcuda), CUDA driver 13.0",
-        "summary forward: 0 pass, 0 FAIL, 22 ERROR -> FAILED", "section forward: exit status 1",
+        "summary forward: 10 pass, 0 FAIL, 12 ERROR -> FAILED", "section forward: exit status 1",
         "=== section decode (time limit 2 s) ===", "section decode: TIMED OUT after 2 s",
         "section decode: exit status 124", "sections: forward=1 decode=124", "gpu-check: FAILED")) {
       assertTrue(file.stream().anyMatch(l -> l.startsWith(prefix)), "no line '" + prefix + "' in\n" + all);
