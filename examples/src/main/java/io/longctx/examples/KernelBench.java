@@ -78,6 +78,10 @@ public final class KernelBench {
       "                            slow (~8.5 s a call in decode, ~2 s at T = 4096 on 2 cores) and needs",
       "                            2 x H x T^2 x 4 bytes of memory",
       "  --no-anchor               skip libtorch-sdpa (default: run it; without it no vs_anchor)",
+      "  --callers N               also time N threads calling each impl at once (as N Spark tasks in one",
+      "                            executor): extra lines with \"callers\": N, ms per round of N calls, and",
+      "                            vs_one_caller = N x one call's ms / that (N.0: N calls in the time of one;",
+      "                            1.0: no faster than one after another; default 1: off)",
       "  --only IMPL               time one implementation",
       "  --memory [--impls A,B]    peak memory instead of time: each impl alone in a fresh JVM, one call,",
       "                            peak resident set beyond the inputs (VmHWM - VmRSS before the call);",
@@ -91,7 +95,7 @@ public final class KernelBench {
   public static void main(String[] args) {
     String op = "all";
     int t = 4096, tk = -1, heads = -1, kvHeads = -1, dim = 128, iters = 7, warmup = 5;
-    int blockQ = 32, blockK = 128, split = CpuAttention.DEFAULT_SPLIT_LEN;
+    int blockQ = 32, blockK = 128, split = CpuAttention.DEFAULT_SPLIT_LEN, callers = 1;
     Boolean causal = null;
     boolean anchor = true;
     boolean plain = false; // djl-plain is slow (seconds a call) and memory-hungry: only when asked
@@ -118,6 +122,7 @@ public final class KernelBench {
         case "--block-q" -> blockQ = Integer.parseInt(args[++i]);
         case "--block-k" -> blockK = Integer.parseInt(args[++i]);
         case "--split" -> split = Integer.parseInt(args[++i]);
+        case "--callers" -> callers = Integer.parseInt(args[++i]);
         case "--help", "-h" -> {
           System.out.println(USAGE);
           return;
@@ -130,6 +135,10 @@ public final class KernelBench {
     }
     if ("djl-plain".equals(only)) {
       plain = true; // a --memory child asked for it by name
+    }
+    if (callers < 1) {
+      System.err.println("--callers must be >= 1, got " + callers);
+      System.exit(2);
     }
     if (memory) {
       memory(args, op, causal, plain);
@@ -149,7 +158,7 @@ public final class KernelBench {
       progress("loading libtorch through DJL (offline)");
     }
     try (LibtorchSdpa sdpa = needEngine ? LibtorchSdpa.open() : null) {
-      run(op, t, tk, heads, kvHeads, dim, iters, warmup, split, causal, kernels, sdpa, anchor, plain, only);
+      run(op, t, tk, heads, kvHeads, dim, iters, warmup, split, causal, kernels, sdpa, anchor, plain, only, callers);
     }
   }
 
@@ -157,7 +166,8 @@ public final class KernelBench {
   record Impl(String name, Supplier<?> call) {}
 
   private static void run(String op, int t, int tk, int heads, int kvHeads, int dim, int iters, int warmup, int split,
-      Boolean causal, CpuAttention kernels, LibtorchSdpa engine, boolean anchor, boolean plain, String only) {
+      Boolean causal, CpuAttention kernels, LibtorchSdpa engine, boolean anchor, boolean plain, String only,
+      int callers) {
     SplittableRandom rng = new SplittableRandom(42);
     AttentionOp attentionOp = new AttentionOp(kernels);
     if (op.equals("forward") || op.equals("all")) {
@@ -205,6 +215,13 @@ public final class KernelBench {
             extra += memoryFigures(rssBefore);
           }
           print(name, "forward", t, k.tokens(), h, hkv, dim, c, ms[i], gflops(flops, ms[i]) + extra);
+        }
+        if (callers > 1) {
+          double[] msN = medianMs(1, iters, concurrently(calls(impls), callers));
+          for (int i = 0; i < impls.size(); i++) {
+            print(impls.get(i).name(), "forward", t, k.tokens(), h, hkv, dim, c, msN[i],
+                gflops(callers * flops, msN[i]) + callerFigures(callers, ms[i], msN[i]));
+          }
         }
       }
       closeAll(nd);
@@ -268,6 +285,13 @@ public final class KernelBench {
         }
         print(name, "decode", rows, n, h, hkv, dim, true, ms[i], "\"gbps\": %.2f".formatted(bytes / ms[i] / 1e6) + extra);
       }
+      if (callers > 1) {
+        double[] msN = medianMs(1, iters, concurrently(calls(impls), callers));
+        for (int i = 0; i < impls.size(); i++) {
+          print(impls.get(i).name(), "decode", rows, n, h, hkv, dim, true, msN[i],
+              "\"gbps\": %.2f".formatted(callers * bytes / msN[i] / 1e6) + callerFigures(callers, ms[i], msN[i]));
+        }
+      }
       closeAll(nd);
     }
   }
@@ -295,6 +319,40 @@ public final class KernelBench {
 
   private static List<Supplier<?>> calls(List<Impl> impls) {
     return impls.stream().<Supplier<?>>map(Impl::call).toList();
+  }
+
+  /**
+   * Each call made by {@code n} threads at once (threads of their own, not the kernels' pool, as Spark
+   * tasks are): a round ends when all n have returned.
+   */
+  static List<Supplier<?>> concurrently(List<Supplier<?>> calls, int n) {
+    return calls.stream().<Supplier<?>>map(c -> () -> {
+      List<Thread> threads = new ArrayList<>();
+      Throwable[] failed = new Throwable[1];
+      for (int i = 0; i < n; i++) {
+        Thread th = new Thread(c::get, "bench-caller-" + i);
+        th.setUncaughtExceptionHandler((x, e) -> failed[0] = e);
+        threads.add(th);
+        th.start();
+      }
+      for (Thread th : threads) {
+        try {
+          th.join();
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          throw new IllegalStateException("interrupted while callers ran", e);
+        }
+      }
+      if (failed[0] != null) {
+        throw new IllegalStateException("a concurrent caller failed", failed[0]);
+      }
+      return null;
+    }).toList();
+  }
+
+  /** The callers fields of a line: n, and n calls' worth of one caller's time over the measured round. */
+  static String callerFigures(int n, double oneMs, double roundMs) {
+    return String.format(Locale.ROOT, ", \"callers\": %d, \"vs_one_caller\": %.2f", n, n * oneMs / roundMs);
   }
 
   private static int indexOf(List<Impl> impls, String name) {

@@ -56,4 +56,16 @@ class KernelBenchTest {
     assertTrue(r.err().contains("djl-plain skipped (--plain to include it)"), r.err());
     assertTrue(r.err().contains("first round"), r.err());
   }
+
+  @Test
+  void callersAddsOneLinePerImplWithTheConcurrentFigures() {
+    Out r = run("--op", "forward", "--causal", "--t", "40", "--heads", "2", "--dim", "16", "--iters", "1", "--warmup",
+        "1", "--no-anchor", "--callers", "2");
+    List<String> lines = r.out().lines().toList();
+    // java and op, once with one caller, once with two at a time
+    assertEquals(4, lines.size(), r.out());
+    List<String> two = lines.stream().filter(l -> l.contains("\"callers\": 2, \"vs_one_caller\": ")).toList();
+    assertEquals(2, two.size(), r.out());
+    assertTrue(two.get(0).startsWith("{\"impl\": \"java\"") && two.get(1).startsWith("{\"impl\": \"op\""), r.out());
+  }
 }
