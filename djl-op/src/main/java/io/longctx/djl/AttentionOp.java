@@ -80,13 +80,49 @@ public final class AttentionOp {
   private static final System.Logger LOG = System.getLogger(AttentionOp.class.getName());
 
   /**
-   * Dispatch rule, by measurement (docs/BENCHMARKS.md, "Operator dispatch"; measured on one AVX2
-   * machine, 2026-11-22): libtorch's fused attention whenever it computes the call exactly
-   * ({@link #libtorchSupports}) and the heads are not grouped; with GQA/MQA, our Java kernel below
-   * {@link #GQA_LIBTORCH_MIN_QUERY_ROWS} query rows (the crossover lay between 256 and 1024; 512 is
-   * not measured), libtorch from there on; the Java kernel for everything libtorch cannot do.
+   * System property: {@code java} or {@code libtorch} fixes {@link Path#AUTO}'s choice wherever both
+   * paths can compute a call (benchmarks, tests); unset or {@code auto}: measured ({@link #choose}).
    */
-  static final int GQA_LIBTORCH_MIN_QUERY_ROWS = 512;
+  public static final String PATH_PROPERTY = "longctx.op.path";
+
+  /**
+   * Calls that should run alike on either path: one calibration each. Token counts by power of two
+   * (the paths' relative speed moves slowly with T); everything else that changes the work exactly.
+   */
+  record ShapeClass(boolean grouped, int dim, boolean causal, int tqLog2, int tkLog2, Layout layout) {
+    static ShapeClass of(Dims d, AttentionOptions opt, Layout layout) {
+      return new ShapeClass(d.heads != d.kvHeads, d.dim, opt.causal(), ceilLog2(d.tq), ceilLog2(d.tk), layout);
+    }
+
+    private static int ceilLog2(int n) {
+      return 32 - Integer.numberOfLeadingZeros(Math.max(1, n) - 1);
+    }
+  }
+
+  /** Runs two ways of computing one call and says which was faster. */
+  interface Calibrator {
+    Path faster(ShapeClass shape, Runnable java, Runnable libtorch);
+  }
+
+  /**
+   * The measurement: each path once untimed (JIT, lazy set-up), then twice each, alternating; the
+   * faster best time wins. Costs five extra runs of the first call of each shape class.
+   */
+  static final Calibrator TIMED = (shape, java, libtorch) -> {
+    java.run();
+    libtorch.run();
+    long j = Long.MAX_VALUE, l = Long.MAX_VALUE;
+    for (int i = 0; i < 2; i++) {
+      long t0 = System.nanoTime();
+      java.run();
+      long t1 = System.nanoTime();
+      libtorch.run();
+      long t2 = System.nanoTime();
+      j = Math.min(j, t1 - t0);
+      l = Math.min(l, t2 - t1);
+    }
+    return j < l ? Path.JAVA : Path.LIBTORCH;
+  };
 
   /** At or below this many query rows the Java path uses split-K ({@link CpuAttention#decode}). */
   static final int SPLIT_K_MAX_QUERY_ROWS = 16;
@@ -94,13 +130,23 @@ public final class AttentionOp {
   private static final AttentionOp CPU = new AttentionOp(CpuAttention.DEFAULT);
 
   private final CpuAttention kernels;
+  private final Calibrator calibrator;
+  /** The path measured faster per shape class, kept for the JVM: a class's results never change path. */
+  private final java.util.concurrent.ConcurrentHashMap<ShapeClass, Path> calibrated =
+      new java.util.concurrent.ConcurrentHashMap<>();
   private final Object sdpaLock = new Object();
   private volatile LibtorchSdpa sdpa;
   private volatile boolean sdpaUnavailable;
 
   /** An operator using the given Java kernels (tile sizes) for its Java path. */
   public AttentionOp(CpuAttention kernels) {
+    this(kernels, TIMED);
+  }
+
+  /** With the given calibration (tests give one that answers without timing). */
+  AttentionOp(CpuAttention kernels, Calibrator calibrator) {
     this.kernels = Objects.requireNonNull(kernels, "kernels");
+    this.calibrator = Objects.requireNonNull(calibrator, "calibrator");
   }
 
   /** The shared operator with the default kernels. */
@@ -126,7 +172,7 @@ public final class AttentionOp {
    *
    * @param qPos absolute positions of the query tokens (length Tq), or null for 0..Tq-1
    * @param kPos absolute positions of the keys (length Tk), or null for 0..Tk-1
-   * @param path {@link Path#AUTO} to dispatch by measurement; JAVA or LIBTORCH to force one (LIBTORCH
+   * @param path {@link Path#AUTO} to dispatch by measurement ({@link #choose}); JAVA or LIBTORCH to force one (LIBTORCH
    *     throws when the call is outside what it supports, {@link #libtorchSupports})
    * @throws IllegalArgumentException on wrong ranks, shapes, types, devices or positions
    */
@@ -138,7 +184,7 @@ public final class AttentionOp {
     Dims d = Dims.of(q, k, v, layout);
     checkPositions(qPos, d.tq, "qPos");
     checkPositions(kPos, d.tk, "kPos");
-    Path chosen = path == Path.AUTO ? choose(d, qPos, kPos, opt) : path;
+    Path chosen = path == Path.AUTO ? choose(q, k, v, d, qPos, kPos, opt, layout) : path;
     if (chosen == Path.LIBTORCH) {
       String why = libtorchUnsupported(d, qPos, kPos, opt);
       if (why != null) {
@@ -159,30 +205,49 @@ public final class AttentionOp {
   }
 
   /**
-   * The path {@link Path#AUTO} takes for these shapes and options. The rule (figures at
-   * {@link #GQA_LIBTORCH_MIN_QUERY_ROWS}): libtorch's fused attention when it can compute the call
-   * exactly as asked (see {@link #libtorchSupports}), except GQA/MQA with fewer than 512 query rows
-   * (decoding, short prefill); our Java kernel for those and for custom positions, windows, softcap,
-   * and whenever libtorch did not load.
+   * The path {@link Path#AUTO} takes for this call: CUDA where the backend selector picks it; our
+   * Java kernel where libtorch cannot compute the call exactly (custom positions, windows, softcap;
+   * {@link #libtorchSupports}) or did not load; otherwise the path {@link #PATH_PROPERTY} names, or
+   * else the one measured faster on this machine for the call's {@link ShapeClass}: the first call
+   * of a class runs both paths a few times on its own inputs ({@link #TIMED}), and the answer is kept
+   * for the JVM. Machines differ (the Java kernel beats libtorch on some AVX-512 machines and loses on
+   * AVX2 ones at long T), so no rule is written down here. Either path meets the same tolerance;
+   * bits can differ between paths, so within a JVM a class never changes path.
    */
   public Path choose(NDArray q, NDArray k, NDArray v, long[] qPos, long[] kPos, AttentionOptions opt,
       Layout layout) {
-    return choose(Dims.of(q, k, v, layout), qPos, kPos, opt);
+    return choose(q, k, v, Dims.of(q, k, v, layout), qPos, kPos, opt, layout);
   }
 
-  private Path choose(Dims d, long[] qPos, long[] kPos, AttentionOptions opt) {
+  private Path choose(NDArray q, NDArray k, NDArray v, Dims d, long[] qPos, long[] kPos, AttentionOptions opt,
+      Layout layout) {
     // The one selector (-Dlongctx.backend): cuda, or auto where CUDA is usable, takes the CUDA path
     // (which fails loudly when CUDA was named but is missing); cpu and other providers the CPU paths.
     if (d.dim <= CudaAttention.MAX_DIM && AttentionBackends.provider(AttentionBackends.choice()).name().equals("cuda")) {
       return Path.CUDA;
     }
-    if (libtorchUnsupported(d, qPos, kPos, opt) != null) {
+    LibtorchSdpa s = libtorchUnsupported(d, qPos, kPos, opt) == null ? sdpa() : null;
+    if (s == null) {
       return Path.JAVA;
     }
-    if (d.heads != d.kvHeads && d.tq < GQA_LIBTORCH_MIN_QUERY_ROWS) {
-      return Path.JAVA;
+    String forced = System.getProperty(PATH_PROPERTY, "auto");
+    switch (forced) {
+      case "java":
+        return Path.JAVA;
+      case "libtorch":
+        return Path.LIBTORCH;
+      case "auto":
+        break;
+      default:
+        throw new IllegalArgumentException("-D" + PATH_PROPERTY + " must be auto, java or libtorch, got '" + forced + "'");
     }
-    return sdpa() != null ? Path.LIBTORCH : Path.JAVA;
+    return calibrated.computeIfAbsent(ShapeClass.of(d, opt, layout), shape -> {
+      Path p = calibrator.faster(shape,
+          () -> javaForward(q, k, v, d, qPos, kPos, opt, layout).close(),
+          () -> libtorchForward(s, q, k, v, d, opt, layout).close());
+      LOG.log(System.Logger.Level.INFO, "attention path for {0}: {1} (measured on this machine)", shape, p);
+      return p;
+    });
   }
 
   /**

@@ -14,6 +14,7 @@ import ai.djl.ndarray.types.Shape;
 import io.longctx.djl.AttentionOp.Layout;
 import io.longctx.djl.AttentionOp.Path;
 import io.longctx.kernels.AttentionOptions;
+import io.longctx.kernels.CpuAttention;
 import io.longctx.kernels.Tensor;
 import java.util.ArrayList;
 import java.util.List;
@@ -107,36 +108,29 @@ class AttentionOpTest {
   void dispatchFollowsTheRule() {
     org.junit.jupiter.api.Assumptions.assumeFalse(io.longctx.kernels.CudaProbe.status().available(),
         "a GPU is present: AUTO takes the CUDA path");
+    // Where both paths compute the call, the calibration decides: here a stand-in that says libtorch.
+    AttentionOp op = new AttentionOp(CpuAttention.DEFAULT, (shape, java, libtorch) -> Path.LIBTORCH);
     try (NDManager m = manager.newSubManager()) {
       NDArray big = m.randomNormal(new Shape(1, 4, 256, 64));
       NDArray one = m.randomNormal(new Shape(1, 4, 1, 64));
       AttentionOptions opt = AttentionOptions.DEFAULT;
-      assertEquals(Path.LIBTORCH, OP.choose(big, big, big, null, null, opt, Layout.BHTD));
-      assertEquals(Path.LIBTORCH, OP.choose(big, big, big, null, null, opt.withCausal(true), Layout.BHTD));
-      assertEquals(Path.LIBTORCH, OP.choose(one, big, big, null, null, opt, Layout.BHTD), "one row, H == Hkv");
-      NDArray kv = m.randomNormal(new Shape(1, 2, 256, 64));
-      NDArray q8 = m.randomNormal(new Shape(1, 8, 1, 64));
-      assertEquals(Path.JAVA, OP.choose(q8, kv, kv, null, null, opt, Layout.BHTD), "GQA decode: Java");
-      NDArray q512 = m.randomNormal(new Shape(1, 8, 512, 16));
-      NDArray kv512 = m.randomNormal(new Shape(1, 2, 512, 16));
-      assertEquals(Path.LIBTORCH, OP.choose(q512, kv512, kv512, null, null, opt, Layout.BHTD), "GQA prefill");
-      assertEquals(Path.JAVA, OP.choose(big, big, big, null, null, opt.withWindow(16).withCausal(true), Layout.BHTD));
-      assertEquals(Path.JAVA, OP.choose(big, big, big, null, null, opt.withSoftcap(3f), Layout.BHTD));
+      assertEquals(Path.LIBTORCH, op.choose(big, big, big, null, null, opt, Layout.BHTD));
+      assertEquals(Path.LIBTORCH, op.choose(big, big, big, null, null, opt.withCausal(true), Layout.BHTD));
+      assertEquals(Path.LIBTORCH, op.choose(one, big, big, null, null, opt, Layout.BHTD), "one row, H == Hkv");
+      // What libtorch cannot compute exactly goes to the Java kernel, whatever the calibration says.
+      assertEquals(Path.JAVA, op.choose(big, big, big, null, null, opt.withWindow(16).withCausal(true), Layout.BHTD));
+      assertEquals(Path.JAVA, op.choose(big, big, big, null, null, opt.withSoftcap(3f), Layout.BHTD));
       long[] shifted = new long[256];
       for (int i = 0; i < shifted.length; i++) {
         shifted[i] = 1000 + i;
       }
-      assertEquals(Path.JAVA, OP.choose(big, big, big, shifted, shifted, opt.withCausal(true), Layout.BHTD));
+      assertEquals(Path.JAVA, op.choose(big, big, big, shifted, shifted, opt.withCausal(true), Layout.BHTD));
       assertThrows(IllegalArgumentException.class,
-          () -> OP.forward(big, big, big, null, null, opt.withSoftcap(3f), Layout.BHTD, Path.LIBTORCH));
+          () -> op.forward(big, big, big, null, null, opt.withSoftcap(3f), Layout.BHTD, Path.LIBTORCH));
       IllegalStateException noGpu = assertThrows(IllegalStateException.class,
-          () -> OP.forward(big, big, big, null, null, opt, Layout.BHTD, Path.CUDA));
+          () -> op.forward(big, big, big, null, null, opt, Layout.BHTD, Path.CUDA));
       assertTrue(noGpu.getMessage().contains("CUDA is unavailable"), noGpu.getMessage());
     }
-  }
-
-  @Test
-  void causalWithFewerQueriesThanKeysAtDefaultPositionsOnBothPaths() {
     // Default positions: query i sees keys 0..i (libtorch's top-left mask is the same mask).
     long seed = OpChecks.seed();
     SplittableRandom rng = new SplittableRandom(seed);
@@ -146,7 +140,7 @@ class AttentionOpTest {
     for (Layout layout : Layout.values()) {
       try (NDManager m = manager.newSubManager()) {
         NDArray qa = OpChecks.nd(m, q, layout), ka = OpChecks.nd(m, k, layout), va = OpChecks.nd(m, v, layout);
-        assertEquals(Path.LIBTORCH, OP.choose(qa, ka, va, null, null, opt, layout));
+        assertTrue(AttentionOp.libtorchSupports(qa, ka, va, null, null, opt, layout), "both paths compute this call");
         for (Path p : new Path[] {Path.JAVA, Path.LIBTORCH}) {
           NDList r = OP.forward(qa, ka, va, null, null, opt, layout, p);
           float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), layout);
@@ -282,5 +276,49 @@ class AttentionOpTest {
   private static void assertMessage(org.junit.jupiter.api.function.Executable call, String part) {
     IllegalArgumentException e = assertThrows(IllegalArgumentException.class, call);
     assertTrue(e.getMessage().contains(part), "message '" + e.getMessage() + "' should mention '" + part + "'");
+  }
+
+  @Test
+  void calibrationPicksTheFasterPathOncePerShapeClassAndAPropertyForcesIt() {
+    org.junit.jupiter.api.Assumptions.assumeFalse(io.longctx.kernels.CudaProbe.status().available(),
+        "a GPU is present: AUTO takes the CUDA path");
+    java.util.concurrent.atomic.AtomicInteger calls = new java.util.concurrent.atomic.AtomicInteger();
+    // A stand-in measurement: Java faster for causal calls, libtorch for the rest; it runs both
+    // paths once, as the real one does, so their set-up is exercised too.
+    AttentionOp op = new AttentionOp(CpuAttention.DEFAULT, (shape, java, libtorch) -> {
+      calls.incrementAndGet();
+      java.run();
+      libtorch.run();
+      return shape.causal() ? Path.JAVA : Path.LIBTORCH;
+    });
+    try (NDManager m = manager.newSubManager()) {
+      NDArray a = m.randomNormal(new Shape(1, 2, 100, 32));
+      NDArray b = m.randomNormal(new Shape(1, 2, 120, 32)); // same power-of-two class (128) as 100
+      AttentionOptions full = AttentionOptions.DEFAULT, causal = full.withCausal(true);
+      assertEquals(Path.LIBTORCH, op.choose(a, a, a, null, null, full, Layout.BHTD));
+      assertEquals(Path.JAVA, op.choose(a, a, a, null, null, causal, Layout.BHTD));
+      assertEquals(2, calls.get());
+      assertEquals(Path.JAVA, op.choose(b, b, b, null, null, causal, Layout.BHTD));
+      op.forward(a, a, a, null, null, causal, Layout.BHTD, Path.AUTO).close();
+      assertEquals(2, calls.get(), "a class is measured once per operator and kept");
+      String old = System.getProperty(AttentionOp.PATH_PROPERTY);
+      try {
+        System.setProperty(AttentionOp.PATH_PROPERTY, "libtorch");
+        assertEquals(Path.LIBTORCH, op.choose(a, a, a, null, null, causal, Layout.BHTD));
+        assertEquals(Path.JAVA, op.choose(a, a, a, null, null, causal.withWindow(8), Layout.BHTD),
+            "forcing libtorch never sends it a call it cannot compute");
+        System.setProperty(AttentionOp.PATH_PROPERTY, "java");
+        assertEquals(Path.JAVA, op.choose(a, a, a, null, null, full, Layout.BHTD));
+        System.setProperty(AttentionOp.PATH_PROPERTY, "fast");
+        assertThrows(IllegalArgumentException.class, () -> op.choose(a, a, a, null, null, full, Layout.BHTD));
+      } finally {
+        if (old == null) {
+          System.clearProperty(AttentionOp.PATH_PROPERTY);
+        } else {
+          System.setProperty(AttentionOp.PATH_PROPERTY, old);
+        }
+      }
+      assertEquals(2, calls.get());
+    }
   }
 }
