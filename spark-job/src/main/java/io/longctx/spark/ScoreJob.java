@@ -104,17 +104,6 @@ public final class ScoreJob {
     }
   }
 
-  /** AttentionOptions is not Serializable: tasks carry this and rebuild it. */
-  record AttnSpec(double scale, float softcap, boolean causal, long window) implements Serializable {
-    AttnSpec(AttentionOptions o) {
-      this(o.scale(), o.softcap(), o.causal(), o.window());
-    }
-
-    AttentionOptions get() {
-      return new AttentionOptions(scale, softcap, causal, window);
-    }
-  }
-
   /** Group key of a document's chunk or block: (doc_id, index), typed, never a joined string. */
   static final org.apache.spark.sql.Encoder<Tuple2<String, Long>> KEY = Encoders.tuple(Encoders.STRING(),
       Encoders.LONG());
@@ -141,7 +130,6 @@ public final class ScoreJob {
       spark.conf().set("spark.sql.shuffle.partitions", opt.partitions);
     }
     AttentionOptions attn = prefill ? opt.attention().withCausal(true) : opt.attention();
-    final AttnSpec spec = new AttnSpec(attn);
     final JobBackend backend = JobBackend.resolve(spark, opt.backend);
     // The backends the tasks actually ran on (one name, or the job failed): for the summary.
     final CollectionAccumulator<String> used = spark.sparkContext().collectionAccumulator("longctx backends used");
@@ -221,7 +209,7 @@ public final class ScoreJob {
             .groupByKey((MapFunction<Chunk, Tuple2<String, Long>>) c -> new Tuple2<>(c.getDocId(), c.getBlock()), KEY)
             .flatMapSortedGroups(new Column[] {col("q").isNull(), col("chunk")},
                 (FlatMapGroupsFunction<Tuple2<String, Long>, Chunk, Partial>) (key, it) -> computeBlock(it,
-                    planB.value().chunksOf(key._1(), key._2()), sh, spec.get(), task(backend, used)),
+                    planB.value().chunksOf(key._1(), key._2()), sh, attn, task(backend, used)),
                 Encoders.bean(Partial.class))
             .toDF()
             .select(col("docId").as("doc_id"), col("pos"), col("o"), col("lse"), col("keyCount").as("n_keys"));
@@ -240,7 +228,7 @@ public final class ScoreJob {
             .cogroup(chunks.groupByKey((MapFunction<Chunk, Tuple2<String, Long>>) c -> new Tuple2<>(c.getDocId(),
                     c.getChunk()), KEY),
                 (CoGroupFunction<Tuple2<String, Long>, QueryBlock, Chunk, Partial>) (key, bs, cs) -> computePairs(bs, cs, sh,
-                    spec.get(), task(backend, used)),
+                    attn, task(backend, used)),
                 Encoders.bean(Partial.class));
         // The states of one query come from many tasks: lse_merge reduces them in chunk order.
         UserDefinedFunction lseMerge = LseMerge.register(spark);
