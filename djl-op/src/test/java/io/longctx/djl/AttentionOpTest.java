@@ -131,6 +131,10 @@ class AttentionOpTest {
           () -> op.forward(big, big, big, null, null, opt, Layout.BHTD, Path.CUDA));
       assertTrue(noGpu.getMessage().contains("CUDA is unavailable"), noGpu.getMessage());
     }
+  }
+
+  @Test
+  void causalWithFewerQueriesThanKeysAtDefaultPositionsOnBothPaths() {
     // Default positions: query i sees keys 0..i (libtorch's top-left mask is the same mask).
     long seed = OpChecks.seed();
     SplittableRandom rng = new SplittableRandom(seed);
