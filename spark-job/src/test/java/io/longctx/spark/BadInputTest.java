@@ -144,11 +144,21 @@ class BadInputTest {
     TestData d = good();
     Path keys = d.writeKeys(spark, tmp, "parquet", false);
     Path queries = d.writeQueries(spark, tmp, "parquet");
+    Run r = score(keys, queries, "--heads", "3");
+    assertEquals(2, r.rc(), r.err());
+    assertTrue(r.err().contains("does not match the data"), r.err());
+  }
+
+  record Run(int rc, String err) {}
+
+  /** score over KEYS and QUERIES into tmp/o with the extra options: exit code and stderr. */
+  Run score(Path keys, Path queries, String... extra) {
+    List<String> args = new ArrayList<>(List.of("score", "--keys", keys.toString(), "--queries", queries.toString(),
+        "--output", tmp.resolve("o").toString()));
+    args.addAll(List.of(extra));
     ByteArrayOutputStream err = new ByteArrayOutputStream();
-    int rc = LongctxMain.run(new String[] {"score", "--keys", keys.toString(), "--queries", queries.toString(),
-        "--output", tmp.resolve("o").toString(), "--heads", "3"}, System.out, new PrintStream(err, true));
-    assertEquals(2, rc, err.toString());
-    assertTrue(err.toString().contains("does not match the data"), err.toString());
+    int rc = LongctxMain.run(args.toArray(String[]::new), System.out, new PrintStream(err, true));
+    return new Run(rc, err.toString());
   }
 
   @Test
@@ -208,18 +218,13 @@ class BadInputTest {
     TestData d = good();
     Path keys = d.writeKeys(spark, tmp, "parquet", false);
     Path queries = d.writeQueries(spark, tmp, "parquet");
-    ByteArrayOutputStream err = new ByteArrayOutputStream();
-    int rc = LongctxMain.run(new String[] {"score", "--keys", keys.toString(), "--queries", queries.toString(),
-        "--output", tmp.resolve("o").toString(), "--dim", "8", "--format", "json"}, System.out, new PrintStream(err, true));
-    assertEquals(2, rc, err.toString());
-    assertTrue(err.toString().contains("Parquet file read as JSON") && !err.toString().contains("PAR1\u0015")
-        && !err.toString().contains("doc 'null'"), err.toString());
+    Run r = score(keys, queries, "--dim", "8", "--format", "json");
+    assertEquals(2, r.rc(), r.err());
+    assertTrue(r.err().contains("Parquet file read as JSON") && !r.err().contains("PAR1\u0015")
+        && !r.err().contains("doc 'null'"), r.err());
     assertFalse(Files.exists(tmp.resolve("o")));
-    err.reset();
-    rc = LongctxMain.run(new String[] {"score", "--keys", keys.toString(), "--queries", queries.toString(),
-        "--output", tmp.resolve("o").toString(), "--dim", "8", "--output-format", "json"}, System.out,
-        new PrintStream(err, true));
-    assertEquals(0, rc, err.toString());
+    r = score(keys, queries, "--dim", "8", "--output-format", "json");
+    assertEquals(0, r.rc(), r.err());
     assertEquals(2, Outputs.read(spark, tmp.resolve("o"), "json", false).size(), "JSON output from Parquet input");
   }
 

@@ -50,9 +50,7 @@ class PplJobTest {
 
   @BeforeAll
   static void makeModel() throws Exception {
-    Long fixed = Long.getLong("longctx.seed");
-    seed = fixed != null ? fixed : System.nanoTime();
-    System.out.println("PplJobTest: seed " + seed + " (replay with -Dlongctx.seed=" + seed + ")");
+    seed = TestModels.seed("PplJobTest");
     model = shared.resolve("model");
     ModelGenerator.generate(TestModels.small(seed, 2), model);
   }

@@ -42,9 +42,7 @@ class SplitPplTest {
 
   @BeforeAll
   static void setUp() throws Exception {
-    Long fixed = Long.getLong("longctx.seed");
-    seed = fixed != null ? fixed : System.nanoTime();
-    System.out.println("SplitPplTest: seed " + seed + " (replay with -Dlongctx.seed=" + seed + ")");
+    seed = TestModels.seed("SplitPplTest");
     causal = shared.resolve("causal");
     windowed = shared.resolve("windowed");
     ModelGenerator.generate(spec(seed, "llama", 0, 3), causal);
