@@ -73,6 +73,9 @@ public final class KernelBench {
       "  --iters N                 timed rounds, the median is reported (default 7)",
       "  --warmup N                untimed rounds first, so the JIT has compiled the kernels (default 5)",
       "  --block-q BQ, --block-k BK  Java kernel tile: query rows x keys (default 32 x 128)",
+      "  --sweep N                 forward: at most N query blocks of a head sweep the keys together, tile by",
+      "                            tile (default " + CpuAttention.DEFAULT_MAX_BLOCKS_PER_SWEEP + "; fewer where L2 or the task count says so;"
+          + " 1: each block alone)",
       "  --split L                 decode split length in keys (default " + CpuAttention.DEFAULT_SPLIT_LEN + ")",
       "  --plain                   also time djl-plain (DJL's plain ops, T x T scores materialized; default off):",
       "                            slow (~8.5 s a call in decode, ~2 s at T = 4096 on 2 cores) and needs",
@@ -95,7 +98,7 @@ public final class KernelBench {
   public static void main(String[] args) {
     String op = "all";
     int t = 4096, tk = -1, heads = -1, kvHeads = -1, dim = 128, iters = 7, warmup = 5;
-    int blockQ = 32, blockK = 128, split = CpuAttention.DEFAULT_SPLIT_LEN, callers = 1;
+    int blockQ = 32, blockK = 128, sweep = CpuAttention.DEFAULT_MAX_BLOCKS_PER_SWEEP, split = CpuAttention.DEFAULT_SPLIT_LEN, callers = 1;
     Boolean causal = null;
     boolean anchor = true;
     boolean plain = false; // djl-plain is slow (seconds a call) and memory-hungry: only when asked
@@ -121,6 +124,7 @@ public final class KernelBench {
         case "--warmup" -> warmup = Integer.parseInt(args[++i]);
         case "--block-q" -> blockQ = Integer.parseInt(args[++i]);
         case "--block-k" -> blockK = Integer.parseInt(args[++i]);
+        case "--sweep" -> sweep = Integer.parseInt(args[++i]);
         case "--split" -> split = Integer.parseInt(args[++i]);
         case "--callers" -> callers = Integer.parseInt(args[++i]);
         case "--help", "-h" -> {
@@ -151,7 +155,7 @@ public final class KernelBench {
         default -> "forward (non-causal, causal), then decode";
       }, warmup, iters, plain ? "included (--plain)" : "skipped (--plain to include it)");
     }
-    CpuAttention kernels = new CpuAttention(blockQ, blockK);
+    CpuAttention kernels = new CpuAttention(blockQ, blockK, sweep);
     // The operator, and djl-plain, need the engine; the anchor module is opened only when asked for.
     boolean needEngine = anchor || plain || only == null || !only.equals("java");
     if (needEngine && only == null) {

@@ -34,6 +34,9 @@ public final class CpuAttention implements AttentionBackend {
   /** Default split length for split-K decoding, in keys. */
   public static final int DEFAULT_SPLIT_LEN = 4096;
 
+  /** Upper bound of query blocks per key sweep (docs/BENCHMARKS.md, "Loop order"). */
+  public static final int DEFAULT_MAX_BLOCKS_PER_SWEEP = 8;
+
   /** Tile sizes chosen by measurement (docs/BENCHMARKS.md). */
   public static final CpuAttention DEFAULT = new CpuAttention(32, 128);
 
@@ -93,20 +96,35 @@ public final class CpuAttention implements AttentionBackend {
 
   private final int blockQ;
   private final int blockK;
-  private final ThreadLocal<TileWorker> workers = new ThreadLocal<>();
+  private final int maxBlocksPerSweep;
+  private final ThreadLocal<TileWorker[]> workers = new ThreadLocal<>();
 
   /**
    * @param blockQ query rows per block, a multiple of {@link #laneGroup()}
    * @param blockK keys per tile
    */
   public CpuAttention(int blockQ, int blockK) {
+    this(blockQ, blockK, DEFAULT_MAX_BLOCKS_PER_SWEEP);
+  }
+
+  /**
+   * @param blockQ query rows per block, a multiple of {@link #laneGroup()}
+   * @param blockK keys per tile
+   * @param maxBlocksPerSweep at most this many query blocks of one head sweep the keys together,
+   *     tile by tile, in one task of {@link #forward} (1: each block sweeps all keys alone)
+   */
+  public CpuAttention(int blockQ, int blockK, int maxBlocksPerSweep) {
     VectorSupport.require();
     if (blockQ < TileMath.GROUP || blockQ % TileMath.GROUP != 0 || blockK < 1) {
       throw new IllegalArgumentException("blockQ must be a positive multiple of " + TileMath.GROUP
           + " and blockK positive, got blockQ=" + blockQ + " blockK=" + blockK);
     }
+    if (maxBlocksPerSweep < 1) {
+      throw new IllegalArgumentException("maxBlocksPerSweep must be >= 1, got " + maxBlocksPerSweep);
+    }
     this.blockQ = blockQ;
     this.blockK = blockK;
+    this.maxBlocksPerSweep = maxBlocksPerSweep;
   }
 
   @Override
@@ -132,19 +150,35 @@ public final class CpuAttention implements AttentionBackend {
     float[] o = poisoned(p.rows * p.heads * p.dim);
     float[] lse = poisoned(p.rows * p.heads);
     int qBlocks = (p.tq + blockQ - 1) / blockQ;
-    int tasks = p.batch * p.heads * qBlocks;
+    int perSweep = blocksPerSweep(qBlocks, p.batch * p.heads, p.dim);
+    int sweeps = (qBlocks + perSweep - 1) / perSweep;
+    int tasks = p.batch * p.heads * sweeps;
     parallelFor(tasks, task -> {
-      int qb = task % qBlocks;
-      int bh = task / qBlocks;
-      int b = bh / p.heads, h = bh % p.heads;
-      TileWorker w = worker(blockQ, p.dim);
-      w.startBlock();
-      int t0 = qb * blockQ, t1 = Math.min(p.tq, t0 + blockQ);
-      for (int t = t0; t < t1; t++) {
-        w.addRow(p, b, h, t);
+      int sw = task % sweeps;
+      int bh = task / sweeps;
+      int b = bh / p.heads, h = bh % p.heads, kvh = h / p.group;
+      int qb0 = sw * perSweep, qb1 = Math.min(qBlocks, qb0 + perSweep);
+      TileWorker[] ws = workers(qb1 - qb0, blockQ, p.dim);
+      for (int qb = qb0; qb < qb1; qb++) {
+        TileWorker w = ws[qb - qb0];
+        w.startBlock();
+        for (int t = qb * blockQ, t1 = Math.min(p.tq, t + blockQ); t < t1; t++) {
+          w.addRow(p, b, h, t);
+        }
+        w.begin(p, null);
       }
-      w.run(p, b, h / p.group, 0, p.tk, null);
-      w.finish(p, o, lse, null);
+      // Key tile outermost: a tile is read from memory once and swept by every block of the task
+      // while it sits in cache (one block sweeping all keys streamed K/V from memory at long T).
+      for (int jt = 0; jt < p.tk; jt += blockK) {
+        int n = Math.min(blockK, p.tk - jt);
+        long[] kRange = TileWorker.keyRange(p.opt, p.kPos, jt, jt + n);
+        for (int i = 0; i < qb1 - qb0; i++) {
+          ws[i].tile(p, b, kvh, jt, n, kRange, null);
+        }
+      }
+      for (int i = 0; i < qb1 - qb0; i++) {
+        ws[i].finish(p, o, lse, null);
+      }
     });
     return AttentionState.of(o, lse, p.rows, p.heads, p.dim);
   }
@@ -247,12 +281,36 @@ public final class CpuAttention implements AttentionBackend {
   }
 
   private TileWorker worker(int bq, int dim) {
-    TileWorker w = workers.get();
-    if (w == null || w.blockQ != bq || w.dim < dim) {
-      w = new TileWorker(bq, blockK, Math.max(dim, w == null ? 0 : w.dim));
-      workers.set(w);
+    return workers(1, bq, dim)[0];
+  }
+
+  /** This thread's first {@code count} workspaces for blocks of {@code bq} rows of head dim {@code dim}. */
+  private TileWorker[] workers(int count, int bq, int dim) {
+    TileWorker[] ws = workers.get();
+    if (ws == null || ws.length < count || ws[0].blockQ != bq || ws[0].dim < dim) {
+      int d = Math.max(dim, ws == null ? 0 : ws[0].dim);
+      ws = new TileWorker[Math.max(count, ws == null ? 0 : ws.length)];
+      for (int i = 0; i < ws.length; i++) {
+        ws[i] = new TileWorker(bq, blockK, d);
+      }
+      workers.set(ws);
     }
-    return w;
+    return ws;
+  }
+
+  /**
+   * Query blocks that sweep the keys together in one task ({@link #forward}): as many as keep their
+   * workspaces and one K/V tile within half the L2 cache, capped at {@link #maxBlocksPerSweep}, and
+   * few enough to leave every pool thread several tasks. Any count gives the same bits: a row's
+   * arithmetic does not depend on which blocks share its sweep.
+   */
+  int blocksPerSweep(int qBlocks, int heads, int dim) {
+    long blockBytes = 4L * (2L * dim * blockQ + (long) blockK * blockQ); // qt, ot, one tile of scores
+    long kvTileBytes = 2L * 4 * blockK * dim;
+    long byCache = (CacheSizes.L2_BYTES / 2 - kvTileBytes) / blockBytes;
+    long byTasks = (long) qBlocks * heads / (4L * POOL.getParallelism());
+    long n = Math.min(maxBlocksPerSweep, Math.min(byCache, byTasks));
+    return (int) Math.max(1, Math.min(n, qBlocks));
   }
 
   /** A validated call: shapes, positions, options and the derived sizes. */

@@ -102,6 +102,18 @@ final class TileWorker {
    * non-null {@code um} uses the unified maximum.
    */
   void run(CpuAttention.Problem p, int b, int kvh, int j0, int j1, UnifiedMax um) {
+    begin(p, um);
+    for (int jt = j0; jt < j1; jt += blockK) {
+      int n = Math.min(blockK, j1 - jt);
+      tile(p, b, kvh, jt, n, keyRange(p.opt, p.kPos, jt, jt + n), um);
+    }
+  }
+
+  /**
+   * Starts a sweep of the rows added so far: transposes their queries and resets the running
+   * states. Then {@link #tile} for each key tile in order, then {@link #finish}.
+   */
+  void begin(CpuAttention.Problem p, UnifiedMax um) {
     int d = p.dim;
     float[] q = p.q.data();
     // Transposed queries, not scaled: the scale multiplies the finished q.k (scaleScores), so with
@@ -119,50 +131,65 @@ final class TileWorker {
     Arrays.fill(sum, 0f);
     Arrays.fill(seenMin, Float.POSITIVE_INFINITY);
     Arrays.fill(seenMax, Float.NEGATIVE_INFINITY);
-    int lanes = (rows + GROUP - 1) / GROUP * GROUP;
-    int kvBase = p.k.offset(b, kvh, 0);
-    AttentionOptions opt = p.opt;
-    for (int jt = j0; jt < j1; jt += blockK) {
-      int n = Math.min(blockK, j1 - jt);
-      Visibility vis = classify(opt, p.kPos, jt, jt + n);
-      if (vis == Visibility.NONE) {
-        continue;
-      }
-      int kOff = kvBase + jt * d;
-      TileMath.scores(p.k.data(), kOff, d, n, d, qt, blockQ, s, blockQ, lanes);
-      boolean negInf = scaleScores(p.qScale, n, lanes);
-      if (p.softcap > 0) {
-        softcap(p.softcap, n, lanes); // caps an overflowed score at -cap: exact, no error
-      } else if (negInf) {
-        rejectNegativeInfinity(p, n, jt); // before the mask writes -inf of its own
-      }
-      if (vis == Visibility.PARTIAL) {
-        mask(p, n, jt);
-      }
-      softmaxTile(p, n, lanes, jt, um);
-      if (um == null) {
-        rescaleOutput(d, lanes);
-      }
-      TileMath.accumulate(p.v.data(), kOff, d, d, n, s, blockQ, ot, blockQ, lanes);
-    }
   }
 
-  private enum Visibility { NONE, PARTIAL, ALL }
-
-  /** Classifies the whole (query block, key tile) pair once, from position ranges. */
-  private Visibility classify(AttentionOptions opt, long[] kPos, int from, int to) {
+  /**
+   * The smallest and largest key position of keys [from, to), as {min, max}; computed once per key
+   * tile and shared by every block that sweeps it. Null when the options mask nothing.
+   */
+  static long[] keyRange(AttentionOptions opt, long[] kPos, int from, int to) {
     if (!opt.masked()) {
-      return Visibility.ALL;
+      return null;
     }
     long kMin = Long.MAX_VALUE, kMax = Long.MIN_VALUE;
     for (int j = from; j < to; j++) {
       kMin = Math.min(kMin, kPos[j]);
       kMax = Math.max(kMax, kPos[j]);
     }
-    if (!opt.anyVisible(rowPosMin, rowPosMax, kMin, kMax)) {
+    return new long[] {kMin, kMax};
+  }
+
+  /**
+   * One online-softmax step over keys [jt, jt + n) of kv head {@code kvh} of batch entry b, whose
+   * positions span {@code kRange} (from {@link #keyRange}). The same operations in the same order
+   * for a row whatever else shares its sweep: a row's bits depend only on the key tiles.
+   */
+  void tile(CpuAttention.Problem p, int b, int kvh, int jt, int n, long[] kRange, UnifiedMax um) {
+    Visibility vis = classify(p.opt, kRange);
+    if (vis == Visibility.NONE) {
+      return;
+    }
+    int d = p.dim;
+    int lanes = (rows + GROUP - 1) / GROUP * GROUP;
+    int kOff = p.k.offset(b, kvh, 0) + jt * d;
+    TileMath.scores(p.k.data(), kOff, d, n, d, qt, blockQ, s, blockQ, lanes);
+    boolean negInf = scaleScores(p.qScale, n, lanes);
+    if (p.softcap > 0) {
+      softcap(p.softcap, n, lanes); // caps an overflowed score at -cap: exact, no error
+    } else if (negInf) {
+      rejectNegativeInfinity(p, n, jt); // before the mask writes -inf of its own
+    }
+    if (vis == Visibility.PARTIAL) {
+      mask(p, n, jt);
+    }
+    softmaxTile(p, n, lanes, jt, um);
+    if (um == null) {
+      rescaleOutput(d, lanes);
+    }
+    TileMath.accumulate(p.v.data(), kOff, d, d, n, s, blockQ, ot, blockQ, lanes);
+  }
+
+  private enum Visibility { NONE, PARTIAL, ALL }
+
+  /** Classifies the whole (query block, key tile) pair once, from position ranges. */
+  private Visibility classify(AttentionOptions opt, long[] kRange) {
+    if (kRange == null) {
+      return Visibility.ALL;
+    }
+    if (!opt.anyVisible(rowPosMin, rowPosMax, kRange[0], kRange[1])) {
       return Visibility.NONE;
     }
-    return opt.allVisible(rowPosMin, rowPosMax, kMin, kMax) ? Visibility.ALL : Visibility.PARTIAL;
+    return opt.allVisible(rowPosMin, rowPosMax, kRange[0], kRange[1]) ? Visibility.ALL : Visibility.PARTIAL;
   }
 
   /**
