@@ -12,9 +12,11 @@
 //
 // Splits are fixed-length windows of the concatenated sequence: split s holds key indices
 // [s * split_len, min((s + 1) * split_len, Tk)), whatever the chunking and whatever else is in the
-// batch. A split that crosses a chunk boundary reads from both chunks (keys are looked up through
+// batch, and its 32-key tiles start at s * split_len + 32 i (narrowing to visible keys drops whole
+// tiles). A split that crosses a chunk boundary reads from both chunks (keys are looked up through
 // the chunk start table). For a fixed split length the result therefore depends on neither the
-// batch composition nor the chunking: the same keys meet in the same order.
+// batch composition nor the chunking nor the other rows of a CTA: the same keys meet in the same
+// lanes and order.
 //
 // Layouts (element type T = float, __half, __nv_bfloat16 for q, k, v):
 //   q [B, H, Tq, D]; chunk c of k and v: [B, Hkv, len_c, D] at k_chunks[c], v_chunks[c]
@@ -44,8 +46,8 @@
 //            memory, broadcast; K rows padded by 16 bytes so 16-byte reads are conflict-free), then
 //            s = scale * q.k (the scale over the softcap when capping)
 //   softmax: one warp max per row and tile (sync), per-lane partial sums l (reduced once at the end)
-//   P V:     p goes through shared memory; lane owns dims 2*lane + 64*x (+1), V read once per key
-//            and reused for every row of the warp.
+//   P V:     p goes through shared memory; lane owns dims 4*lane + 128*x (+0..3, one 8- or 16-byte
+//            V load), V read once per key and reused for every row of the warp.
 // Head dims: multiples of 8 up to DMAX (128 or 256). Float32 accumulation throughout.
 //
 // Not yet run on a GPU (docs/CUDA.md): bin/gpu-check checks it against the float64 reference.
@@ -116,12 +118,12 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 }
 
 
-// Shared-memory carve-up; CudaAttention.decodeSmemBytes computes the same total.
+// Shared-memory carve-up; CudaDecode.smemBytes computes the same total (LaunchGeometryTest checks the members).
 template <typename T>
 struct Smem {
   T* ks;              // [kStages][kTile][D + pad]
   T* vs;              // [kStages][kTile][D + pad]
-  float* qs;          // [rows][D], scaled
+  float* qs;          // [rows][D], unscaled (the scale multiplies the finished q.k)
   float* ps;          // [rows][kTile]
   long long* qp;      // [rows]
   int* row;           // [rows]: row of the kv head's group (g * Tq + t)
@@ -259,6 +261,11 @@ __device__ void decode_partial(const DecodeArgs& a) {
     if ((a.causal || a.window > 0) && qp_max_s < LLONG_MAX) hi = min(hi, qp_max_s + 1);
     if (a.window > 0 && qp_min_s >= LLONG_MIN + a.window) lo = max(lo, qp_min_s - a.window + 1);
   }
+  // Tiles start at s0 + a multiple of kTile however far the window moved lo: narrowing drops whole
+  // tiles only. A row's key-to-lane assignment and per-tile maxima, hence its bits, then do not
+  // depend on which other rows share the CTA (other row blocks, the recompute pass's flagged rows);
+  // the dropped tiles and the tail past hi are ones every row of the CTA would skip exactly.
+  if (lo < hi) lo = s0 + (lo - s0) / kTile * kTile;
 
   // q rows into shared memory as float, exactly (the scale multiplies the finished dot product:
   // products of fp16/bf16 values are exact in float32, so q.k rounds as the naive algorithm's does).
