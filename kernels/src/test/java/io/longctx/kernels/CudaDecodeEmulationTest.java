@@ -179,6 +179,10 @@ class CudaDecodeEmulationTest {
       "BF16, 1, 4, 4, 2, 200, 256, 77, 0, 30, -",
       "F32, 1, 2, 1, 16, 97, 256, 33, 0, 0, -",
       "BF16, 1, 2, 1, 2, 0, 64, 64, 0, 0, -",
+      // Many splits for the combine: lanes take splits lane, lane + 32, ...; four groups of 32
+      // weights, the last partial; with a window most splits are empty (weight 0).
+      "F16, 1, 4, 2, 2, 700, 64, 7, 0, 0, 300 0 400",
+      "BF16, 1, 8, 2, 3, 1000, 136, 9, 250, 0, 333 667",
   })
   @Timeout(300)
   void emulatedKernelsMatchTheReference(String t, int batch, int heads, int kvHeads, int tq, int tk, int dim, int split,
