@@ -12,9 +12,11 @@
 //
 // Splits are fixed-length windows of the concatenated sequence: split s holds key indices
 // [s * split_len, min((s + 1) * split_len, Tk)), whatever the chunking and whatever else is in the
-// batch. A split that crosses a chunk boundary reads from both chunks (keys are looked up through
+// batch, and its 32-key tiles start at s * split_len + 32 i (narrowing to visible keys drops whole
+// tiles). A split that crosses a chunk boundary reads from both chunks (keys are looked up through
 // the chunk start table). For a fixed split length the result therefore depends on neither the
-// batch composition nor the chunking: the same keys meet in the same order.
+// batch composition nor the chunking nor the other rows of a CTA: the same keys meet in the same
+// lanes and order.
 //
 // Layouts (element type T = float, __half, __nv_bfloat16 for q, k, v):
 //   q [B, H, Tq, D]; chunk c of k and v: [B, Hkv, len_c, D] at k_chunks[c], v_chunks[c]
@@ -34,9 +36,10 @@
 //                 and counted; the sync kernel run with `redo` = the flags recomputes exactly those
 //                 (row, split) pairs.
 //   finally o /= l, lse = m + log l (phi + log l); l == 0 (no visible key): o = 0, lse = -inf.
-// Combine, per state row, in split order: M = max_s lse_s; M == -inf: (0, -inf), else
+// Combine, per state row: M = max_s lse_s; M == -inf: (0, -inf), else
 //   w_s = e^(lse_s - M) (0 for empty splits, never NaN), o = sum w_s o_s / sum w_s, lse = M + log sum w_s;
-//   lse and the weights in float64 (a few operations per split), o in float32.
+//   lse and the weights in float64, o in float32. The lanes of a warp share the splits for M and the
+//   weights (one exp per split), then accumulate o in split order 0, 1, 2, ... (lanes over dims).
 //
 // CTA: 128 threads, 4 warps. Warp w owns rows w, w + 4, w + 8, ... (RPW rows at most). Per 32-key
 // tile (double-buffered through shared memory with 16-byte cp.async, tail keys zero-filled):
@@ -44,8 +47,8 @@
 //            memory, broadcast; K rows padded by 16 bytes so 16-byte reads are conflict-free), then
 //            s = scale * q.k (the scale over the softcap when capping)
 //   softmax: one warp max per row and tile (sync), per-lane partial sums l (reduced once at the end)
-//   P V:     p goes through shared memory; lane owns dims 2*lane + 64*x (+1), V read once per key
-//            and reused for every row of the warp.
+//   P V:     p goes through shared memory; lane owns dims 4*lane + 128*x (+0..3, one 8- or 16-byte
+//            V load), V read once per key and reused for every row of the warp.
 // Head dims: multiples of 8 up to DMAX (128 or 256). Float32 accumulation throughout.
 //
 // Not yet run on a GPU (docs/CUDA.md): bin/gpu-check checks it against the float64 reference.
@@ -116,12 +119,12 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 }
 
 
-// Shared-memory carve-up; CudaAttention.decodeSmemBytes computes the same total.
+// Shared-memory carve-up; CudaDecode.smemBytes computes the same total (LaunchGeometryTest checks the members).
 template <typename T>
 struct Smem {
   T* ks;              // [kStages][kTile][D + pad]
   T* vs;              // [kStages][kTile][D + pad]
-  float* qs;          // [rows][D], scaled
+  float* qs;          // [rows][D], unscaled (the scale multiplies the finished q.k)
   float* ps;          // [rows][kTile]
   long long* qp;      // [rows]
   int* row;           // [rows]: row of the kv head's group (g * Tq + t)
@@ -259,6 +262,11 @@ __device__ void decode_partial(const DecodeArgs& a) {
     if ((a.causal || a.window > 0) && qp_max_s < LLONG_MAX) hi = min(hi, qp_max_s + 1);
     if (a.window > 0 && qp_min_s >= LLONG_MIN + a.window) lo = max(lo, qp_min_s - a.window + 1);
   }
+  // Tiles start at s0 + a multiple of kTile however far the window moved lo: narrowing drops whole
+  // tiles only. A row's key-to-lane assignment and per-tile maxima, hence its bits, then do not
+  // depend on which other rows share the CTA (other row blocks, the recompute pass's flagged rows);
+  // the dropped tiles and the tail past hi are ones every row of the CTA would skip exactly.
+  if (lo < hi) lo = s0 + (lo - s0) / kTile * kTile;
 
   // q rows into shared memory as float, exactly (the scale multiplies the finished dot product:
   // products of fp16/bf16 values are exact in float32, so q.k rounds as the naive algorithm's does).
@@ -456,44 +464,81 @@ LONGCTX_DECODE_TYPE(float, f32)
 LONGCTX_DECODE_TYPE(__half, f16)
 LONGCTX_DECODE_TYPE(__nv_bfloat16, bf16)
 
-// Combine: one warp per state row, grid ceil(S_rows / 4), block 128. Splits merge in index order.
+// acc[x] += w[i] * o_i[4 * lane + 128 * x + 0..3] for the splits i < n of one group, in order.
+// A zero weight adds exactly 0 (every partial o is finite, 0 for an empty split) and a lane past
+// the head dim reads the row's first dims and drops them: no branch in the loop, so the loads of
+// the next splits can be issued before this one's FMAs.
+template <int Q>
+__device__ __forceinline__ void accumulate_splits(const float* __restrict__ po, const float* w, int n, int dim,
+                                                  int lane, float4 (&acc)[2]) {
+  int at[Q];
+  #pragma unroll
+  for (int x = 0; x < Q; x++) at[x] = 4 * lane + 128 * x < dim ? 4 * lane + 128 * x : 0;
+  #pragma unroll 4
+  for (int i = 0; i < n; i++) {
+    const float wf = w[i];
+    #pragma unroll
+    for (int x = 0; x < Q; x++) {
+      const float4 v = *reinterpret_cast<const float4*>(po + (long long)i * dim + at[x]);
+      acc[x].x = fmaf(wf, v.x, acc[x].x);
+      acc[x].y = fmaf(wf, v.y, acc[x].y);
+      acc[x].z = fmaf(wf, v.z, acc[x].z);
+      acc[x].w = fmaf(wf, v.w, acc[x].w);
+    }
+  }
+}
+
+// Combine: one warp per state row, grid ceil(S_rows / 4), block 128.
+//
+// The splits of a row are reduced in parallel by its warp: lane i takes splits i, i + 32, ... for
+// the max of lse and for the weights, so each split costs one float64 exp, done once (it used to be
+// every lane, one split after another). Each group of 32 weights goes through shared memory to the
+// whole warp, which accumulates o over those splits in split order, lanes over dims (coalesced
+// 16-byte loads of each split's o, independent of each other, so they can be in flight together).
+// Every sum has a fixed order, whatever the timing: o in split order, the weight sum lane by lane
+// and then by a butterfly (whose result is the same bits on every lane). Same bits on every run.
 extern "C" __global__ void __launch_bounds__(kThreads)
 longctx_decode_combine(const float* __restrict__ part_o, const double* __restrict__ part_lse, int n_splits, int dim,
                        long long n_states, float* __restrict__ o, float* __restrict__ lse) {
-  constexpr int kPerLane = 256 / 32;
+  constexpr int kQuads = 256 / 128;  // dims 4 * lane + 128 * x + 0..3, as the partial kernels write them
+  __shared__ float w_s[kWarps][32];  // a warp's weights of splits base .. base + 31
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const long long state = (long long)blockIdx.x * kWarps + warp;
-  if (state >= n_states) return;
+  if (state >= n_states) return;  // the whole warp: state is per warp
   const double* pl = part_lse + state * n_splits;
   double mx = -CUDART_INF;
   for (int s = lane; s < n_splits; s += 32) mx = fmax(mx, pl[s]);
   for (int off = 16; off > 0; off >>= 1) mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  float acc[kPerLane];
-  #pragma unroll
-  for (int x = 0; x < kPerLane; x++) acc[x] = 0.f;
   if (mx == -CUDART_INF) {  // no split saw a key: the identity, no 0/0
     for (int d = lane; d < dim; d += 32) o[state * dim + d] = 0.f;
     if (lane == 0) lse[state] = -CUDART_INF_F;
     return;
   }
-  double wsum = 0.0;
-  for (int s = 0; s < n_splits; s++) {  // fixed order: same bits on every run
-    const double w = exp(pl[s] - mx);     // empty split: e^-inf = 0
-    if (w == 0.0) continue;
+  float4 acc[kQuads];
+  #pragma unroll
+  for (int x = 0; x < kQuads; x++) acc[x] = make_float4(0.f, 0.f, 0.f, 0.f);
+  double wsum = 0.0;  // this lane's splits
+  for (int base = 0; base < n_splits; base += 32) {
+    const int s = base + lane;
+    const double w = s < n_splits ? exp(pl[s] - mx) : 0.0;  // empty split: e^-inf = 0
     wsum += w;
-    const float wf = (float)w;
-    const float* po = part_o + (state * n_splits + s) * dim;
-    #pragma unroll
-    for (int x = 0; x < kPerLane; x++) {
-      const int d = lane + 32 * x;
-      if (d < dim) acc[x] = fmaf(wf, po[d], acc[x]);
-    }
+    __syncwarp();  // the previous group's weights have been read
+    w_s[warp][lane] = (float)w;
+    __syncwarp();
+    const int n = min(32, n_splits - base);
+    const float* po = part_o + (state * n_splits + base) * dim;
+    if (dim <= 128) accumulate_splits<1>(po, w_s[warp], n, dim, lane, acc);
+    else accumulate_splits<2>(po, w_s[warp], n, dim, lane, acc);
   }
+  for (int off = 16; off > 0; off >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, off);
   const float inv = (float)(1.0 / wsum);  // wsum >= 1: the largest split has weight 1
   #pragma unroll
-  for (int x = 0; x < kPerLane; x++) {
-    const int d = lane + 32 * x;
-    if (d < dim) o[state * dim + d] = acc[x] * inv;
+  for (int x = 0; x < kQuads; x++) {
+    const int d = 4 * lane + 128 * x;
+    if (d < dim) {
+      *reinterpret_cast<float4*>(o + state * dim + d) =
+          make_float4(acc[x].x * inv, acc[x].y * inv, acc[x].z * inv, acc[x].w * inv);
+    }
   }
   if (lane == 0) lse[state] = (float)(mx + log(wsum));
 }

@@ -79,8 +79,11 @@ __device__ void flash_forward(const T* __restrict__ q, const T* __restrict__ k, 
       float s = warp_sum(part) * scale;
       if (softcap > 0.f) s = softcap * tanhf(s / softcap);
       float m_new = fmaxf(m, s);
-      float alpha = __expf(m - m_new);  // m = -inf on the first key: alpha = 0
-      float p = __expf(s - m_new);
+      // The max did not move: exactly 1 (also when both are -inf, where exp(-inf - -inf) is NaN);
+      // from m = -inf to a finite max: exp(-inf) = 0. expf, not __expf: the fast one's error grows
+      // with |x| (2 + 1.17|x| ulp), above the float32 rule's budget for logits a few tens apart.
+      float alpha = m == m_new ? 1.f : expf(m - m_new);
+      float p = s == -CUDART_INF_F ? 0.f : expf(s - m_new);  // a -inf score (overflowed q.k) adds nothing
       l = l * alpha + p;
       #pragma unroll
       for (int i = 0; i < kPerLane; i++) {

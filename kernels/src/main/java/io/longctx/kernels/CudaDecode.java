@@ -20,7 +20,8 @@ import jcuda.driver.JCudaDriver;
  * split length a sequence's result depends neither on what else is in the batch nor on how its
  * KV was chunked. One CTA per (batch, kv head, split, row block) handles every query row of the kv
  * head's GQA group, reading each K/V tile once; partial states are float32 (o) and float64 (lse);
- * a combine kernel merges the splits in split order. The FlashDecoding++ variant ({@link UnifiedMax}) runs the partials with
+ * a combine kernel merges them, one warp per row sharing out the splits, in a fixed order (deterministic). The
+ * FlashDecoding++ variant ({@link UnifiedMax}) runs the partials with
  * a fixed phi, flags (row, split) pairs whose logits leave the bounds, recomputes exactly those
  * with the synchronized kernel, and counts them.
  *

@@ -179,6 +179,10 @@ class CudaDecodeEmulationTest {
       "BF16, 1, 4, 4, 2, 200, 256, 77, 0, 30, -",
       "F32, 1, 2, 1, 16, 97, 256, 33, 0, 0, -",
       "BF16, 1, 2, 1, 2, 0, 64, 64, 0, 0, -",
+      // Many splits for the combine: lanes take splits lane, lane + 32, ...; four groups of 32
+      // weights, the last partial; with a window most splits are empty (weight 0).
+      "F16, 1, 4, 2, 2, 700, 64, 7, 0, 0, 300 0 400",
+      "BF16, 1, 8, 2, 3, 1000, 136, 9, 250, 0, 333 667",
   })
   @Timeout(300)
   void emulatedKernelsMatchTheReference(String t, int batch, int heads, int kvHeads, int tq, int tk, int dim, int split,
@@ -279,6 +283,46 @@ class CudaDecodeEmulationTest {
       String err = Accuracy.check(got.state(), ReferenceAttention.compute(q, k, v, qp, null, opt),
           ReferenceAttention.computeFloat32(q, k, v, qp, null, opt));
       assertNull(err, type + ", seed " + seed + ": " + err);
+    }
+  }
+
+  /**
+   * A row's bits do not depend on the other query rows of its CTA. With a sliding window a split
+   * narrows its keys to what the CTA's rows can see, so the key range moves with those rows; the
+   * tiles must stay on the split's 32-key grid (tiles starting at the narrowed bound put the keys in
+   * other lanes and tiles: other bits). Query 1 of a two-token decode (positions 49 apart, not a
+   * multiple of 32) must give the bits of the same query decoded alone, with sync and with the
+   * unified max pushed so far off that every pair is recomputed (the recompute pass keeps only the
+   * flagged rows).
+   */
+  @Test
+  @Timeout(300)
+  void aRowsBitsDoNotDependOnTheOtherRowsOfItsCta() throws Exception {
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int heads = 4, kvHeads = 2, tk = 300, dim = 64, split = 128;
+    Tensor q = Accuracy.random(rng, 1, heads, 2, dim, 1);
+    Tensor k = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor v = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
+    float[] last = new float[heads * dim]; // q[:, :, 1:2, :]
+    for (int h = 0; h < heads; h++) {
+      System.arraycopy(q.data(), q.offset(0, h, 1), last, h * dim, dim);
+    }
+    Tensor q1 = new Tensor(last, 1, heads, 1, dim);
+    long[] qp = {250, 299};
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true).withWindow(70);
+    for (UnifiedMax um : new UnifiedMax[] {null, UnifiedMax.of(1e4f)}) {
+      CpuAttention.DecodeResult both = emulate(q, List.of(k), List.of(v), qp, null, opt, split, um,
+          CudaAttention.DType.F32);
+      CpuAttention.DecodeResult alone = emulate(q1, List.of(k), List.of(v), new long[] {299}, null, opt, split, um,
+          CudaAttention.DType.F32);
+      String err = Accuracy.check(alone.state(), ReferenceAttention.compute(q1, k, v, new long[] {299}, null, opt),
+          ReferenceAttention.computeFloat32(q1, k, v, new long[] {299}, null, opt));
+      assertNull(err, um + ", seed " + seed + ": " + err);
+      assertArrayEquals(alone.state().o(), java.util.Arrays.copyOfRange(both.state().o(), heads * dim, 2 * heads * dim),
+          "query 1's o depends on query 0, " + um + ", seed " + seed);
+      assertArrayEquals(alone.state().lse(), java.util.Arrays.copyOfRange(both.state().lse(), heads, 2 * heads),
+          "query 1's lse depends on query 0, " + um + ", seed " + seed);
     }
   }
 

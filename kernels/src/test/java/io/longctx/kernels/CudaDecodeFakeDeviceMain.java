@@ -141,6 +141,28 @@ public final class CudaDecodeFakeDeviceMain {
           ReferenceAttention.computeFloat32(q, k, v, qp, null, opt));
     });
 
+    // A -inf score for a row's first visible key (q.k overflows float32): the plain kernel's running
+    // max stays -inf, and its rescale factor must be 1, not exp(-inf - -inf) = NaN. The answer is
+    // attention over the other keys.
+    run("forward-f32-first-score-minus-inf", () -> {
+      int heads = 2, tq = 5, tk = 40, dim = 64;
+      Tensor q = Accuracy.random(rng, 1, heads, tq, dim, 1);
+      for (int i = 0; i < q.data().length; i++) {
+        q.data()[i] = 0.5f + Math.abs(q.data()[i]); // positive: q.k0 = -3e38 * sum(q) overflows
+      }
+      Tensor k = Accuracy.random(rng, 1, 1, tk, dim, 1);
+      Tensor v = Accuracy.random(rng, 1, 1, tk, dim, 1);
+      Arrays.fill(k.data(), 0, dim, -3e38f);
+      Tensor kRest = new Tensor(Arrays.copyOfRange(k.data(), dim, tk * dim), 1, 1, tk - 1, dim);
+      Tensor vRest = new Tensor(Arrays.copyOfRange(v.data(), dim, tk * dim), 1, 1, tk - 1, dim);
+      long[] kPosRest = new long[tk - 1];
+      Arrays.setAll(kPosRest, j -> j + 1);
+      long[] qp = GpuCheck.lastPositions(tq, tk);
+      return Tolerance.violation(cuda.forward(q, k, v, qp, null, causal),
+          ReferenceAttention.compute(q, kRest, vRest, qp, kPosRest, causal),
+          ReferenceAttention.computeFloat32(q, kRest, vRest, qp, kPosRest, causal));
+    });
+
     // The tensor-core forward is not emulated: its launch fails, and the error names the call.
     run("launch-error-names-the-call", () -> {
       Tensor q = Accuracy.random(rng, 1, 1, 4, 64, 1);
