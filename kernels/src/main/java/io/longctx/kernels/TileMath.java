@@ -77,26 +77,30 @@ final class TileMath {
   }
 
   /**
-   * S[x][lanes] = sum_k K[x][k] * Qt[k][lanes] for lanes in [0, lanes): A rows are contiguous
+   * S[x][lanes] = scale * sum_k K[x][k] * Qt[k][lanes] for lanes in [0, lanes): A rows are contiguous
    * (stride 1 along k). Lane groups run inside each block of six x-rows so those rows of A are
-   * still in L1 for every group.
+   * still in L1 for every group. Also folds each stored score into {@code hi[lane]} (max) and
+   * {@code sum[lane]} (plain sum), so that the softmax needs no pass of its own for the tile max, and
+   * a -inf score (an overflowed q.k) shows as a sum that is -inf or NaN without a scan; a sum that
+   * overflowed says so too, and the caller's exact scan then finds nothing. The stored scores, and
+   * so the bits, are those of a plain scale pass over the tile.
    */
   static void scores(float[] k, int kOff, int kStride, int nx, int nk,
-      float[] qt, int qtStride, float[] s, int sStride, int lanes) {
+      float[] qt, int qtStride, float[] s, int sStride, int lanes, float scale, float[] hi, float[] sum) {
     int x = 0;
     for (int end = sixRowsEnd(nx); x < end; x += 6) {
       for (int g = 0; g < lanes; g += GROUP) {
-        scores6(k, kOff + x * kStride, kStride, nk, qt, g, qtStride, s, x * sStride + g, sStride);
+        scores6(k, kOff + x * kStride, kStride, nk, qt, g, qtStride, s, x * sStride + g, sStride, scale, hi, sum);
       }
     }
     for (; x + 4 <= nx; x += 4) {
       for (int g = 0; g < lanes; g += GROUP) {
-        scores4(k, kOff + x * kStride, kStride, nk, qt, g, qtStride, s, x * sStride + g, sStride);
+        scores4(k, kOff + x * kStride, kStride, nk, qt, g, qtStride, s, x * sStride + g, sStride, scale, hi, sum);
       }
     }
     for (; x < nx; x++) {
       for (int g = 0; g < lanes; g += GROUP) {
-        scores1(k, kOff + x * kStride, nk, qt, g, qtStride, s, x * sStride + g);
+        scores1(k, kOff + x * kStride, nk, qt, g, qtStride, s, x * sStride + g, scale, hi, sum);
       }
     }
   }
@@ -112,7 +116,7 @@ final class TileMath {
   }
 
   private static void scores4(float[] k, int kOff, int kStride, int nk, float[] qt, int qtOff, int qtStride,
-      float[] s, int sOff, int sStride) {
+      float[] s, int sOff, int sStride, float scale, float[] hi, float[] sum) {
     FloatVector c00 = FloatVector.zero(SPECIES), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
         c31 = c00;
     int a0 = kOff, a1 = a0 + kStride, a2 = a1 + kStride, a3 = a2 + kStride;
@@ -133,6 +137,15 @@ final class TileMath {
       c30 = a.fma(b0, c30);
       c31 = a.fma(b1, c31);
     }
+    FloatVector sc = FloatVector.broadcast(SPECIES, scale);
+    c00 = c00.mul(sc);
+    c01 = c01.mul(sc);
+    c10 = c10.mul(sc);
+    c11 = c11.mul(sc);
+    c20 = c20.mul(sc);
+    c21 = c21.mul(sc);
+    c30 = c30.mul(sc);
+    c31 = c31.mul(sc);
     int ci = sOff;
     c00.intoArray(s, ci);
     c01.intoArray(s, ci + VL);
@@ -142,10 +155,33 @@ final class TileMath {
     c21.intoArray(s, ci + VL);
     c30.intoArray(s, ci += sStride);
     c31.intoArray(s, ci + VL);
+    FloatVector h0 = FloatVector.fromArray(SPECIES, hi, qtOff), h1 = FloatVector.fromArray(SPECIES, hi, qtOff + VL);
+    FloatVector l0 = FloatVector.fromArray(SPECIES, sum, qtOff), l1 = FloatVector.fromArray(SPECIES, sum, qtOff + VL);
+    h0 = h0.max(c00);
+    h1 = h1.max(c01);
+    l0 = l0.add(c00);
+    l1 = l1.add(c01);
+    h0 = h0.max(c10);
+    h1 = h1.max(c11);
+    l0 = l0.add(c10);
+    l1 = l1.add(c11);
+    h0 = h0.max(c20);
+    h1 = h1.max(c21);
+    l0 = l0.add(c20);
+    l1 = l1.add(c21);
+    h0 = h0.max(c30);
+    h1 = h1.max(c31);
+    l0 = l0.add(c30);
+    l1 = l1.add(c31);
+    h0.intoArray(hi, qtOff);
+    h1.intoArray(hi, qtOff + VL);
+    l0.intoArray(sum, qtOff);
+    l1.intoArray(sum, qtOff + VL);
   }
 
+
   private static void scores6(float[] k, int kOff, int kStride, int nk, float[] qt, int qtOff, int qtStride,
-      float[] s, int sOff, int sStride) {
+      float[] s, int sOff, int sStride, float scale, float[] hi, float[] sum) {
     FloatVector c00 = FloatVector.zero(SPECIES), c01 = FloatVector.zero(SPECIES);
     FloatVector c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00,
         c50 = c00, c51 = c00;
@@ -174,6 +210,19 @@ final class TileMath {
       c50 = a.fma(b0, c50);
       c51 = a.fma(b1, c51);
     }
+    FloatVector sc = FloatVector.broadcast(SPECIES, scale);
+    c00 = c00.mul(sc);
+    c01 = c01.mul(sc);
+    c10 = c10.mul(sc);
+    c11 = c11.mul(sc);
+    c20 = c20.mul(sc);
+    c21 = c21.mul(sc);
+    c30 = c30.mul(sc);
+    c31 = c31.mul(sc);
+    c40 = c40.mul(sc);
+    c41 = c41.mul(sc);
+    c50 = c50.mul(sc);
+    c51 = c51.mul(sc);
     int ci = sOff;
     c00.intoArray(s, ci);
     c01.intoArray(s, ci + VL);
@@ -187,9 +236,41 @@ final class TileMath {
     c41.intoArray(s, ci + VL);
     c50.intoArray(s, ci += sStride);
     c51.intoArray(s, ci + VL);
+    FloatVector h0 = FloatVector.fromArray(SPECIES, hi, qtOff), h1 = FloatVector.fromArray(SPECIES, hi, qtOff + VL);
+    FloatVector l0 = FloatVector.fromArray(SPECIES, sum, qtOff), l1 = FloatVector.fromArray(SPECIES, sum, qtOff + VL);
+    h0 = h0.max(c00);
+    h1 = h1.max(c01);
+    l0 = l0.add(c00);
+    l1 = l1.add(c01);
+    h0 = h0.max(c10);
+    h1 = h1.max(c11);
+    l0 = l0.add(c10);
+    l1 = l1.add(c11);
+    h0 = h0.max(c20);
+    h1 = h1.max(c21);
+    l0 = l0.add(c20);
+    l1 = l1.add(c21);
+    h0 = h0.max(c30);
+    h1 = h1.max(c31);
+    l0 = l0.add(c30);
+    l1 = l1.add(c31);
+    h0 = h0.max(c40);
+    h1 = h1.max(c41);
+    l0 = l0.add(c40);
+    l1 = l1.add(c41);
+    h0 = h0.max(c50);
+    h1 = h1.max(c51);
+    l0 = l0.add(c50);
+    l1 = l1.add(c51);
+    h0.intoArray(hi, qtOff);
+    h1.intoArray(hi, qtOff + VL);
+    l0.intoArray(sum, qtOff);
+    l1.intoArray(sum, qtOff + VL);
   }
 
-  private static void scores1(float[] k, int a0, int nk, float[] qt, int qtOff, int qtStride, float[] s, int ci) {
+
+  private static void scores1(float[] k, int a0, int nk, float[] qt, int qtOff, int qtStride, float[] s, int ci,
+      float scale, float[] hi, float[] sum) {
     FloatVector c0 = FloatVector.zero(SPECIES), c1 = c0;
     int bi = qtOff;
     for (int kk = 0; kk < nk; kk++, bi += qtStride) {
@@ -197,9 +278,23 @@ final class TileMath {
       c0 = a.fma(FloatVector.fromArray(SPECIES, qt, bi), c0);
       c1 = a.fma(FloatVector.fromArray(SPECIES, qt, bi + VL), c1);
     }
+    FloatVector sc = FloatVector.broadcast(SPECIES, scale);
+    c0 = c0.mul(sc);
+    c1 = c1.mul(sc);
     c0.intoArray(s, ci);
     c1.intoArray(s, ci + VL);
+    FloatVector h0 = FloatVector.fromArray(SPECIES, hi, qtOff), h1 = FloatVector.fromArray(SPECIES, hi, qtOff + VL);
+    FloatVector l0 = FloatVector.fromArray(SPECIES, sum, qtOff), l1 = FloatVector.fromArray(SPECIES, sum, qtOff + VL);
+    h0 = h0.max(c0);
+    h1 = h1.max(c1);
+    l0 = l0.add(c0);
+    l1 = l1.add(c1);
+    h0.intoArray(hi, qtOff);
+    h1.intoArray(hi, qtOff + VL);
+    l0.intoArray(sum, qtOff);
+    l1.intoArray(sum, qtOff + VL);
   }
+
 
   /**
    * Ot[x][lanes] += sum_k V[k][x] * P[k][lanes] for x in [0, nx): A is read down columns of V

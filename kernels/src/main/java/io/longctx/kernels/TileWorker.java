@@ -38,6 +38,8 @@ final class TileWorker {
   private final float[] alpha; // rescale factor of the current tile per lane
   private final float[] shift; // the max subtracted in the current tile per lane
   private final float[] tileSum; // sum of the current tile's probabilities per lane
+  private final float[] tileMax; // largest score of the current tile per lane (from the scores pass)
+  private final float[] tileScoreSum; // sum of the current tile's scores per lane: -inf or NaN flags a -inf score
   private final float[] seenMin; // unified max: smallest visible logit per lane
   private final float[] seenMax; // unified max: largest visible logit per lane
   private final boolean[] flags; // unified max: lane must be recomputed
@@ -62,6 +64,8 @@ final class TileWorker {
     alpha = new float[blockQ];
     shift = new float[blockQ];
     tileSum = new float[blockQ];
+    tileMax = new float[blockQ];
+    tileScoreSum = new float[blockQ];
     seenMin = new float[blockQ];
     seenMax = new float[blockQ];
     flags = new boolean[blockQ];
@@ -116,7 +120,7 @@ final class TileWorker {
   void begin(CpuAttention.Problem p, UnifiedMax um) {
     int d = p.dim;
     float[] q = p.q.data();
-    // Transposed queries, not scaled: the scale multiplies the finished q.k (scaleScores), so with
+    // Transposed queries, not scaled: the scale multiplies the finished q.k (TileMath.scores), so with
     // fp16/bf16-valued inputs every product is exact and the fma chain rounds like the naive
     // algorithm's sum; a prescaled q (24-bit mantissa) rounded every fma and, at logits near 100,
     // put the output error above the DESIGN tolerance. Unused lanes are zero so scores stay finite.
@@ -162,17 +166,22 @@ final class TileWorker {
     int d = p.dim;
     int lanes = (rows + GROUP - 1) / GROUP * GROUP;
     int kOff = p.k.offset(b, kvh, 0) + jt * d;
-    TileMath.scores(p.k.data(), kOff, d, n, d, qt, blockQ, s, blockQ, lanes);
-    boolean negInf = scaleScores(p.qScale, n, lanes);
+    Arrays.fill(tileMax, 0, lanes, Float.NEGATIVE_INFINITY);
+    Arrays.fill(tileScoreSum, 0, lanes, 0f);
+    TileMath.scores(p.k.data(), kOff, d, n, d, qt, blockQ, s, blockQ, lanes, p.qScale, tileMax, tileScoreSum);
+    // The scale (1/cap folded in when capping) multiplied each finished q.k: with fp16/bf16-valued
+    // inputs every product is exact and the fma chain rounds like the naive sum (see begin).
     if (p.softcap > 0) {
       softcap(p.softcap, n, lanes); // caps an overflowed score at -cap: exact, no error
-    } else if (negInf) {
+    } else if (sawNegativeInfinity(lanes)) {
       rejectNegativeInfinity(p, n, jt); // before the mask writes -inf of its own
     }
     if (vis == Visibility.PARTIAL) {
       mask(p, n, jt);
     }
-    softmaxTile(p, n, lanes, jt, um);
+    // The max folded into the scores pass is the tile's max unless softcap or the mask changed scores.
+    boolean maxKnown = p.softcap == 0 && vis == Visibility.ALL;
+    softmaxTile(p, n, lanes, jt, um, maxKnown);
     if (um == null) {
       rescaleOutput(d, lanes);
     }
@@ -193,21 +202,17 @@ final class TileWorker {
   }
 
   /**
-   * score = q.k * qScale: the attention scale (divided by the softcap when capping). Returns whether
-   * a score is -inf, which only a q.k that overflowed float32 gives here (a +inf or NaN shows in the
-   * softmax sum); the check rides on the pass, a compare per score against the dim FMAs of its dot product.
+   * Whether a score of the tile may be -inf, which only a q.k that overflowed float32 gives here (a
+   * +inf or NaN shows in the softmax sum): a lane's score sum is then -inf or NaN. (A sum that
+   * overflowed, or a NaN or +inf score, says yes too; the exact scan then throws only for a -inf.)
    */
-  private boolean scaleScores(float qScale, int n, int lanes) {
-    FloatVector negInf = FloatVector.broadcast(SPECIES, Float.NEGATIVE_INFINITY);
-    VectorMask<Float> seen = SPECIES.maskAll(false);
-    for (int c = 0; c < lanes; c += VL) {
-      for (int j = 0, at = c; j < n; j++, at += blockQ) {
-        FloatVector x = FloatVector.fromArray(SPECIES, s, at).mul(qScale); // x * 1 is x: same bits as unscaled
-        x.intoArray(s, at);
-        seen = seen.or(x.eq(negInf));
+  private boolean sawNegativeInfinity(int lanes) {
+    for (int i = 0; i < lanes; i++) {
+      if (!(tileScoreSum[i] > Float.NEGATIVE_INFINITY)) {
+        return true;
       }
     }
-    return seen.anyTrue();
+    return false;
   }
 
   /** Throws for the first visible (query, key) pair of the tile whose score is -inf. */
@@ -273,19 +278,23 @@ final class TileWorker {
    * libtorch). So the per-lane rescale factor alpha is scalar (StrictMath, once per lane and tile)
    * and the unified-max range tracking has its own method.
    */
-  private void softmaxTile(CpuAttention.Problem p, int n, int lanes, int jt, UnifiedMax um) {
+  private void softmaxTile(CpuAttention.Problem p, int n, int lanes, int jt, UnifiedMax um, boolean maxKnown) {
     FloatVector negInf = FloatVector.broadcast(SPECIES, Float.NEGATIVE_INFINITY);
     for (int c = 0; c < lanes; c += VL) {
       FloatVector mOld = FloatVector.fromArray(SPECIES, max, c);
       FloatVector mNew;
       if (um == null) {
-        FloatVector tileMax = negInf;
-        for (int j = 0, at = c; j < n; j++, at += blockQ) {
-          // compare and blend: cheaper than max(), whose NaN rules cost extra instructions
-          FloatVector x = FloatVector.fromArray(SPECIES, s, at);
-          tileMax = tileMax.blend(x, tileMax.lt(x));
+        FloatVector tMax = negInf;
+        if (maxKnown) {
+          tMax = FloatVector.fromArray(SPECIES, tileMax, c);
+        } else {
+          for (int j = 0, at = c; j < n; j++, at += blockQ) {
+            // compare and blend: cheaper than max(), whose NaN rules cost extra instructions
+            FloatVector x = FloatVector.fromArray(SPECIES, s, at);
+            tMax = tMax.blend(x, tMax.lt(x));
+          }
         }
-        mNew = mOld.blend(tileMax, mOld.lt(tileMax));
+        mNew = mOld.blend(tMax, mOld.lt(tMax));
       } else {
         trackVisibleRange(n, c);
         mNew = mOld;
