@@ -20,6 +20,8 @@
 // int64 k_pos[tk] if has_kpos. OUT: float32 o[states * dim], lse[states]; int64 recomputed.
 
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,8 +39,12 @@ struct In {
     at += sizeof(V);
     return v;
   }
+  std::vector<std::unique_ptr<unsigned char, decltype(&std::free)>> blocks;
+  // A copy in its own 256-byte aligned block, as cuMemAlloc would give (cp.async needs 16 bytes).
   const unsigned char* take(size_t n) {
-    const unsigned char* p = bytes.data() + at;
+    unsigned char* p = static_cast<unsigned char*>(std::aligned_alloc(256, (n + 255) / 256 * 256 + 256));
+    blocks.emplace_back(p, &std::free);
+    std::memcpy(p, bytes.data() + at, n);
     at += n;
     return p;
   }
