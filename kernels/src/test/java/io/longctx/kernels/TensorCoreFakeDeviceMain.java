@@ -1,5 +1,6 @@
 package io.longctx.kernels;
 
+import java.util.Arrays;
 import java.util.Locale;
 import java.util.SplittableRandom;
 
@@ -8,7 +9,7 @@ import java.util.SplittableRandom;
  * LD_LIBRARY_PATH: the tensor-core forward (flash_forward_tc.cu, through CudaAttention and JCuda) on
  * small awkward shapes, each against the float64 reference by the rounded-P rule
  * ({@link Tolerance#violationRoundedP}). Prints the seed, then one line per case: {@code name=pass}
- * or {@code name=FAIL: why}.
+ * (with its errors and a hash of the output's bits) or {@code name=FAIL: why}.
  */
 public final class TensorCoreFakeDeviceMain {
   private TensorCoreFakeDeviceMain() {}
@@ -57,7 +58,9 @@ public final class TensorCoreFakeDeviceMain {
         bad = Tolerance.violationRoundedP(got.o(), got.lse(), ref,
             ReferenceAttention.computeRoundedP(q, k, v, qp, null, c.opt(), c.type()));
         if (bad == null) {
-          bad = "pass " + Tolerance.errors(got.o(), got.lse(), ref);
+          // The output's bits, to compare runs whose cp.async copies land at different times.
+          bad = "pass " + Tolerance.errors(got.o(), got.lse(), ref) + " bits "
+              + Integer.toHexString(31 * Arrays.hashCode(got.o()) + Arrays.hashCode(got.lse()));
         }
       } catch (RuntimeException | AssertionError e) {
         bad = e.toString();
