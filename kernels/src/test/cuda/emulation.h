@@ -11,8 +11,9 @@
 //          wait or barrier after the copies shows);
 //   issue  a copy lands at once: a copy into a buffer that another warp still reads, with no barrier
 //          in between, overwrites it under that warp (a missing barrier before the copies shows);
-//   random each copy lands at a random emulated operation of its thread between issue and wait
-//          (seed LONGCTX_EMU_SEED, else the clock; printed to stderr when chosen).
+//   random each copy lands at a random emulated operation of its thread between issue and wait,
+//          and threads yield at random operations (seed LONGCTX_EMU_SEED, else the clock; printed
+//          to stderr when chosen; the OS scheduler still adds its own nondeterminism).
 // wait is the default because it is the stricter of the two for the read-after-write hazards every
 // kernel has at each tile; issue is run beside it in CI for the write-after-read ones (docs/CUDA.md).
 #pragma once
@@ -98,9 +99,11 @@ inline void land(const Copy& c) {
 }
 
 // random mode: called at each emulated operation of a thread; each of its copies in flight lands
-// here with probability 1/4.
+// here with probability 1/4, and the thread yields its core with probability 1/8 (other warps run
+// ahead: a plain shared-memory race with no barrier between shows more often).
 inline void maybe_land() {
   if (copy_config().mode != CopyMode::kRandom) return;
+  if ((copy_rng() & 7) == 0) std::this_thread::yield();
   auto step = [](std::vector<Copy>& g) {
     size_t kept = 0;
     for (size_t i = 0; i < g.size(); i++) {
