@@ -6,16 +6,20 @@
 // and does not check.
 //
 // cp.async landing time, env LONGCTX_EMU_COPY (read once per process):
-//   wait   (default) a copy lands when its thread waits for its group: a read of the destination
-//          before the wait and the barrier after it sees stale data or the NaN poison (a missing
-//          wait or barrier after the copies shows);
+//   wait   (default) a copy lands when its thread waits for its group, and its destination holds
+//          NaN bytes from issue until then: a read before the wait and the barrier after it (a
+//          missing wait or barrier after the copies), or a copy issued into a buffer another warp
+//          still reads (a missing barrier before the copies), sees NaN;
 //   issue  a copy lands at once: a copy into a buffer that another warp still reads, with no barrier
 //          in between, overwrites it under that warp (a missing barrier before the copies shows);
-//   random each copy lands at a random emulated operation of its thread between issue and wait,
-//          and threads yield at random operations (seed LONGCTX_EMU_SEED, else the clock; printed
-//          to stderr when chosen; the OS scheduler still adds its own nondeterminism).
-// wait is the default because it is the stricter of the two for the read-after-write hazards every
-// kernel has at each tile; issue is run beside it in CI for the write-after-read ones (docs/CUDA.md).
+//   random each copy is poisoned at issue as in wait and lands at a random emulated operation of
+//          its thread between issue and wait, and threads yield at random operations (seed
+//          LONGCTX_EMU_SEED, else the clock; printed to stderr when chosen; the OS scheduler still
+//          adds its own nondeterminism).
+// wait is the default because it is the strictest: the poison at issue covers what issue would
+// show, with NaN in place of plausible data, and the late landing covers reads before the wait.
+// CI runs wait and issue (and the tc test random) and asserts that they give the same bits: a
+// race-free kernel's output does not depend on when its copies land (docs/CUDA.md).
 #pragma once
 
 #include <atomic>
@@ -214,6 +218,10 @@ inline void cp_async16(void* dst, const void* src, int src_bytes) {
     emu::land({dst, src, src_bytes});
     return;
   }
+  // Until it lands, the destination's bytes are undefined: NaN poison now, so a read before the
+  // wait and the barrier after it (read-after-write), or a copy issued into a buffer that another
+  // warp still reads (write-after-read), shows as NaN.
+  std::memset(dst, 0xff, 16);
   emu::open_group.push_back({dst, src, src_bytes});
   emu::maybe_land();
 }
