@@ -13,7 +13,8 @@
 //   issue  a copy lands at once: a copy into a buffer that another warp still reads, with no barrier
 //          in between, overwrites it under that warp (a missing barrier before the copies shows);
 //   random each copy is poisoned at issue as in wait and lands at a random emulated operation of
-//          its thread between issue and wait, and threads yield at random operations (seed
+//          its thread between issue and wait; threads yield at random operations, and after each
+//          __syncthreads one warp chosen at random waits for the others to reach the next (seed
 //          LONGCTX_EMU_SEED, else the clock; printed to stderr when chosen; the OS scheduler still
 //          adds its own nondeterminism).
 // wait is the default because it is the strictest: the poison at issue covers what issue would
@@ -24,6 +25,7 @@
 
 #include <atomic>
 #include <barrier>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -123,6 +125,28 @@ inline void maybe_land() {
   for (std::vector<Copy>& g : groups) step(g);
 }
 
+// random mode: after each __syncthreads one warp, chosen from the seed and the barrier's number
+// (the same choice in all 128 threads), waits until the other three warps have reached their next
+// __syncthreads (or ended) before it goes on: the most skew the barriers allow. With a barrier
+// missing, the others then run into the next phase while it is still in this one, and the race
+// shows nearly every time instead of when the OS scheduler happens to interleave.
+thread_local unsigned long long barriers_passed;      // __syncthreads calls this thread has passed
+std::atomic<int> barrier_arrivals[4];                  // threads at (or past the end before) call k, slot k % 4
+inline void arrive_count() { barrier_arrivals[barriers_passed % 4]++; }
+inline void maybe_lag() {
+  const unsigned long long k = barriers_passed++;      // the barrier just passed
+  if (thread_idx.x == 0) barrier_arrivals[(k + 2) % 4] = 0;  // nobody can be at k + 2 before thread 0 is at k + 1
+  if (copy_config().mode != CopyMode::kRandom) return;
+  unsigned long long h = copy_config().seed ^ (k * 0x9E3779B97F4A7C15ull) ^
+                         (block_idx.x + 131ull * block_idx.y + 17161ull * block_idx.z) * 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 31;
+  h *= 0x94D049BB133111EBull;
+  h ^= h >> 29;
+  if (h % 4 != thread_idx.x / 32) return;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  while (barrier_arrivals[(k + 1) % 4] < 96 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+}
+
 [[noreturn]] inline void fault(const char* what, const void* p) {
   std::fprintf(stderr, "emulation: %s at %p (thread %u of block %u,%u,%u)\n", what, p, thread_idx.x, block_idx.x,
                block_idx.y, block_idx.z);
@@ -167,7 +191,9 @@ inline float __expf(float x) { return std::exp(x); }
 
 inline void __syncthreads() {
   emu::maybe_land();
+  emu::arrive_count();
   emu::cta_barrier->arrive_and_wait();
+  emu::maybe_lag();
 }
 inline void __syncwarp() { emu::warp_barrier[emu::warp()]->arrive_and_wait(); }
 
@@ -365,6 +391,7 @@ inline void launch(dim3 grid, const std::function<void()>& body) {
     for (unsigned y = 0; y < grid.y; y++) {
       for (unsigned x = 0; x < grid.x; x++) {
         std::memset(emu::smem, 0xff, sizeof(emu::smem));  // NaN poison
+        for (std::atomic<int>& a : emu::barrier_arrivals) a = 0;
         std::barrier<> cta(128);
         std::barrier<> w0(32), w1(32), w2(32), w3(32);
         emu::cta_barrier = &cta;
@@ -380,8 +407,10 @@ inline void launch(dim3 grid, const std::function<void()>& body) {
             emu::groups.clear();
             emu::open_group.clear();
             emu::warp_parity = 0;
+            emu::barriers_passed = 0;
             emu::copy_rng.seed(emu::copy_config().seed ^ (0x9E3779B97F4A7C15ull * (1 + t + 128 * (x + 65536ull * (y + 65536ull * z)))));
             body();
+            emu::arrive_count();  // an ended thread counts as arrived for a lagging warp
           });
         }
         for (std::thread& t : threads) t.join();
