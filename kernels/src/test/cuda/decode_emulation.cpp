@@ -4,9 +4,10 @@
 // would: every CTA runs as 128 std::threads (one per CUDA thread), __syncthreads is a barrier of
 // the 128, warp shuffles / __any_sync / __syncwarp exchange through per-warp slots between barriers
 // of the 32 lanes, __shared__ variables are statics (CTAs run one after another), dynamic shared
-// memory is one buffer poisoned with NaN bytes before each CTA, and cp.async is emulated with its
-// asynchrony: a copy is only queued in the issuing thread's open group and lands when that thread
-// waits for the group (cp.async.wait_group), so a read before the wait sees the poison.
+// memory is one buffer poisoned with NaN bytes before each CTA, and cp.async lands when
+// LONGCTX_EMU_COPY says (emulation.h): by default its destination is NaN from issue and the copy
+// lands when the issuing thread waits for its group (cp.async.wait_group), so a read before the
+// wait, or a copy into a stage another warp still reads, sees NaN; `issue` lands it at once.
 //
 // What this checks: the kernel's index math, chunk walking, masks, split narrowing, softmax and
 // unified-max flags, the recompute pass and the combine, on the host's float arithmetic (expf etc.
