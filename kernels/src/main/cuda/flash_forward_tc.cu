@@ -27,6 +27,10 @@ constexpr int kThreads = 128;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// The PTX wrappers. The host emulation of the tests (src/test/cuda/emulation.h) supplies its own
+// versions of these five (per-warp ldmatrix and mma from the PTX ISA's fragment layouts, cp.async
+// with a chosen landing time); everything below them is the code the GPU runs.
+#ifndef LONGCTX_HOST_EMULATION
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -68,6 +72,7 @@ __device__ __forceinline__ void mma<__nv_bfloat16>(float (&c)[4], const uint32_t
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#endif  // LONGCTX_HOST_EMULATION
 
 // Two floats packed as one register of T pairs (the low half holds x).
 template <typename T>

@@ -4,9 +4,10 @@
 // would: every CTA runs as 128 std::threads (one per CUDA thread), __syncthreads is a barrier of
 // the 128, warp shuffles / __any_sync / __syncwarp exchange through per-warp slots between barriers
 // of the 32 lanes, __shared__ variables are statics (CTAs run one after another), dynamic shared
-// memory is one buffer poisoned with NaN bytes before each CTA, and cp.async is emulated with its
-// asynchrony: a copy is only queued in the issuing thread's open group and lands when that thread
-// waits for the group (cp.async.wait_group), so a read before the wait sees the poison.
+// memory is one buffer poisoned with NaN bytes before each CTA, and cp.async lands when
+// LONGCTX_EMU_COPY says (emulation.h): by default its destination is NaN from issue and the copy
+// lands when the issuing thread waits for its group (cp.async.wait_group), so a read before the
+// wait, or a copy into a stage another warp still reads, sees NaN; `issue` lands it at once.
 //
 // What this checks: the kernel's index math, chunk walking, masks, split narrowing, softmax and
 // unified-max flags, the recompute pass and the combine, on the host's float arithmetic (expf etc.
@@ -20,6 +21,8 @@
 // int64 k_pos[tk] if has_kpos. OUT: float32 o[states * dim], lse[states]; int64 recomputed.
 
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,8 +40,12 @@ struct In {
     at += sizeof(V);
     return v;
   }
+  std::vector<std::unique_ptr<unsigned char, decltype(&std::free)>> blocks;
+  // A copy in its own 256-byte aligned block, as cuMemAlloc would give (cp.async needs 16 bytes).
   const unsigned char* take(size_t n) {
-    const unsigned char* p = bytes.data() + at;
+    unsigned char* p = static_cast<unsigned char*>(std::aligned_alloc(256, (n + 255) / 256 * 256 + 256));
+    blocks.emplace_back(p, &std::free);
+    std::memcpy(p, bytes.data() + at, n);
     at += n;
     return p;
   }

@@ -1,19 +1,42 @@
-// Host emulation of flash_decode.cu and the plain forward kernel (flash_forward.cu), shared by the
-// test harness (decode_emulation.cpp) and the fake libcuda that runs JCuda launches on the host
-// (fake_libcuda_emulated.cpp). See decode_emulation.cpp for what it does and does not check. The
-// tensor-core forward (inline PTX: ldmatrix, mma.sync, cp.async) is not emulated yet.
+// Host emulation of every longctx kernel: flash_decode.cu, the plain forward kernel
+// (flash_forward.cu) and the tensor-core forward (flash_forward_tc.cu, whose inline PTX wrappers
+// are replaced here by per-warp ldmatrix / mma.sync from the PTX ISA's fragment layouts), shared by
+// the test harnesses (decode_emulation.cpp, tc_emulation_test.cpp) and the fake libcuda that runs
+// JCuda launches on the host (fake_libcuda_emulated.cpp). See decode_emulation.cpp for what it does
+// and does not check.
+//
+// cp.async landing time, env LONGCTX_EMU_COPY (read once per process):
+//   wait   (default) a copy lands when its thread waits for its group, and its destination holds
+//          NaN bytes from issue until then: a read before the wait and the barrier after it (a
+//          missing wait or barrier after the copies), or a copy issued into a buffer another warp
+//          still reads (a missing barrier before the copies), sees NaN;
+//   issue  a copy lands at once: a copy into a buffer that another warp still reads, with no barrier
+//          in between, overwrites it under that warp (a missing barrier before the copies shows);
+//   random each copy is poisoned at issue as in wait and lands at a random emulated operation of
+//          its thread between issue and wait; threads yield at random operations, and after each
+//          __syncthreads one warp chosen at random waits for the others to reach the next (seed
+//          LONGCTX_EMU_SEED, else the clock; printed to stderr when chosen; the OS scheduler still
+//          adds its own nondeterminism).
+// wait is the default because it is the strictest: the poison at issue covers what issue would
+// show, with NaN in place of plausible data, and the late landing covers reads before the wait.
+// CI runs wait and issue (and the tc test random) and asserts that they give the same bits: a
+// race-free kernel's output does not depend on when its copies land (docs/CUDA.md).
 #pragma once
 
 #include <atomic>
 #include <barrier>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,6 +66,92 @@ struct Copy {
 };
 thread_local std::vector<std::vector<Copy>> groups;  // committed, oldest first
 thread_local std::vector<Copy> open_group;
+
+enum class CopyMode { kWait, kIssue, kRandom };
+struct CopyConfig {
+  CopyMode mode;
+  unsigned long long seed;
+};
+
+inline const CopyConfig& copy_config() {
+  static const CopyConfig config = [] {
+    CopyConfig c{CopyMode::kWait, 0};
+    const char* m = std::getenv("LONGCTX_EMU_COPY");
+    std::string mode = m ? m : "wait";
+    if (mode == "issue") {
+      c.mode = CopyMode::kIssue;
+    } else if (mode == "random") {
+      c.mode = CopyMode::kRandom;
+    } else if (mode != "wait") {
+      std::fprintf(stderr, "emulation: LONGCTX_EMU_COPY=%s: expected wait, issue or random\n", mode.c_str());
+      std::abort();
+    }
+    const char* seed = std::getenv("LONGCTX_EMU_SEED");
+    c.seed = seed && *seed ? std::strtoull(seed, nullptr, 10) : (unsigned long long)std::random_device{}() << 32 ^
+                                                                     (unsigned long long)time(nullptr);
+    if (c.mode == CopyMode::kRandom) {
+      std::fprintf(stderr, "emulation: cp.async copies land at random points, LONGCTX_EMU_SEED=%llu\n", c.seed);
+    }
+    return c;
+  }();
+  return config;
+}
+
+thread_local std::mt19937_64 copy_rng;
+
+inline void land(const Copy& c) {
+  std::memset(c.dst, 0, 16);  // cp.async zero-fills past src_bytes
+  std::memcpy(c.dst, c.src, c.bytes);
+}
+
+// random mode: called at each emulated operation of a thread; each of its copies in flight lands
+// here with probability 1/4, and the thread yields its core with probability 1/8 (other warps run
+// ahead: a plain shared-memory race with no barrier between shows more often).
+inline void maybe_land() {
+  if (copy_config().mode != CopyMode::kRandom) return;
+  if ((copy_rng() & 7) == 0) std::this_thread::yield();
+  auto step = [](std::vector<Copy>& g) {
+    size_t kept = 0;
+    for (size_t i = 0; i < g.size(); i++) {
+      if ((copy_rng() & 3) == 0) {
+        land(g[i]);
+      } else {
+        g[kept++] = g[i];
+      }
+    }
+    g.resize(kept);
+  };
+  step(open_group);
+  for (std::vector<Copy>& g : groups) step(g);
+}
+
+// random mode: after each __syncthreads one warp, chosen from the seed and the barrier's number
+// (the same choice in all 128 threads), waits until the other three warps have reached their next
+// __syncthreads (or ended) before it goes on: the most skew the barriers allow. With a barrier
+// missing, the others then run into the next phase while it is still in this one, and the race
+// shows nearly every time instead of when the OS scheduler happens to interleave.
+thread_local unsigned long long barriers_passed;      // __syncthreads calls this thread has passed
+std::atomic<int> barrier_arrivals[4];                  // threads at (or past the end before) call k, slot k % 4
+inline void arrive_count() { barrier_arrivals[barriers_passed % 4]++; }
+inline void maybe_lag() {
+  const unsigned long long k = barriers_passed++;      // the barrier just passed
+  if (thread_idx.x == 0) barrier_arrivals[(k + 2) % 4] = 0;  // nobody can be at k + 2 before thread 0 is at k + 1
+  if (copy_config().mode != CopyMode::kRandom) return;
+  unsigned long long h = copy_config().seed ^ (k * 0x9E3779B97F4A7C15ull) ^
+                         (block_idx.x + 131ull * block_idx.y + 17161ull * block_idx.z) * 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 31;
+  h *= 0x94D049BB133111EBull;
+  h ^= h >> 29;
+  if (h % 4 != thread_idx.x / 32) return;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  while (barrier_arrivals[(k + 1) % 4] < 96 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+}
+
+[[noreturn]] inline void fault(const char* what, const void* p) {
+  std::fprintf(stderr, "emulation: %s at %p (thread %u of block %u,%u,%u)\n", what, p, thread_idx.x, block_idx.x,
+               block_idx.y, block_idx.z);
+  std::abort();
+}
 
 inline int lane() { return thread_idx.x % 32; }
 inline int warp() { return thread_idx.x / 32; }
@@ -80,7 +189,12 @@ inline double __longlong_as_double(long long i) {  // used by CUDART_INF
 // (indices, masks, barriers, merges), not the last bits of exp.
 inline float __expf(float x) { return std::exp(x); }
 
-inline void __syncthreads() { emu::cta_barrier->arrive_and_wait(); }
+inline void __syncthreads() {
+  emu::maybe_land();
+  emu::arrive_count();
+  emu::cta_barrier->arrive_and_wait();
+  emu::maybe_lag();
+}
 inline void __syncwarp() { emu::warp_barrier[emu::warp()]->arrive_and_wait(); }
 
 inline double __shfl_xor_sync(unsigned, double x, int off) {
@@ -94,6 +208,7 @@ inline double __shfl_xor_sync(unsigned, double x, int off) {
 }
 
 inline float __shfl_xor_sync(unsigned, float x, int off) {
+  emu::maybe_land();
   int w = emu::warp(), l = emu::lane();
   emu::fslot[w][l] = x;
   emu::warp_barrier[w]->arrive_and_wait();
@@ -119,17 +234,31 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
   return old;
 }
 
-inline void cp_async16(void* dst, const void* src, int src_bytes) { emu::open_group.push_back({dst, src, src_bytes}); }
+inline void cp_async16(void* dst, const void* src, int src_bytes) {
+  // cp.async of 16 bytes needs 16-byte aligned addresses on both sides.
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0) emu::fault("cp.async to a shared address not 16-byte aligned", dst);
+  if (src_bytes > 0 && reinterpret_cast<uintptr_t>(src) % 16 != 0) {
+    emu::fault("cp.async from a global address not 16-byte aligned", src);
+  }
+  if (emu::copy_config().mode == emu::CopyMode::kIssue) {
+    emu::land({dst, src, src_bytes});
+    return;
+  }
+  // Until it lands, the destination's bytes are undefined: NaN poison now, so a read before the
+  // wait and the barrier after it (read-after-write), or a copy issued into a buffer that another
+  // warp still reads (write-after-read), shows as NaN.
+  std::memset(dst, 0xff, 16);
+  emu::open_group.push_back({dst, src, src_bytes});
+  emu::maybe_land();
+}
 inline void cp_async_commit() {
   emu::groups.push_back(std::move(emu::open_group));
   emu::open_group.clear();
+  emu::maybe_land();
 }
 inline void cp_async_wait_n(size_t keep) {
   while (emu::groups.size() > keep) {
-    for (const emu::Copy& c : emu::groups.front()) {
-      std::memset(c.dst, 0, 16);
-      std::memcpy(c.dst, c.src, c.bytes);
-    }
+    for (const emu::Copy& c : emu::groups.front()) emu::land(c);
     emu::groups.erase(emu::groups.begin());
   }
 }
@@ -142,6 +271,118 @@ namespace fwd {
 #include "flash_forward.cu"
 }  // namespace fwd
 
+// The tensor-core kernel's PTX wrappers (flash_forward_tc.cu compiles its own only without
+// LONGCTX_HOST_EMULATION). ldmatrix and mma.sync are warp-collective: each lane puts its operands
+// into its warp's exchange slot, one barrier of the 32 lanes, then each lane computes its own
+// results from the PTX ISA's fragment layouts. Slots alternate between two sets, so the next
+// operation's writes cannot meet this one's reads without a second barrier (every lane passes the
+// next barrier only after its reads here).
+inline void cp_async16(void* dst, const void* src) { cp_async16(dst, src, 16); }
+inline void cp_async_wait_all() {
+  cp_async_commit();
+  cp_async_wait_0();
+}
+
+namespace emu {
+struct WarpOperands {
+  const unsigned char* row[32];  // ldmatrix: each lane's row address
+  uint32_t a[32][4], b[32][2];    // mma: each lane's A and B registers
+};
+WarpOperands warp_operands[4][2];
+thread_local int warp_parity;
+
+inline WarpOperands& exchange_begin() { return warp_operands[warp()][warp_parity]; }
+inline void exchange_wait() {
+  maybe_land();
+  warp_barrier[warp()]->arrive_and_wait();
+  warp_parity ^= 1;
+}
+
+inline uint16_t b16_at(const unsigned char* p) {
+  uint16_t x;
+  std::memcpy(&x, p, 2);
+  return x;
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8i..8i+7 give the addresses of rows 0..7
+// of 8x8 matrix i (16 bytes each). Lane l receives in register i the 32-bit pair of matrix i at
+// row l/4, columns 2(l%4) and 2(l%4)+1 (the lower column in the low half); with .trans the pair of
+// the transposed matrix: rows 2(l%4) and 2(l%4)+1 of column l/4.
+inline void ldmatrix(uint32_t (&r)[4], const void* p, bool trans) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) fault("ldmatrix row address not 16-byte aligned", p);
+  WarpOperands& x = exchange_begin();
+  const int l = lane();
+  x.row[l] = static_cast<const unsigned char*>(p);
+  exchange_wait();
+  for (int i = 0; i < 4; i++) {
+    const unsigned char* const* rows = x.row + 8 * i;
+    if (!trans) {
+      std::memcpy(&r[i], rows[l / 4] + 4 * (l % 4), 4);
+    } else {
+      r[i] = b16_at(rows[2 * (l % 4)] + 2 * (l / 4)) | (uint32_t)b16_at(rows[2 * (l % 4) + 1] + 2 * (l / 4)) << 16;
+    }
+  }
+}
+
+template <typename T>
+inline float b16_to_float(uint16_t bits);
+template <>
+inline float b16_to_float<__half>(uint16_t bits) {
+  __half_raw r;
+  r.x = bits;
+  return __half2float(__half(r));
+}
+template <>
+inline float b16_to_float<__nv_bfloat16>(uint16_t bits) {
+  uint32_t u = (uint32_t)bits << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Element i (0 or 1) of a register holding a b16 pair.
+inline uint16_t half_of(uint32_t reg, int i) { return (uint16_t)(reg >> (16 * i)); }
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: D (16x8, f32) = A (16x16) B (16x8) + C, with
+// groupID g = lane/4 and t = lane%4 (PTX ISA, "Matrix fragments for mma.m16n8k16"):
+//   A: register j of lane 4g+t holds row g + 8 (j % 2), columns 2t + 8 (j / 2) + {0, 1};
+//   B: register j holds rows (k) 2t + 8 j + {0, 1} of column g;
+//   C, D: element i holds row g + 8 (i / 2), column 2t + i % 2.
+// Products of fp16/bf16 values are exact in float; each lane sums its 16 products and c in double
+// and rounds once to float (the hardware's summation order is unspecified).
+template <typename T>
+inline void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  WarpOperands& x = exchange_begin();
+  const int l = lane();
+  for (int j = 0; j < 4; j++) x.a[l][j] = a[j];
+  x.b[l][0] = b0;
+  x.b[l][1] = b1;
+  exchange_wait();
+  const int g = l / 4, t = l % 4;
+  for (int i = 0; i < 4; i++) {
+    const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+    double sum = c[i];
+    for (int k = 0; k < 16; k++) {
+      const uint32_t areg = x.a[4 * (row % 8) + (k % 8) / 2][row / 8 + 2 * (k / 8)];
+      const uint32_t breg = x.b[4 * col + (k % 8) / 2][k / 8];
+      sum += (double)b16_to_float<T>(half_of(areg, k % 2)) * b16_to_float<T>(half_of(breg, k % 2));
+    }
+    c[i] = (float)sum;
+  }
+}
+}  // namespace emu
+
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) { emu::ldmatrix(r, p, false); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) { emu::ldmatrix(r, p, true); }
+template <typename T>
+inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  emu::mma_m16n8k16<T>(c, a, b0, b1);
+}
+
+namespace tc {
+#include "flash_forward_tc.cu"
+}  // namespace tc
+
 namespace emu {
 
 // Runs one kernel over a grid: CTAs one after another, 128 threads each.
@@ -150,6 +391,7 @@ inline void launch(dim3 grid, const std::function<void()>& body) {
     for (unsigned y = 0; y < grid.y; y++) {
       for (unsigned x = 0; x < grid.x; x++) {
         std::memset(emu::smem, 0xff, sizeof(emu::smem));  // NaN poison
+        for (std::atomic<int>& a : emu::barrier_arrivals) a = 0;
         std::barrier<> cta(128);
         std::barrier<> w0(32), w1(32), w2(32), w3(32);
         emu::cta_barrier = &cta;
@@ -164,7 +406,11 @@ inline void launch(dim3 grid, const std::function<void()>& body) {
             emu::block_idx = dim3(x, y, z);
             emu::groups.clear();
             emu::open_group.clear();
+            emu::warp_parity = 0;
+            emu::barriers_passed = 0;
+            emu::copy_rng.seed(emu::copy_config().seed ^ (0x9E3779B97F4A7C15ull * (1 + t + 128 * (x + 65536ull * (y + 65536ull * z)))));
             body();
+            emu::arrive_count();  // an ended thread counts as arrived for a lagging warp
           });
         }
         for (std::thread& t : threads) t.join();
@@ -191,8 +437,12 @@ inline const std::map<std::string, Partial> kPartials = {ENTRIES(f32), ENTRIES(f
 using Forward = void (*)(const void*, const void*, const void*, const long long*, const long long*, float*, float*,
                          int, int, int, int, int, float, float, int, long long);
 #define FORWARD(NAME) {#NAME, reinterpret_cast<Forward>(&fwd::NAME)}
-inline const std::map<std::string, Forward> kForwards = {FORWARD(longctx_forward_f32), FORWARD(longctx_forward_f16),
-                                                         FORWARD(longctx_forward_bf16)};
+// The tensor-core forward (flash_forward_tc.cu), same parameters: grid (ceil(Tq / 64), H, B).
+#define FORWARD_TC(NAME) {#NAME, reinterpret_cast<Forward>(&tc::NAME)}
+inline const std::map<std::string, Forward> kForwards = {
+    FORWARD(longctx_forward_f32),         FORWARD(longctx_forward_f16),         FORWARD(longctx_forward_bf16),
+    FORWARD_TC(longctx_forward_tc_f16_d64), FORWARD_TC(longctx_forward_tc_f16_d128),
+    FORWARD_TC(longctx_forward_tc_bf16_d64), FORWARD_TC(longctx_forward_tc_bf16_d128)};
 
 }  // namespace emu
 

@@ -1,9 +1,10 @@
 // A stand-in libcuda.so.1 whose "device" is the host: memory is malloc'ed, copies are memcpy, and
-// cuLaunchKernel runs the decode kernels of flash_decode.cu and the plain forward kernels of
-// flash_forward.cu in the host emulation (emulation.h). With it on LD_LIBRARY_PATH, JCuda and
-// CudaAttention run their whole path (probe, module and function loading, allocation, chunk
-// tables, kernel parameters, launches, copies back) without a GPU (CudaDecodeFakeDeviceTest,
-// GpuCheckFakeDeviceTest). The tensor-core forward kernels are not emulated: launching one returns
+// cuLaunchKernel runs every longctx kernel (flash_decode.cu, the plain forward kernels of
+// flash_forward.cu, the tensor-core forward of flash_forward_tc.cu) in the host emulation
+// (emulation.h; LONGCTX_EMU_COPY picks when cp.async copies land). With it on LD_LIBRARY_PATH,
+// JCuda and CudaAttention run their whole path (probe, module and function loading, allocation,
+// chunk tables, kernel parameters, launches, copies back) without a GPU (CudaDecodeFakeDeviceTest,
+// GpuCheckFakeDeviceTest, CudaForwardTcFakeDeviceTest). A kernel name it does not know returns
 // CUDA_ERROR_NOT_SUPPORTED (801). With $LONGCTX_FAKE_FORWARD_RC set, every forward launch returns
 // that code instead; a sticky code (700, 714-719: a kernel fault) then makes cuCtxSynchronize
 // return it, as a lost context does. Only the driver calls longctx makes exist here.

@@ -23,8 +23,9 @@ import org.junit.jupiter.params.provider.CsvSource;
 
 /**
  * flash_decode.cu's source run on the host (src/test/cuda/decode_emulation.cpp: g++, one thread per
- * CUDA thread, barriers for __syncthreads and warp exchanges, cp.async landing only at its wait,
- * shared memory poisoned with NaN) with the launch geometry of {@link CudaDecode#plan}, against the
+ * CUDA thread, barriers for __syncthreads and warp exchanges, cp.async copies landing late (at
+ * their wait) or early (at their issue), each launch run both ways and giving the same bits; shared
+ * memory poisoned with NaN) with the launch geometry of {@link CudaDecode#plan}, against the
  * float64 reference. This checks the kernels' logic (indexing, chunks, masks, split narrowing,
  * unified-max flags and the recompute pass, the combine) without a GPU; it says nothing about the
  * GPU itself (PTX, real asynchrony, the device's exp, speed), which bin/gpu-check does.
@@ -32,6 +33,13 @@ import org.junit.jupiter.params.provider.CsvSource;
 class CudaDecodeEmulationTest {
 
   private static Path exe;
+
+  /**
+   * When cp.async copies land in each emulated run (emulation.h's LONGCTX_EMU_COPY): at their wait and
+   * at their issue, by default; {@code -Dlongctx.emuCopy=random} (LONGCTX_EMU_SEED in the environment
+   * replays one) or any comma list of wait, issue, random.
+   */
+  private static final List<String> COPY_MODES = List.of(System.getProperty("longctx.emuCopy", "wait,issue").split(","));
 
   static Path cudaInclude() {
     List<Path> candidates = new ArrayList<>();
@@ -110,11 +118,31 @@ class CudaDecodeEmulationTest {
     }
     Path in = Files.createTempFile(exe.getParent(), "in", ".bin");
     Path out = Files.createTempFile(exe.getParent(), "out", ".bin");
+    boolean keepInput = false;
     try {
       Files.write(in, b.array());
-      Child p = Child.run(new ProcessBuilder(exe.toString(), in.toString(), out.toString()), 170);
-      assertEquals(0, p.exit(), "emulation failed: " + p.output());
-      ByteBuffer r = ByteBuffer.wrap(Files.readAllBytes(out)).order(ByteOrder.LITTLE_ENDIAN);
+      // The same launch with cp.async copies landing at each mode of emulation.h: a race-free kernel
+      // gives the same bits whenever its copies land, so any difference is a missing barrier or wait.
+      byte[] first = null;
+      String firstMode = null;
+      for (String mode : COPY_MODES) {
+        ProcessBuilder pb = new ProcessBuilder(exe.toString(), in.toString(), out.toString());
+        pb.environment().put("LONGCTX_EMU_COPY", mode);
+        Child p = Child.run(pb, 170);
+        keepInput = true;
+        assertEquals(0, p.exit(), "emulation failed (LONGCTX_EMU_COPY=" + mode + "; input kept: " + in + "): " + p.output());
+        byte[] bits = Files.readAllBytes(out);
+        if (first == null) {
+          first = bits;
+          firstMode = mode;
+        } else {
+          assertArrayEquals(first, bits, "copies landing at " + mode + " changed the output bits against " + firstMode
+              + " (a race: a missing __syncthreads or cp.async wait); replay: LONGCTX_EMU_COPY=" + mode + " " + exe + " "
+              + in + " OUT; " + p.output());
+        }
+        keepInput = false;
+      }
+      ByteBuffer r = ByteBuffer.wrap(first).order(ByteOrder.LITTLE_ENDIAN);
       float[] o = new float[Math.toIntExact(plan.states() * plan.dim())];
       float[] lse = new float[Math.toIntExact(plan.states())];
       for (int i = 0; i < o.length; i++) {
@@ -134,7 +162,9 @@ class CudaDecodeEmulationTest {
       return new CpuAttention.DecodeResult(AttentionState.of(o, lse, q.batch() * q.tokens(), q.heads(), q.dim()),
           plan.splits(), count);
     } finally {
-      Files.deleteIfExists(in);
+      if (!keepInput) {
+        Files.deleteIfExists(in);
+      }
       Files.deleteIfExists(out);
     }
   }

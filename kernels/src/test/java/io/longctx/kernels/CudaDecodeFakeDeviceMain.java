@@ -163,16 +163,17 @@ public final class CudaDecodeFakeDeviceMain {
           ReferenceAttention.computeFloat32(q, kRest, vRest, qp, kPosRest, causal));
     });
 
-    // The tensor-core forward is not emulated: its launch fails, and the error names the call.
-    run("launch-error-names-the-call", () -> {
-      Tensor q = Accuracy.random(rng, 1, 1, 4, 64, 1);
-      try {
-        GpuCheck.run(cuda, CudaAttention.DType.BF16, q, q, q, GpuCheck.lastPositions(4, 4), AttentionOptions.DEFAULT);
-        return "the tensor-core kernel is not emulated, yet it 'ran'";
-      } catch (CudaAttention.CudaException e) {
-        return e.getMessage().startsWith("cuLaunchKernel(longctx_forward_tc_bf16_d64) failed: CUDA_ERROR_NOT_SUPPORTED")
-            ? null : e.getMessage();
-      }
+    // The tensor-core forward (bf16, D 64) from host arrays, judged by the rounded-P rule.
+    run("forward-tc-bf16", () -> {
+      CudaAttention.DType t = CudaAttention.DType.BF16;
+      Tensor q = GpuCheck.rounded(Accuracy.random(rng, 1, 4, 37, 64, 1), t);
+      Tensor k = GpuCheck.rounded(Accuracy.random(rng, 1, 2, 70, 64, 1), t);
+      Tensor v = GpuCheck.rounded(Accuracy.random(rng, 1, 2, 70, 64, 1), t);
+      long[] qp = GpuCheck.lastPositions(37, 70);
+      AttentionOptions opt = causal.withWindow(40);
+      AttentionState got = GpuCheck.run(cuda, t, q, k, v, qp, opt);
+      return Tolerance.violationRoundedP(got.o(), got.lse(), ReferenceAttention.compute(q, k, v, qp, null, opt),
+          ReferenceAttention.computeRoundedP(q, k, v, qp, null, opt, t));
     });
   }
 

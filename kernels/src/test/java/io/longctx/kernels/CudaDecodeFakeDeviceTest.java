@@ -57,7 +57,7 @@ class CudaDecodeFakeDeviceTest {
     List<String> lines = text.lines().toList();
     assertTrue(lines.contains("backend=cuda:0 host emulation (fake libcuda)"), text);
     for (String check : List.of("chunked-bf16", "backend-f32", "unified-recompute", "device-chunks", "fp16-overflow",
-        "forward-f32", "forward-f32-first-score-minus-inf", "launch-error-names-the-call")) {
+        "forward-f32", "forward-f32-first-score-minus-inf", "forward-tc-bf16")) {
       assertTrue(lines.contains(check + "=pass"), check + ":\n" + text);
     }
 

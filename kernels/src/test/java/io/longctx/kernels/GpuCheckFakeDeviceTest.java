@@ -10,11 +10,13 @@ import java.nio.file.Paths;
 import java.util.List;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.ValueSource;
 
 /**
- * The forward section of the GPU check ({@link GpuCheck} --smoke) on the fake libcuda. As it is, the
- * plain forward kernels run in the host emulation and their rows pass; the tensor-core kernels are
- * not emulated and are ERROR rows. With every forward launch made to fail
+ * The forward section of the GPU check ({@link GpuCheck} --smoke) on the fake libcuda. Every forward
+ * kernel, plain and tensor-core, runs in the host emulation and its rows pass. With every forward
+ * launch made to fail
  * ({@code LONGCTX_FAKE_FORWARD_RC}): every case is an ERROR row naming the CUDA error, the run goes
  * on to the next case and to the timing table, ends with a summary and exit status 1, and the
  * results file holds the same rows. With a sticky error (illegal address) the section stops after
@@ -28,6 +30,10 @@ class GpuCheckFakeDeviceTest {
   private record Run(int exit, String stdout, List<String> file) {}
 
   private static Run check(Path lib, String forwardRc) throws Exception {
+    return check(lib, forwardRc, null);
+  }
+
+  private static Run check(Path lib, String forwardRc, String copyMode) throws Exception {
     Path out = Files.createTempDirectory(lib, "out");
     ProcessBuilder pb = new ProcessBuilder(Paths.get(System.getProperty("java.home"), "bin", "java").toString(),
         "--add-modules=jdk.incubator.vector", "-cp", System.getProperty("java.class.path"), GpuCheck.class.getName(),
@@ -36,6 +42,9 @@ class GpuCheckFakeDeviceTest {
     pb.environment().put("OUT", out.toString());
     if (forwardRc != null) {
       pb.environment().put("LONGCTX_FAKE_FORWARD_RC", forwardRc);
+    }
+    if (copyMode != null) {
+      pb.environment().put("LONGCTX_EMU_COPY", copyMode);
     }
     Child c = Child.run(pb, 120);
     return new Run(c.exit(), c.output(), Files.readAllLines(out.resolve("gpu-check.txt")));
@@ -65,23 +74,36 @@ class GpuCheckFakeDeviceTest {
     assertTrue(r.stdout().lines().toList().containsAll(r.file()), "stdout and the results file differ");
   }
 
-  /** f32 at every dim and f16/bf16 at head dim 32 run the plain kernel: 6 + 4 rows. */
-  private static final int PLAIN_ROWS = 3 * 2 + 2 * 2;
+  /** Correctness rows that run the tensor-core kernel: f16/bf16 at head dims 64 and 128, two masks. */
+  private static final int TC_ROWS = 2 * 2 * 2;
 
-  @Test
+  /**
+   * Every forward kernel, plain and tensor-core, runs in the emulation and passes its rule, with
+   * cp.async copies landing at their wait and at their issue (emulation.h): no ERROR row, the
+   * timing table complete, exit status 0.
+   */
+  @ParameterizedTest(name = "copies land at {0}")
+  @ValueSource(strings = {"wait", "issue"})
   @Timeout(300)
-  void plainForwardKernelsRunOnTheEmulationAndPass() throws Exception {
+  void everyForwardKernelRunsOnTheEmulationAndPasses(String copyMode) throws Exception {
     Path lib = CudaDecodeFakeDeviceTest.buildFakeLibcuda("fake-cuda-forward-check");
-    Run r = check(lib, null);
+    Run r = check(lib, null, copyMode);
     noStackTrace(r);
     List<String> passed = r.file().stream().filter(l -> l.startsWith("| longctx_forward_") && l.endsWith("| pass |"))
         .toList();
-    assertEquals(PLAIN_ROWS, passed.size(), String.join("\n", r.file()));
-    assertTrue(passed.stream().noneMatch(l -> l.contains("_tc_")), String.join("\n", passed));
+    int correctness = CASES - 4;
+    assertEquals(correctness, passed.size(), String.join("\n", r.file()));
+    assertEquals(TC_ROWS, passed.stream().filter(l -> l.contains("_tc_") && l.contains("naive rounded-P")).count(),
+        String.join("\n", passed));
+    assertTrue(passed.stream().anyMatch(l -> l.startsWith("| longctx_forward_tc_bf16_d128 | [1,2/2,5,130,128] | causal ")),
+        r.stdout());
     assertTrue(passed.stream().anyMatch(l -> l.startsWith("| longctx_forward_bf16 | [1,2/1,4,50,32] | causal ")), r.stdout());
-    // Until the tensor-core kernels are emulated, they remain errors, not passes.
-    assertTrue(r.file().contains("summary forward: " + PLAIN_ROWS + " pass, 0 FAIL, " + (CASES - PLAIN_ROWS)
-        + " ERROR -> FAILED"), r.stdout());
+    assertFalse(r.stdout().contains("ERROR:") || r.stdout().contains("NOT_SUPPORTED"), r.stdout());
+    // The timing rows ran the tensor-core kernel too (fake 1 ms events: the figures mean nothing).
+    assertEquals(4, r.file().stream().filter(l -> l.startsWith("| longctx_forward_tc_") && l.contains(" | 1.000 | ")).count(),
+        r.stdout());
+    assertTrue(r.file().contains("summary forward: " + correctness + " pass, 0 FAIL, 0 ERROR -> ok"), r.stdout());
+    assertEquals(0, r.exit(), r.stdout());
   }
 
   @Test

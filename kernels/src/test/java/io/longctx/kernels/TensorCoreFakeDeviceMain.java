@@ -1,0 +1,71 @@
+package io.longctx.kernels;
+
+import java.util.Arrays;
+import java.util.Locale;
+import java.util.SplittableRandom;
+
+/**
+ * Run in a child JVM by {@link CudaTensorCoreEmulationTest} with the emulating fake libcuda on
+ * LD_LIBRARY_PATH: the tensor-core forward (flash_forward_tc.cu, through CudaAttention and JCuda) on
+ * small awkward shapes, each against the float64 reference by the rounded-P rule
+ * ({@link Tolerance#violationRoundedP}). Prints the seed, then one line per case: {@code name=pass}
+ * (with its errors and a hash of the output's bits) or {@code name=FAIL: why}.
+ */
+public final class TensorCoreFakeDeviceMain {
+  private TensorCoreFakeDeviceMain() {}
+
+  /** Type, [B, H, Hkv, Tq, Tk, D], mask: Tq/Tk 1, 7, 65 and 130 (one, two and three 64-row blocks). */
+  private record Case(CudaAttention.DType type, int[] shape, AttentionOptions opt) {
+    String name() {
+      return String.format(Locale.ROOT, "%s[%d,%d/%d,%d,%d,%d]%s", CudaAttention.kernelFor(type, shape[5]), shape[0],
+          shape[1], shape[2], shape[3], shape[4], shape[5], GpuCheck.maskName(opt).replace(' ', '-'));
+    }
+  }
+
+  public static void main(String[] args) {
+    AttentionBackend backend = AttentionBackend.select("cuda");
+    CudaAttention cuda = (CudaAttention) backend;
+    long seed = Accuracy.seed();
+    System.out.println("seed=" + seed);
+    SplittableRandom rng = new SplittableRandom(seed);
+    AttentionOptions full = AttentionOptions.DEFAULT, causal = full.withCausal(true);
+    CudaAttention.DType f16 = CudaAttention.DType.F16, bf16 = CudaAttention.DType.BF16;
+    Case[] cases = {
+        new Case(bf16, new int[] {1, 2, 1, 1, 1, 64}, full),
+        new Case(f16, new int[] {1, 2, 2, 7, 7, 128}, causal),
+        new Case(bf16, new int[] {1, 4, 2, 65, 65, 64}, causal),
+        new Case(f16, new int[] {1, 2, 1, 65, 130, 128}, causal.withWindow(50)),
+        new Case(bf16, new int[] {2, 2, 1, 130, 130, 64}, causal.withSoftcap(30f)),
+        new Case(f16, new int[] {1, 4, 1, 7, 130, 64}, full.withWindow(20)),
+        // Query positions 123..252 over keys 0..129 under a window of 100: whole key tiles are skipped.
+        new Case(bf16, new int[] {1, 2, 2, 130, 130, 128}, causal.withWindow(100)),
+    };
+    for (Case c : cases) {
+      String bad;
+      try {
+        int[] s = c.shape();
+        Tensor q = GpuCheck.rounded(Accuracy.random(rng, s[0], s[1], s[3], s[5], 1), c.type());
+        Tensor k = GpuCheck.rounded(Accuracy.random(rng, s[0], s[2], s[4], s[5], 1), c.type());
+        Tensor v = GpuCheck.rounded(Accuracy.random(rng, s[0], s[2], s[4], s[5], 1), c.type());
+        long[] qp = GpuCheck.lastPositions(s[3], s[4]);
+        if (c.opt().window() == 100) {
+          for (int t = 0; t < qp.length; t++) {
+            qp[t] = 123 + t;
+          }
+        }
+        AttentionState got = GpuCheck.run(cuda, c.type(), q, k, v, qp, c.opt());
+        ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, c.opt());
+        bad = Tolerance.violationRoundedP(got.o(), got.lse(), ref,
+            ReferenceAttention.computeRoundedP(q, k, v, qp, null, c.opt(), c.type()));
+        if (bad == null) {
+          // The output's bits, to compare runs whose cp.async copies land at different times.
+          bad = "pass " + Tolerance.errors(got.o(), got.lse(), ref) + " bits "
+              + Integer.toHexString(31 * Arrays.hashCode(got.o()) + Arrays.hashCode(got.lse()));
+        }
+      } catch (RuntimeException | AssertionError e) {
+        bad = e.toString();
+      }
+      System.out.println(c.name() + "=" + (bad.startsWith("pass") ? bad : "FAIL: " + bad));
+    }
+  }
+}
