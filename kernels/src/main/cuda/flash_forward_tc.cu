@@ -10,7 +10,9 @@
 //   O (16 x D)  += P (16 x 64) V            P reused from S's accumulators as A fragments,
 //                                           V read with ldmatrix.trans
 // Each (query block, key tile) pair is classified once from position ranges: skipped, fully
-// visible (no mask work) or partial (per-element mask by positions).
+// visible (no mask work) or partial (per-element mask by positions). The ranges are warp-wide
+// min/max reductions that every warp computes itself (find_tile): a skipped tile costs no copy and
+// no barrier.
 //
 // Not yet run on a GPU (docs/CUDA.md): bin/gpu-check checks every variant against the float64
 // reference on the first GPU machine.
@@ -109,6 +111,34 @@ __device__ __forceinline__ void load_tile(T* smem, const T* g, int row0, int val
 
 enum Visibility { kNone = 0, kPartial = 1, kAll = 2 };
 
+struct Tile {
+  int j0;   // first key of the tile; tk when no tile is left
+  int vis;  // kPartial or kAll
+};
+
+// The first key tile at or after j0 that some query in [qlo, qhi] may see, and whether it needs the
+// per-element mask. Every warp runs this itself on the same inputs and reaches the same answer, so
+// the choice is block-uniform with no shared memory and no barrier: a skipped tile costs one
+// coalesced 512-byte read of positions (L1/L2 after the first warp) and 10 shuffle pairs, not a
+// serial scan of 64 positions by one thread between two barriers.
+__device__ __forceinline__ Tile find_tile(int j0, const long long* __restrict__ k_pos, int tk, long long qlo,
+                                          long long qhi, int causal, long long window) {
+  if (!causal && window <= 0) return {j0 < tk ? j0 : tk, kAll};
+  const int lane = threadIdx.x % 32;
+  for (; j0 < tk; j0 += kKeys) {
+    long long lo = LLONG_MAX, hi = LLONG_MIN;  // identities: keys past tk leave the range alone
+    for (int i = lane; i < kKeys && j0 + i < tk; i += 32) {
+      lo = min(lo, k_pos[j0 + i]);
+      hi = max(hi, k_pos[j0 + i]);
+    }
+    warp_min_max(lo, hi);
+    if (any_visible(qlo, qhi, lo, hi, causal, window)) {
+      return {j0, all_visible(qlo, qhi, lo, hi, causal, window) ? kAll : kPartial};
+    }
+  }
+  return {tk, kPartial};
+}
+
 template <typename T, int D>
 __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                  const long long* __restrict__ q_pos, const long long* __restrict__ k_pos,
@@ -117,10 +147,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   constexpr int kStride = D + 8;
   __shared__ __align__(16) T ks[kKeys * kStride];  // holds the Q tile first
   __shared__ __align__(16) T vs[kKeys * kStride];
-  __shared__ long long kp_s[kKeys];
-  __shared__ long long qp_s[kRows];
-  __shared__ long long range_s[4];  // query min, max; key min, max
-  __shared__ int vis_s;
+  __shared__ long long kp_s[kKeys];  // key positions of a partial tile
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
@@ -129,28 +156,25 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   const T* qg = q + ((long long)b * heads + h) * tq * D;
   const T* kg = k + ((long long)b * kv_heads + kvh) * tk * D;
   const T* vg = v + ((long long)b * kv_heads + kvh) * tk * D;
-  const bool masked = causal || window > 0;
 
-  // Q tile -> registers (this warp's 16 rows, D/16 fragments).
+  // Q tile -> registers (this warp's 16 rows, D/16 fragments). Each warp reduces the block's query
+  // position range itself while the copies fly.
   load_tile<T, D>(ks, qg, q0, tq);
-  for (int i = threadIdx.x; i < kRows; i += kThreads) qp_s[i] = q0 + i < tq ? q_pos[q0 + i] : 0;
+  long long qlo = LLONG_MAX, qhi = LLONG_MIN;
+  for (int i = lane; i < kRows && q0 + i < tq; i += 32) {
+    qlo = min(qlo, q_pos[q0 + i]);
+    qhi = max(qhi, q_pos[q0 + i]);
+  }
+  warp_min_max(qlo, qhi);
+  const int row0 = q0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+  const long long my_qp[2] = {row0 < tq ? q_pos[row0] : 0, row0 + 8 < tq ? q_pos[row0 + 8] : 0};
   cp_async_wait_all();
   __syncthreads();
-  if (threadIdx.x == 0) {
-    long long lo = LLONG_MAX, hi = LLONG_MIN;
-    for (int i = 0; i < kRows && q0 + i < tq; i++) {
-      lo = min(lo, qp_s[i]);
-      hi = max(hi, qp_s[i]);
-    }
-    range_s[0] = lo;
-    range_s[1] = hi;
-  }
   uint32_t qf[D / 16][4];
 #pragma unroll
   for (int kc = 0; kc < D / 16; kc++) {
     ldmatrix_x4(qf[kc], &ks[(warp * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride + kc * 16 + lane / 16 * 8]);
   }
-  const long long my_qp[2] = {qp_s[warp * 16 + g], qp_s[warp * 16 + g + 8]};
   __syncthreads();  // Q's shared memory becomes the K tile
 
   float acc[D / 8][4];
@@ -160,28 +184,16 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   float row_sum[2] = {0.f, 0.f};  // this thread's share; the quad sums at the end
   const float s_scale = softcap > 0.f ? scale / softcap : scale * kLog2e;
 
-  for (int j0 = 0; j0 < tk; j0 += kKeys) {
-    for (int i = threadIdx.x; i < kKeys; i += kThreads) kp_s[i] = j0 + i < tk ? k_pos[j0 + i] : 0;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int vis = kAll;
-      if (masked) {
-        long long lo = LLONG_MAX, hi = LLONG_MIN;
-        for (int i = 0; i < kKeys && j0 + i < tk; i++) {
-          lo = min(lo, kp_s[i]);
-          hi = max(hi, kp_s[i]);
-        }
-        long long qlo = range_s[0], qhi = range_s[1];
-        if (!any_visible(qlo, qhi, lo, hi, causal, window)) vis = kNone;
-        else if (!all_visible(qlo, qhi, lo, hi, causal, window)) vis = kPartial;
-      }
-      vis_s = vis;
-    }
-    __syncthreads();
-    const int vis = vis_s;
-    if (vis == kNone) continue;  // block-uniform
+  // Skipped tiles never reach the loop body: no copy, no barrier.
+  for (Tile tile = find_tile(0, k_pos, tk, qlo, qhi, causal, window); tile.j0 < tk;
+       tile = find_tile(tile.j0 + kKeys, k_pos, tk, qlo, qhi, causal, window)) {
+    const int j0 = tile.j0, vis = tile.vis;
     load_tile<T, D>(ks, kg, j0, tk);
     load_tile<T, D>(vs, vg, j0, tk);
+    // Only the per-element mask reads key positions; plain stores, published by the barrier below.
+    if (vis == kPartial) {
+      for (int i = threadIdx.x; i < kKeys; i += kThreads) kp_s[i] = j0 + i < tk ? k_pos[j0 + i] : 0;
+    }
     cp_async_wait_all();
     __syncthreads();
 

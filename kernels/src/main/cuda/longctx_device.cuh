@@ -21,6 +21,14 @@ __device__ __forceinline__ float warp_max(float x) {
   return x;
 }
 
+// Min and max of a 64-bit value over the warp; the xor butterfly leaves both in every lane.
+__device__ __forceinline__ void warp_min_max(long long& lo, long long& hi) {
+  for (int off = 16; off > 0; off >>= 1) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, off));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, off));
+  }
+}
+
 // Positions are any 64-bit value: a window compares the exact distance q - k (k <= q) as an
 // unsigned number, never q - window, which overflows near LLONG_MIN.
 __device__ __forceinline__ bool within_window(long long q, long long k, long long window) {

@@ -207,6 +207,17 @@ inline double __shfl_xor_sync(unsigned, double x, int off) {
   return y;
 }
 
+inline long long __shfl_xor_sync(unsigned, long long x, int off) {
+  static long long lslot[4][32];
+  emu::maybe_land();
+  int w = emu::warp(), l = emu::lane();
+  lslot[w][l] = x;
+  emu::warp_barrier[w]->arrive_and_wait();
+  long long y = lslot[w][l ^ off];
+  emu::warp_barrier[w]->arrive_and_wait();
+  return y;
+}
+
 inline float __shfl_xor_sync(unsigned, float x, int off) {
   emu::maybe_land();
   int w = emu::warp(), l = emu::lane();
