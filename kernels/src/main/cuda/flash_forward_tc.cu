@@ -12,7 +12,8 @@
 // Each (query block, key tile) pair is classified once from position ranges: skipped, fully
 // visible (no mask work) or partial (per-element mask by positions). The ranges are warp-wide
 // min/max reductions that every warp computes itself (find_tile): a skipped tile costs no copy and
-// no barrier.
+// no barrier. K and V travel in separate cp.async groups: S = Q K^T runs while V lands, and the next
+// visible tile's K lands during P V.
 //
 // Not yet run on a GPU (docs/CUDA.md): bin/gpu-check checks every variant against the float64
 // reference on the first GPU machine.
@@ -30,7 +31,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // The PTX wrappers. The host emulation of the tests (src/test/cuda/emulation.h) supplies its own
-// versions of these five (per-warp ldmatrix and mma from the PTX ISA's fragment layouts, cp.async
+// versions of these seven (per-warp ldmatrix and mma from the PTX ISA's fragment layouts, cp.async
 // with a chosen landing time); everything below them is the code the GPU runs.
 #ifndef LONGCTX_HOST_EMULATION
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -41,9 +42,11 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
 
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
-}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Wait until at most 1 (or 0) of this thread's committed groups are still in flight.
+__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_0() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -139,14 +142,25 @@ __device__ __forceinline__ Tile find_tile(int j0, const long long* __restrict__ 
   return {tk, kPartial};
 }
 
+// Issues a key tile's K copies and, for a partial tile, stores its key positions (plain stores, only
+// the per-element mask reads them; published by the barrier after K's wait).
+template <typename T, int D>
+__device__ __forceinline__ void load_kp(T* ks, long long* kp_s, const T* kg, const long long* __restrict__ k_pos,
+                                        Tile tile, int tk) {
+  load_tile<T, D>(ks, kg, tile.j0, tk);
+  if (tile.vis == kPartial) {
+    for (int i = threadIdx.x; i < kKeys; i += kThreads) kp_s[i] = tile.j0 + i < tk ? k_pos[tile.j0 + i] : 0;
+  }
+}
+
 template <typename T, int D>
 __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                  const long long* __restrict__ q_pos, const long long* __restrict__ k_pos,
                                  float* __restrict__ o, float* __restrict__ lse, int heads, int kv_heads, int tq,
                                  int tk, float scale, float softcap, int causal, long long window) {
   constexpr int kStride = D + 8;
-  __shared__ __align__(16) T ks[kKeys * kStride];  // holds the Q tile first
-  __shared__ __align__(16) T vs[kKeys * kStride];
+  __shared__ __align__(16) T ks[kKeys * kStride];
+  __shared__ __align__(16) T vs[kKeys * kStride];  // holds the Q tile first
   __shared__ long long kp_s[kKeys];  // key positions of a partial tile
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -157,9 +171,11 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   const T* kg = k + ((long long)b * kv_heads + kvh) * tk * D;
   const T* vg = v + ((long long)b * kv_heads + kvh) * tk * D;
 
-  // Q tile -> registers (this warp's 16 rows, D/16 fragments). Each warp reduces the block's query
-  // position range itself while the copies fly.
-  load_tile<T, D>(ks, qg, q0, tq);
+  // Q tile -> registers (this warp's 16 rows, D/16 fragments). Q lands in V's buffer so that the
+  // first visible K tile can be in flight at the same time; each warp reduces the block's query
+  // position range itself meanwhile.
+  load_tile<T, D>(vs, qg, q0, tq);
+  cp_async_commit();  // group: Q
   long long qlo = LLONG_MAX, qhi = LLONG_MIN;
   for (int i = lane; i < kRows && q0 + i < tq; i += 32) {
     qlo = min(qlo, q_pos[q0 + i]);
@@ -168,14 +184,24 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   warp_min_max(qlo, qhi);
   const int row0 = q0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
   const long long my_qp[2] = {row0 < tq ? q_pos[row0] : 0, row0 + 8 < tq ? q_pos[row0 + 8] : 0};
-  cp_async_wait_all();
+
+  // cp.async groups complete in commit order: the loop below always finds [K, V] of its tile in
+  // flight, waits for K (wait_group 1) to compute S while V lands, and issues the next tile's K
+  // once every warp is past S, so that K lands during P V (single buffers: 3 tiles of D 128 would
+  // pass the 48 KB of static shared memory).
+  Tile tile = find_tile(0, k_pos, tk, qlo, qhi, causal, window);
+  if (tile.j0 < tk) load_kp<T, D>(ks, kp_s, kg, k_pos, tile, tk);
+  cp_async_commit();  // group: K (empty when no tile is visible)
+  cp_async_wait_1();  // Q landed
   __syncthreads();
   uint32_t qf[D / 16][4];
 #pragma unroll
   for (int kc = 0; kc < D / 16; kc++) {
-    ldmatrix_x4(qf[kc], &ks[(warp * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride + kc * 16 + lane / 16 * 8]);
+    ldmatrix_x4(qf[kc], &vs[(warp * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride + kc * 16 + lane / 16 * 8]);
   }
-  __syncthreads();  // Q's shared memory becomes the K tile
+  __syncthreads();  // every warp holds its Q fragments: vs can take V
+  if (tile.j0 < tk) load_tile<T, D>(vs, vg, tile.j0, tk);
+  cp_async_commit();  // group: V
 
   float acc[D / 8][4];
 #pragma unroll
@@ -185,17 +211,11 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   const float s_scale = softcap > 0.f ? scale / softcap : scale * kLog2e;
 
   // Skipped tiles never reach the loop body: no copy, no barrier.
-  for (Tile tile = find_tile(0, k_pos, tk, qlo, qhi, causal, window); tile.j0 < tk;
-       tile = find_tile(tile.j0 + kKeys, k_pos, tk, qlo, qhi, causal, window)) {
+  while (tile.j0 < tk) {
     const int j0 = tile.j0, vis = tile.vis;
-    load_tile<T, D>(ks, kg, j0, tk);
-    load_tile<T, D>(vs, vg, j0, tk);
-    // Only the per-element mask reads key positions; plain stores, published by the barrier below.
-    if (vis == kPartial) {
-      for (int i = threadIdx.x; i < kKeys; i += kThreads) kp_s[i] = j0 + i < tk ? k_pos[j0 + i] : 0;
-    }
-    cp_async_wait_all();
-    __syncthreads();
+    const Tile next = find_tile(j0 + kKeys, k_pos, tk, qlo, qhi, causal, window);  // while K and V fly
+    cp_async_wait_1();  // this thread's K copies landed; V may still be in flight
+    __syncthreads();    // everyone's K copies, zero rows and kp_s are visible
 
     // S = Q K^T for this warp's 16 rows and the tile's 64 keys (8 blocks of 8 keys).
     float s[kKeys / 8][4];
@@ -253,6 +273,11 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
       }
     }
 
+    cp_async_wait_0();  // V landed
+    __syncthreads();    // everyone's V is visible, and every warp is past its reads of ks and kp_s
+    if (next.j0 < tk) load_kp<T, D>(ks, kp_s, kg, k_pos, next, tk);
+    cp_async_commit();  // group: the next K, landing during P V
+
     // O += P V, 16 keys per step; P's accumulators are already laid out as A fragments.
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; kk++) {
@@ -266,7 +291,11 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         mma<T>(acc[2 * nd + 1], pa, vf[2], vf[3]);
       }
     }
-    __syncthreads();  // the next tile overwrites ks, vs and kp_s
+    if (next.j0 >= tk) break;  // block-uniform
+    __syncthreads();  // every warp is past its reads of vs
+    load_tile<T, D>(vs, vg, next.j0, tk);
+    cp_async_commit();  // group: the next V, landing during the next S
+    tile = next;
   }
 
 #pragma unroll

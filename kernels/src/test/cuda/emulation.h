@@ -288,11 +288,8 @@ namespace fwd {
 // results from the PTX ISA's fragment layouts. Slots alternate between two sets, so the next
 // operation's writes cannot meet this one's reads without a second barrier (every lane passes the
 // next barrier only after its reads here).
+// Its cp.async commit and waits are the decode kernel's above (cp_async_commit, cp_async_wait_1/0).
 inline void cp_async16(void* dst, const void* src) { cp_async16(dst, src, 16); }
-inline void cp_async_wait_all() {
-  cp_async_commit();
-  cp_async_wait_0();
-}
 
 namespace emu {
 struct WarpOperands {
