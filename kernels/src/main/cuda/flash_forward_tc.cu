@@ -13,7 +13,8 @@
 // visible (no mask work) or partial (per-element mask by positions). The ranges are warp-wide
 // min/max reductions that every warp computes itself (find_tile): a skipped tile costs no copy and
 // no barrier. K and V travel in separate cp.async groups: S = Q K^T runs while V lands, and the next
-// visible tile's K lands during P V.
+// visible tile's K lands during P V. With a causal mask or a window the last query block (the one
+// that sees the most keys) is launched first.
 //
 // Not yet run on a GPU (docs/CUDA.md): bin/gpu-check checks every variant against the float64
 // reference on the first GPU machine.
@@ -165,7 +166,13 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
-  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kRows;
+  // With a causal mask (a window is one-sided too) the last query block sees the most keys when
+  // positions rise along the sequence, as they do in a prefill. Blocks start roughly in blockIdx.x
+  // order, so blockIdx.x 0 takes the last block: the longest blocks start first and the short ones
+  // fill the tail of the last wave (longest-first scheduling), instead of a few long blocks
+  // running alone at the end.
+  const int qb = causal || window > 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int b = blockIdx.z, h = blockIdx.y, q0 = qb * kRows;
   const int kvh = h / (heads / kv_heads);
   const T* qg = q + ((long long)b * heads + h) * tq * D;
   const T* kg = k + ((long long)b * kv_heads + kvh) * tk * D;

@@ -50,7 +50,7 @@ using std::max;
 using std::min;
 
 namespace emu {
-thread_local dim3 thread_idx, block_idx;
+thread_local dim3 thread_idx, block_idx, grid_dim;
 const dim3 block_dim(128, 1, 1);  // every kernel here runs 128 threads per block
 std::barrier<>* cta_barrier;
 std::barrier<>* warp_barrier[4];
@@ -164,6 +164,7 @@ inline int warp() { return thread_idx.x / 32; }
 #undef __launch_bounds__
 #define threadIdx emu::thread_idx
 #define blockIdx emu::block_idx
+#define gridDim emu::grid_dim
 #define blockDim emu::block_dim
 #define __global__
 #define __device__
@@ -412,6 +413,7 @@ inline void launch(dim3 grid, const std::function<void()>& body) {
           threads.emplace_back([&, t] {
             emu::thread_idx = dim3(t, 0, 0);
             emu::block_idx = dim3(x, y, z);
+            emu::grid_dim = grid;
             emu::groups.clear();
             emu::open_group.clear();
             emu::warp_parity = 0;
