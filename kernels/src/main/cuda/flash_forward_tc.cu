@@ -28,6 +28,7 @@ namespace {
 constexpr int kRows = 64;     // query rows per block
 constexpr int kKeys = 64;     // keys per tile
 constexpr int kThreads = 128;
+constexpr int kScanTiles = 4;  // key tiles whose positions one step of find_tile loads at once
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -124,20 +125,32 @@ struct Tile {
 // per-element mask. Every warp runs this itself on the same inputs and reaches the same answer, so
 // the choice is block-uniform with no shared memory and no barrier: a skipped tile costs one
 // coalesced 512-byte read of positions (L1/L2 after the first warp) and 10 shuffle pairs, not a
-// serial scan of 64 positions by one thread between two barriers.
+// serial scan of 64 positions by one thread between two barriers. The positions of kScanTiles tiles
+// are loaded together before any is reduced, so a run of skipped tiles (a causal block's future)
+// waits one memory latency per kScanTiles tiles, not per tile.
 __device__ __forceinline__ Tile find_tile(int j0, const long long* __restrict__ k_pos, int tk, long long qlo,
                                           long long qhi, int causal, long long window) {
   if (!causal && window <= 0) return {j0 < tk ? j0 : tk, kAll};
   const int lane = threadIdx.x % 32;
-  for (; j0 < tk; j0 += kKeys) {
-    long long lo = LLONG_MAX, hi = LLONG_MIN;  // identities: keys past tk leave the range alone
-    for (int i = lane; i < kKeys && j0 + i < tk; i += 32) {
-      lo = min(lo, k_pos[j0 + i]);
-      hi = max(hi, k_pos[j0 + i]);
-    }
-    warp_min_max(lo, hi);
-    if (any_visible(qlo, qhi, lo, hi, causal, window)) {
-      return {j0, all_visible(qlo, qhi, lo, hi, causal, window) ? kAll : kPartial};
+  for (; j0 < tk; j0 += kScanTiles * kKeys) {
+    long long p[2 * kScanTiles];  // lane's keys j0 + lane + 32 m: tile m / 2
+#pragma unroll
+    for (int m = 0; m < 2 * kScanTiles; m++) p[m] = j0 + lane + 32 * m < tk ? k_pos[j0 + lane + 32 * m] : 0;
+#pragma unroll
+    for (int t = 0; t < kScanTiles; t++) {
+      if (j0 + t * kKeys >= tk) break;  // warp-uniform
+      long long lo = LLONG_MAX, hi = LLONG_MIN;  // identities: keys past tk leave the range alone
+#pragma unroll
+      for (int m = 2 * t; m < 2 * t + 2; m++) {
+        if (j0 + lane + 32 * m < tk) {
+          lo = min(lo, p[m]);
+          hi = max(hi, p[m]);
+        }
+      }
+      warp_min_max(lo, hi);
+      if (any_visible(qlo, qhi, lo, hi, causal, window)) {
+        return {j0 + t * kKeys, all_visible(qlo, qhi, lo, hi, causal, window) ? kAll : kPartial};
+      }
     }
   }
   return {tk, kPartial};

@@ -64,7 +64,7 @@ class CudaTensorCoreEmulationTest {
           + c.output();
       assertEquals(0, c.exit(), text);
       List<String> cases = c.output().lines().filter(l -> l.startsWith("longctx_forward_tc_")).toList();
-      assertEquals(7, cases.size(), text);
+      assertEquals(8, cases.size(), text);
       assertTrue(cases.stream().allMatch(l -> l.contains("=pass ")), text);
       if (copyMode.equals("random")) {
         assertTrue(c.output().contains("LONGCTX_EMU_SEED=" + Long.toUnsignedString(seed)), text);

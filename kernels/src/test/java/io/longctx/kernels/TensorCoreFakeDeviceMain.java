@@ -39,6 +39,9 @@ public final class TensorCoreFakeDeviceMain {
         new Case(f16, new int[] {1, 4, 1, 7, 130, 64}, full.withWindow(20)),
         // Query positions 123..252 over keys 0..129 under a window of 100: whole key tiles are skipped.
         new Case(bf16, new int[] {1, 2, 2, 130, 130, 128}, causal.withWindow(100)),
+        // Query positions 420..439 over keys 0..599 under a window of 40: key tiles 0-4 and 7-9 are
+        // skipped, the first visible one (5) is the second of find_tile's second batch of 4.
+        new Case(f16, new int[] {1, 1, 1, 20, 600, 64}, causal.withWindow(40)),
     };
     for (Case c : cases) {
       String bad;
@@ -48,9 +51,9 @@ public final class TensorCoreFakeDeviceMain {
         Tensor k = GpuCheck.rounded(Accuracy.random(rng, s[0], s[2], s[4], s[5], 1), c.type());
         Tensor v = GpuCheck.rounded(Accuracy.random(rng, s[0], s[2], s[4], s[5], 1), c.type());
         long[] qp = GpuCheck.lastPositions(s[3], s[4]);
-        if (c.opt().window() == 100) {
+        if (c.opt().window() == 100 || c.opt().window() == 40) {
           for (int t = 0; t < qp.length; t++) {
-            qp[t] = 123 + t;
+            qp[t] = (c.opt().window() == 100 ? 123 : 420) + t;
           }
         }
         AttentionState got = GpuCheck.run(cuda, c.type(), q, k, v, qp, c.opt());
