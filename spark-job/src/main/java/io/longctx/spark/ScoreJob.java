@@ -146,9 +146,7 @@ public final class ScoreJob {
 
     Dataset<Token> keyRows = read(spark, fmt, opt.keys, true, prefill);
     Dataset<Token> queryRows = prefill ? null : read(spark, fmt, opt.queries, false, true);
-    // One job plans the chunks and samples the shape's key row (a second one only on bad input).
-    ChunkScan scan = chunkRanges(keyRows, opt.chunkLen, prefill);
-    Shape shape = resolveShape(opt, scan.sample(), keyRows, queryRows, prefill);
+    Shape shape = resolveShape(opt, keyRows, queryRows, prefill);
 
     // Validate before the shuffle (the file name is known here), then chunk.
     final String keysPath = opt.keys;
@@ -180,7 +178,7 @@ public final class ScoreJob {
     }
 
     try {
-      List<RangeMeta> chunkMeta = scan.chunks();
+      List<RangeMeta> chunkMeta = chunkRanges(keyRows, chunkLen);
       List<RangeMeta> blockMeta = prefill ? chunkMeta // a prefill block is its chunk's tokens
           : blocks.map((MapFunction<QueryBlock, RangeMeta>) ScoreJob::blockMeta, Encoders.bean(RangeMeta.class))
               .collectAsList();
@@ -406,25 +404,7 @@ public final class ScoreJob {
     return t instanceof LongType || t instanceof IntegerType || t instanceof ShortType || t instanceof ByteType;
   }
 
-  /**
-   * The row the shape is inferred from and that shape errors name: its place and its array lengths
-   * (queryId only for a QUERIES row; qLen is k's row's q in prefill).
-   */
-  record Sample(String file, String docId, Long pos, String queryId, int kLen, int qLen) implements Serializable {}
-
-  /**
-   * The job's shape from the key sample of {@link #chunkRanges} (null: no chunk has a clean row, and
-   * {@link #firstKey} looks again to name the problem) and, in decode, the first clean query row.
-   */
-  static Shape resolveShape(ScoreOptions opt, Sample keySample, Dataset<Token> keys, Dataset<Token> queries,
-      boolean prefill) {
-    Sample k0 = keySample != null ? keySample : firstKey(opt, keys, prefill);
-    Sample q0 = prefill ? k0 : firstQuery(opt, queries);
-    return shapeOf(opt, k0, q0, prefill);
-  }
-
-  /** The first clean key row by a job of its own, or an error naming why there is none. */
-  static Sample firstKey(ScoreOptions opt, Dataset<Token> keys, boolean prefill) {
+  static Shape resolveShape(ScoreOptions opt, Dataset<Token> keys, Dataset<Token> queries, boolean prefill) {
     // readProblem puts a vector with a NaN (held aside while reading) back on its row: its length counts here.
     List<Token> firstK = keys.filter((org.apache.spark.api.java.function.FilterFunction<Token>) t -> readProblem(t) == null
         && t.getK() != null && (!prefill || t.getQ() != null)).limit(1).collectAsList();
@@ -442,34 +422,26 @@ public final class ScoreJob {
     }
     Token k0 = firstK.get(0);
     readProblem(k0);
-    return new Sample(k0.getFile(), k0.getDocId(), k0.getPos(), null, k0.getK().length,
-        prefill ? k0.getQ().length : -1);
-  }
-
-  /** The first clean query row, or an error naming why there is none. */
-  static Sample firstQuery(ScoreOptions opt, Dataset<Token> queries) {
-    List<Token> firstQ = queries.filter((org.apache.spark.api.java.function.FilterFunction<Token>) t ->
-        readProblem(t) == null && t.getQ() != null).limit(1).collectAsList();
-    if (firstQ.isEmpty()) {
-      List<Token> any = queries.limit(1).collectAsList();
-      if (any.isEmpty()) {
-        throw new InputError("QUERIES " + opt.queries + ": no query rows");
+    Token q0 = k0;
+    if (!prefill) {
+      List<Token> firstQ = queries.filter((org.apache.spark.api.java.function.FilterFunction<Token>) t ->
+          readProblem(t) == null && t.getQ() != null).limit(1).collectAsList();
+      if (firstQ.isEmpty()) {
+        List<Token> any = queries.limit(1).collectAsList();
+        if (any.isEmpty()) {
+          throw new InputError("QUERIES " + opt.queries + ": no query rows");
+        }
+        Token t = any.get(0);
+        if (t.getBad() != null) {
+          validateQuery(t, new Shape(1, 1, 1)); // reports the row's own problem
+        }
+        throw new InputError("QUERIES file " + t.getFile() + ", query '" + t.getQueryId() + "', doc '" + t.getDocId()
+            + "', pos " + (t.getPos() == null ? "(none)" : t.getPos()) + ": column 'q' is missing or null (and in every other row)");
       }
-      Token t = any.get(0);
-      if (t.getBad() != null) {
-        validateQuery(t, new Shape(1, 1, 1)); // reports the row's own problem
-      }
-      throw new InputError("QUERIES file " + t.getFile() + ", query '" + t.getQueryId() + "', doc '" + t.getDocId()
-          + "', pos " + (t.getPos() == null ? "(none)" : t.getPos()) + ": column 'q' is missing or null (and in every other row)");
+      q0 = firstQ.get(0);
+      readProblem(q0);
     }
-    Token q0 = firstQ.get(0);
-    readProblem(q0);
-    return new Sample(q0.getFile(), q0.getDocId(), q0.getPos(), q0.getQueryId(), -1, q0.getQ().length);
-  }
-
-  /** The shape the options and the sample rows' array lengths give, or an error naming the rows. */
-  static Shape shapeOf(ScoreOptions opt, Sample k0, Sample q0, boolean prefill) {
-    int kLen = k0.kLen(), qLen = q0.qLen();
+    int kLen = k0.getK().length, qLen = q0.getQ().length;
     int heads = opt.heads, kvHeads = opt.kvHeads, dim = opt.dim;
     if (dim == 0) {
       if (heads > 0) {
@@ -478,7 +450,7 @@ public final class ScoreJob {
         dim = kLen / kvHeads;
       } else {
         throw new InputError("cannot infer the shape from array lengths alone (k: " + kLen + " floats in KEYS "
-            + k0.file() + ", q: " + qLen + " floats in " + q0.file() + "): give --dim, --heads or --kv-heads");
+            + k0.getFile() + ", q: " + qLen + " floats in " + q0.getFile() + "): give --dim, --heads or --kv-heads");
       }
     }
     if (dim < 1) {
@@ -490,8 +462,8 @@ public final class ScoreJob {
     if (kvHeads == 0) {
       kvHeads = kLen / dim;
     }
-    String where = " (first rows: KEYS " + k0.file() + " doc '" + k0.docId() + "' pos " + k0.pos() + ", "
-        + (prefill ? "" : "QUERIES " + q0.file() + " query '" + q0.queryId() + "', ") + "k " + kLen + " floats, q "
+    String where = " (first rows: KEYS " + k0.getFile() + " doc '" + k0.getDocId() + "' pos " + k0.getPos() + ", "
+        + (prefill ? "" : "QUERIES " + q0.getFile() + " query '" + q0.getQueryId() + "', ") + "k " + kLen + " floats, q "
         + qLen + " floats)";
     if (dim > CpuAttention.MAX_DIM) {
       throw new InputError("head dim " + dim + " is above the kernels' maximum " + CpuAttention.MAX_DIM + where);
@@ -662,54 +634,21 @@ public final class ScoreJob {
     return out.iterator();
   }
 
-  /** What one aggregation over the key rows gives the driver: every chunk's range and the key sample. */
-  record ChunkScan(List<RangeMeta> chunks, Sample sample) {}
-
   /**
-   * (doc, chunk index, min pos, max pos, key count) of every chunk, and the shape's key sample, in one
-   * job: per chunk the clean row (read without a problem, k, and in prefill q, present) of least pos,
-   * its array lengths and place; the driver takes the first chunk's in (doc, index) order, so the
-   * sample does not depend on partitioning. Sample null: no clean row anywhere (bad input; the caller
-   * looks again to name the problem). Rows without doc_id or pos are left to the validation in the
-   * chunk stage, which names them.
+   * (doc, chunk index, min pos, max pos, key count) of every chunk, by an aggregation over the key
+   * positions alone (the vectors are pruned from the scan). Rows without doc_id or pos are left to
+   * the validation in the chunk stage, which names them.
    */
-  static ChunkScan chunkRanges(Dataset<Token> keys, int chunkLen, boolean prefill) {
+  static List<RangeMeta> chunkRanges(Dataset<Token> keys, int chunkLen) {
     Column pos = col("pos");
-    Column clean = col("bad").isNull().and(col("k").isNotNull());
-    if (prefill) {
-      clean = clean.and(col("q").isNotNull());
-    }
-    // pos first: min over the struct is the least (pos, ...) clean row, whatever the partitioning
-    Column sample = functions.when(clean, functions.struct(pos.as("pos"), functions.size(col("k")).as("kLen"),
-        prefill ? functions.size(col("q")).as("qLen") : lit(-1).as("qLen"), col("file").as("file")));
-    List<Row> rows = keys.toDF()
+    return keys.toDF()
         .where(col("docId").isNotNull().and(pos.isNotNull()))
         .groupBy(col("docId"), Chunking.indexColumn("pos", chunkLen).as("index"))
-        .agg(functions.min(pos).as("min"), functions.max(pos).as("max"), functions.count(lit(1)).as("count"),
-            functions.min(sample).as("sample"))
+        .agg(functions.min(pos).as("min"), functions.max(pos).as("max"), functions.count(lit(1)).as("count"))
+        .select(col("docId"), col("index"), col("min"), col("max"), col("count"), lit(true).as("hasPos"),
+            lit(null).cast("string").as("sample"))
+        .as(Encoders.bean(RangeMeta.class))
         .collectAsList();
-    List<RangeMeta> chunks = new ArrayList<>(rows.size());
-    Row first = null; // the sample row of the least (doc, index) chunk that has one
-    for (Row r : rows) {
-      RangeMeta m = new RangeMeta();
-      m.setDocId(r.getString(0));
-      m.setIndex(r.getLong(1));
-      m.setMin(r.getLong(2));
-      m.setMax(r.getLong(3));
-      m.setCount(r.getLong(4));
-      m.setHasPos(true);
-      chunks.add(m);
-      if (!r.isNullAt(5) && (first == null || r.getString(0).compareTo(first.getString(0)) < 0
-          || r.getString(0).equals(first.getString(0)) && r.getLong(1) < first.getLong(1))) {
-        first = r;
-      }
-    }
-    Sample s = null;
-    if (first != null) {
-      Row x = first.getStruct(5);
-      s = new Sample(x.getString(3), first.getString(0), x.getLong(0), null, x.getInt(1), x.getInt(2));
-    }
-    return new ChunkScan(chunks, s);
   }
 
   static RangeMeta blockMeta(QueryBlock b) {
