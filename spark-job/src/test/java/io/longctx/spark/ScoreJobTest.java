@@ -1,0 +1,93 @@
+package io.longctx.spark;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import org.apache.spark.scheduler.SparkListener;
+import org.apache.spark.scheduler.SparkListenerJobStart;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.SparkSession;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/** The planning of a score run: how many Spark jobs it costs, and its error when no row gives the shape. */
+class ScoreJobTest {
+  @TempDir
+  Path tmp;
+
+  final SparkSession spark = TestSpark.get();
+
+  /** The Spark jobs started while {@code r} ran, by their stages' operations (listener bus drained around it). */
+  List<String> jobsDuring(Runnable r) throws java.util.concurrent.TimeoutException {
+    List<String> jobs = java.util.Collections.synchronizedList(new ArrayList<>());
+    SparkListener l = new SparkListener() {
+      @Override
+      public void onJobStart(SparkListenerJobStart e) {
+        // a job's stages, each by its operation (its call site)
+        jobs.add(scala.jdk.javaapi.CollectionConverters.asJava(e.stageInfos()).stream()
+            .map(s -> s.name().replaceAll(" at .*", "")).toList().toString());
+      }
+    };
+    spark.sparkContext().listenerBus().waitUntilEmpty();
+    spark.sparkContext().addSparkListener(l);
+    try {
+      r.run();
+      spark.sparkContext().listenerBus().waitUntilEmpty();
+    } finally {
+      spark.sparkContext().removeSparkListener(l);
+    }
+    return new ArrayList<>(jobs);
+  }
+
+  @Test
+  void prefillRunIsSevenJobs() throws Exception {
+    // Every job is fixed cost a cold JVM pays (planning, code generation, scheduling). A prefill run is: Spark's
+    // read of the Parquet footers for the schema (1 job), the shape's sample row (1: a limit(1) scan), the chunk
+    // ranges (2 under adaptive execution: the aggregation's shuffle stage, then the collect), the output write
+    // (3: the token shuffle, the routed K/V shuffle, the write). The sample stays a job of its own on purpose:
+    // riding on the chunk-range aggregation (6 jobs) made that scan decode every vector, which cost more CPU, cold
+    // and warm, than the job it saved (docs/BENCHMARKS-HISTORY.md, cold start).
+    TestData data = new TestData(7, 4, 2, 16).doc("a", 150, 0, 1).doc("b", 40, 3, 2);
+    Path keys = data.writeKeys(spark, tmp, "parquet", true);
+    ScoreOptions o = new ScoreOptions();
+    o.mode = ScoreOptions.Mode.PREFILL;
+    o.keys = keys.toString();
+    o.output = tmp.resolve("out").toString();
+    o.heads = 4;
+    o.chunkLen = 32;
+    ScoreJob.run(spark, o); // a first run, so that nothing one-off (a first use of a data source) is counted
+    o.overwrite = true;
+    List<String> jobs = jobsDuring(() -> ScoreJob.run(spark, o));
+    assertEquals(7, jobs.size(), "Spark jobs of one prefill score run (schema 1, sample 1, ranges 2, write 3): a "
+        + "change here changes the fixed cost every run pays; update this figure only on purpose: " + jobs);
+  }
+
+  static List<Row> rows(TestData d) {
+    return new ArrayList<>(d.keyRows(true));
+  }
+
+  @Test
+  void noCleanKeyRowIsNamedByTheMissingColumn() throws Exception {
+    // Shape resolution finds no row with k and q: the error names a row and the missing column.
+    TestData d = new TestData(3, 2, 1, 4).doc("a", 20, 0, 1);
+    List<Row> rows = new ArrayList<>();
+    for (Row r : rows(d)) {
+      rows.add(RowFactory.create(r.get(0), r.get(1), r.get(2), r.get(3), null));
+    }
+    Path p = tmp.resolve("no-q.parquet");
+    TestData.write(spark, rows, TestData.KEYS, "parquet", p, 2);
+    ScoreOptions o = new ScoreOptions();
+    o.mode = ScoreOptions.Mode.PREFILL;
+    o.keys = p.toString();
+    o.output = tmp.resolve("out").toString();
+    o.heads = 2;
+    InputError e = assertThrows(InputError.class, () -> ScoreJob.run(spark, o));
+    assertTrue(e.getMessage().contains("column 'q' is missing or null (and in every other row)"), e.getMessage());
+    assertTrue(e.getMessage().contains("no-q.parquet/part-"), e.getMessage());
+  }
+}
