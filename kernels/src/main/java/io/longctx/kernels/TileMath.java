@@ -86,21 +86,21 @@ final class TileMath {
    * so the bits, are those of a plain scale pass over the tile.
    */
   static void scores(float[] k, int kOff, int kStride, int nx, int nk,
-      float[] qt, float[] s, int sStride, int lanes, float scale, float[] hi, float[] sum) {
+      float[] qt, int qtStride, float[] s, int sStride, int lanes, float scale, float[] hi, float[] sum) {
     int x = 0;
     for (int end = sixRowsEnd(nx); x < end; x += 6) {
       for (int g = 0; g < lanes; g += GROUP) {
-        scores6(k, kOff + x * kStride, kStride, nk, qt, g * nk, g, s, x * sStride + g, sStride, scale, hi, sum);
+        scores6(k, kOff + x * kStride, kStride, nk, qt, g, qtStride, s, x * sStride + g, sStride, scale, hi, sum);
       }
     }
     for (; x + 4 <= nx; x += 4) {
       for (int g = 0; g < lanes; g += GROUP) {
-        scores4(k, kOff + x * kStride, kStride, nk, qt, g * nk, g, s, x * sStride + g, sStride, scale, hi, sum);
+        scores4(k, kOff + x * kStride, kStride, nk, qt, g, qtStride, s, x * sStride + g, sStride, scale, hi, sum);
       }
     }
     for (; x < nx; x++) {
       for (int g = 0; g < lanes; g += GROUP) {
-        scores1(k, kOff + x * kStride, nk, qt, g * nk, g, s, x * sStride + g, scale, hi, sum);
+        scores1(k, kOff + x * kStride, nk, qt, g, qtStride, s, x * sStride + g, scale, hi, sum);
       }
     }
   }
@@ -115,13 +115,13 @@ final class TileMath {
     return (rest == 2 || rest == 3) && six >= 6 ? six - 6 : six;
   }
 
-  private static void scores4(float[] k, int kOff, int kStride, int nk, float[] qt, int qtOff, int lane,
+  private static void scores4(float[] k, int kOff, int kStride, int nk, float[] qt, int qtOff, int qtStride,
       float[] s, int sOff, int sStride, float scale, float[] hi, float[] sum) {
     FloatVector c00 = FloatVector.zero(SPECIES), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
         c31 = c00;
     int a0 = kOff, a1 = a0 + kStride, a2 = a1 + kStride, a3 = a2 + kStride;
-    for (int kk = 0; kk < nk; kk++) {
-      int bi = qtOff + kk * GROUP; // a constant stride: C2 hoists the bounds checks out of the loop
+    int bi = qtOff;
+    for (int kk = 0; kk < nk; kk++, bi += qtStride) {
       FloatVector b0 = FloatVector.fromArray(SPECIES, qt, bi);
       FloatVector b1 = FloatVector.fromArray(SPECIES, qt, bi + VL);
       FloatVector a = FloatVector.broadcast(SPECIES, k[a0 + kk]);
@@ -155,8 +155,8 @@ final class TileMath {
     c21.intoArray(s, ci + VL);
     c30.intoArray(s, ci += sStride);
     c31.intoArray(s, ci + VL);
-    FloatVector h0 = FloatVector.fromArray(SPECIES, hi, lane), h1 = FloatVector.fromArray(SPECIES, hi, lane + VL);
-    FloatVector l0 = FloatVector.fromArray(SPECIES, sum, lane), l1 = FloatVector.fromArray(SPECIES, sum, lane + VL);
+    FloatVector h0 = FloatVector.fromArray(SPECIES, hi, qtOff), h1 = FloatVector.fromArray(SPECIES, hi, qtOff + VL);
+    FloatVector l0 = FloatVector.fromArray(SPECIES, sum, qtOff), l1 = FloatVector.fromArray(SPECIES, sum, qtOff + VL);
     h0 = h0.max(c00);
     h1 = h1.max(c01);
     l0 = l0.add(c00);
@@ -173,22 +173,22 @@ final class TileMath {
     h1 = h1.max(c31);
     l0 = l0.add(c30);
     l1 = l1.add(c31);
-    h0.intoArray(hi, lane);
-    h1.intoArray(hi, lane + VL);
-    l0.intoArray(sum, lane);
-    l1.intoArray(sum, lane + VL);
+    h0.intoArray(hi, qtOff);
+    h1.intoArray(hi, qtOff + VL);
+    l0.intoArray(sum, qtOff);
+    l1.intoArray(sum, qtOff + VL);
   }
 
 
-  private static void scores6(float[] k, int kOff, int kStride, int nk, float[] qt, int qtOff, int lane,
+  private static void scores6(float[] k, int kOff, int kStride, int nk, float[] qt, int qtOff, int qtStride,
       float[] s, int sOff, int sStride, float scale, float[] hi, float[] sum) {
     FloatVector c00 = FloatVector.zero(SPECIES), c01 = FloatVector.zero(SPECIES);
     FloatVector c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00,
         c50 = c00, c51 = c00;
     int a0 = kOff, a1 = a0 + kStride, a2 = a1 + kStride, a3 = a2 + kStride, a4 = a3 + kStride,
         a5 = a4 + kStride;
-    for (int kk = 0; kk < nk; kk++) {
-      int bi = qtOff + kk * GROUP; // a constant stride: C2 hoists the bounds checks out of the loop
+    int bi = qtOff;
+    for (int kk = 0; kk < nk; kk++, bi += qtStride) {
       FloatVector b0 = FloatVector.fromArray(SPECIES, qt, bi);
       FloatVector b1 = FloatVector.fromArray(SPECIES, qt, bi + VL);
       FloatVector a = FloatVector.broadcast(SPECIES, k[a0 + kk]);
@@ -236,8 +236,8 @@ final class TileMath {
     c41.intoArray(s, ci + VL);
     c50.intoArray(s, ci += sStride);
     c51.intoArray(s, ci + VL);
-    FloatVector h0 = FloatVector.fromArray(SPECIES, hi, lane), h1 = FloatVector.fromArray(SPECIES, hi, lane + VL);
-    FloatVector l0 = FloatVector.fromArray(SPECIES, sum, lane), l1 = FloatVector.fromArray(SPECIES, sum, lane + VL);
+    FloatVector h0 = FloatVector.fromArray(SPECIES, hi, qtOff), h1 = FloatVector.fromArray(SPECIES, hi, qtOff + VL);
+    FloatVector l0 = FloatVector.fromArray(SPECIES, sum, qtOff), l1 = FloatVector.fromArray(SPECIES, sum, qtOff + VL);
     h0 = h0.max(c00);
     h1 = h1.max(c01);
     l0 = l0.add(c00);
@@ -262,18 +262,18 @@ final class TileMath {
     h1 = h1.max(c51);
     l0 = l0.add(c50);
     l1 = l1.add(c51);
-    h0.intoArray(hi, lane);
-    h1.intoArray(hi, lane + VL);
-    l0.intoArray(sum, lane);
-    l1.intoArray(sum, lane + VL);
+    h0.intoArray(hi, qtOff);
+    h1.intoArray(hi, qtOff + VL);
+    l0.intoArray(sum, qtOff);
+    l1.intoArray(sum, qtOff + VL);
   }
 
 
-  private static void scores1(float[] k, int a0, int nk, float[] qt, int qtOff, int lane, float[] s, int ci,
+  private static void scores1(float[] k, int a0, int nk, float[] qt, int qtOff, int qtStride, float[] s, int ci,
       float scale, float[] hi, float[] sum) {
     FloatVector c0 = FloatVector.zero(SPECIES), c1 = c0;
-    for (int kk = 0; kk < nk; kk++) {
-      int bi = qtOff + kk * GROUP; // a constant stride: C2 hoists the bounds checks out of the loop
+    int bi = qtOff;
+    for (int kk = 0; kk < nk; kk++, bi += qtStride) {
       FloatVector a = FloatVector.broadcast(SPECIES, k[a0 + kk]);
       c0 = a.fma(FloatVector.fromArray(SPECIES, qt, bi), c0);
       c1 = a.fma(FloatVector.fromArray(SPECIES, qt, bi + VL), c1);
@@ -283,16 +283,16 @@ final class TileMath {
     c1 = c1.mul(sc);
     c0.intoArray(s, ci);
     c1.intoArray(s, ci + VL);
-    FloatVector h0 = FloatVector.fromArray(SPECIES, hi, lane), h1 = FloatVector.fromArray(SPECIES, hi, lane + VL);
-    FloatVector l0 = FloatVector.fromArray(SPECIES, sum, lane), l1 = FloatVector.fromArray(SPECIES, sum, lane + VL);
+    FloatVector h0 = FloatVector.fromArray(SPECIES, hi, qtOff), h1 = FloatVector.fromArray(SPECIES, hi, qtOff + VL);
+    FloatVector l0 = FloatVector.fromArray(SPECIES, sum, qtOff), l1 = FloatVector.fromArray(SPECIES, sum, qtOff + VL);
     h0 = h0.max(c0);
     h1 = h1.max(c1);
     l0 = l0.add(c0);
     l1 = l1.add(c1);
-    h0.intoArray(hi, lane);
-    h1.intoArray(hi, lane + VL);
-    l0.intoArray(sum, lane);
-    l1.intoArray(sum, lane + VL);
+    h0.intoArray(hi, qtOff);
+    h1.intoArray(hi, qtOff + VL);
+    l0.intoArray(sum, qtOff);
+    l1.intoArray(sum, qtOff + VL);
   }
 
 

@@ -30,7 +30,7 @@ final class TileWorker {
   final int blockK;
   final int dim;
 
-  private final float[] qt; // [blockQ / GROUP][dim][GROUP]: queries, transposed, one panel per lane group
+  private final float[] qt; // [dim][blockQ]: scaled queries, transposed
   private final float[] ot; // [dim][blockQ]: unnormalized outputs, transposed
   private final float[] s; // [blockK][blockQ]: scores, then probabilities, of one tile
   private final float[] max; // running max per lane
@@ -127,7 +127,7 @@ final class TileWorker {
     Arrays.fill(qt, 0, d * blockQ, 0f);
     for (int i = 0; i < rows; i++) {
       for (int c = 0, at = rowQ[i]; c < d; c++) {
-        qt[i / GROUP * d * GROUP + c * GROUP + i % GROUP] = q[at + c];
+        qt[c * blockQ + i] = q[at + c];
       }
     }
     Arrays.fill(ot, 0, d * blockQ, 0f);
@@ -168,7 +168,7 @@ final class TileWorker {
     int kOff = p.k.offset(b, kvh, 0) + jt * d;
     Arrays.fill(tileMax, 0, lanes, Float.NEGATIVE_INFINITY);
     Arrays.fill(tileScoreSum, 0, lanes, 0f);
-    TileMath.scores(p.k.data(), kOff, d, n, d, qt, s, blockQ, lanes, p.qScale, tileMax, tileScoreSum);
+    TileMath.scores(p.k.data(), kOff, d, n, d, qt, blockQ, s, blockQ, lanes, p.qScale, tileMax, tileScoreSum);
     // The scale (1/cap folded in when capping) multiplied each finished q.k: with fp16/bf16-valued
     // inputs every product is exact and the fma chain rounds like the naive sum (see begin).
     if (p.softcap > 0) {
