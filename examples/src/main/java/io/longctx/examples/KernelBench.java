@@ -106,35 +106,40 @@ public final class KernelBench {
     String only = null;
     for (int i = 0; i < args.length; i++) {
       String a = args[i];
-      switch (a) {
-        case "--op" -> op = args[++i];
-        case "--t" -> t = Integer.parseInt(args[++i]);
-        case "--tk" -> tk = Integer.parseInt(args[++i]);
-        case "--heads" -> heads = Integer.parseInt(args[++i]);
-        case "--kv-heads" -> kvHeads = Integer.parseInt(args[++i]);
-        case "--dim" -> dim = Integer.parseInt(args[++i]);
-        case "--causal" -> causal = true;
-        case "--no-anchor" -> anchor = false;
-        case "--plain" -> plain = true;
-        case "--no-plain" -> plain = false; // the default now; still accepted
-        case "--only" -> only = args[++i];
-        case "--impls" -> i++; // read by memory()
-        case "--memory" -> memory = true;
-        case "--iters" -> iters = Integer.parseInt(args[++i]);
-        case "--warmup" -> warmup = Integer.parseInt(args[++i]);
-        case "--block-q" -> blockQ = Integer.parseInt(args[++i]);
-        case "--block-k" -> blockK = Integer.parseInt(args[++i]);
-        case "--sweep" -> sweep = Integer.parseInt(args[++i]);
-        case "--split" -> split = Integer.parseInt(args[++i]);
-        case "--callers" -> callers = Integer.parseInt(args[++i]);
-        case "--help", "-h" -> {
-          System.out.println(USAGE);
-          return;
+      try {
+        switch (a) {
+          case "--op" -> op = args[++i];
+          case "--t" -> t = Integer.parseInt(args[++i]);
+          case "--tk" -> tk = Integer.parseInt(args[++i]);
+          case "--heads" -> heads = Integer.parseInt(args[++i]);
+          case "--kv-heads" -> kvHeads = Integer.parseInt(args[++i]);
+          case "--dim" -> dim = Integer.parseInt(args[++i]);
+          case "--causal" -> causal = true;
+          case "--no-anchor" -> anchor = false;
+          case "--plain" -> plain = true;
+          case "--no-plain" -> plain = false; // the default now; still accepted
+          case "--only" -> only = args[++i];
+          case "--impls" -> i++; // read by memory()
+          case "--memory" -> memory = true;
+          case "--iters" -> iters = Integer.parseInt(args[++i]);
+          case "--warmup" -> warmup = Integer.parseInt(args[++i]);
+          case "--block-q" -> blockQ = Integer.parseInt(args[++i]);
+          case "--block-k" -> blockK = Integer.parseInt(args[++i]);
+          case "--sweep" -> sweep = Integer.parseInt(args[++i]);
+          case "--split" -> split = Integer.parseInt(args[++i]);
+          case "--callers" -> callers = Integer.parseInt(args[++i]);
+          case "--help", "-h" -> {
+            System.out.println(USAGE);
+            return;
+          }
+          default -> {
+            System.err.println("unknown option " + a + "\n" + USAGE);
+            System.exit(2);
+          }
         }
-        default -> {
-          System.err.println("unknown option " + a + "\n" + USAGE);
-          System.exit(2);
-        }
+      } catch (NumberFormatException | ArrayIndexOutOfBoundsException e) {
+        System.err.println("bench: " + a + " needs a number, got " + (i < args.length ? "'" + args[i] + "'" : "nothing"));
+        System.exit(2);
       }
     }
     if ("djl-plain".equals(only)) {
@@ -155,7 +160,14 @@ public final class KernelBench {
         default -> "forward (non-causal, causal), then decode";
       }, warmup, iters, plain ? "included (--plain)" : "skipped (--plain to include it)");
     }
-    CpuAttention kernels = new CpuAttention(blockQ, blockK, sweep);
+    CpuAttention kernels;
+    try {
+      kernels = new CpuAttention(blockQ, blockK, sweep);
+    } catch (IllegalArgumentException e) { // --block-q, --block-k, --sweep out of range
+      System.err.println("bench: " + e.getMessage());
+      System.exit(2);
+      return;
+    }
     // The operator, and djl-plain, need the engine; the anchor module is opened only when asked for.
     boolean needEngine = anchor || plain || only == null || !only.equals("java");
     if (needEngine && only == null) {
