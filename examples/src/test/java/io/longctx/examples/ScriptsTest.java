@@ -12,6 +12,9 @@ import java.nio.file.StandardCopyOption;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
+import java.util.jar.JarEntry;
+import java.util.jar.JarOutputStream;
+import javax.tools.ToolProvider;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
@@ -104,5 +107,76 @@ class ScriptsTest {
       assertEquals(2, scale.rc(), scale.out()); // usage, no run
       assertTrue(scale.out().contains("examples/scale-runs.sh decode"), scale.out());
     }
+  }
+
+  /** A jar holding class Hello, whose main prints "hello" and exits with its first argument, if any. */
+  static Path helloJar(Path dir) throws IOException {
+    Path src = Files.createDirectories(dir.resolve("src")).resolve("Hello.java");
+    Files.writeString(src, "public class Hello { public static void main(String[] a) {"
+        + " System.out.println(\"hello\"); if (a.length > 0 && !a[0].startsWith(\"-\")) System.exit(Integer.parseInt(a[0])); } }");
+    assertEquals(0, ToolProvider.getSystemJavaCompiler().run(null, null, null, "-d", dir.toString(), src.toString()));
+    Path jar = dir.resolve("hello.jar");
+    try (JarOutputStream out = new JarOutputStream(Files.newOutputStream(jar))) {
+      out.putNextEntry(new JarEntry("Hello.class"));
+      out.write(Files.readAllBytes(dir.resolve("Hello.class")));
+    }
+    return jar;
+  }
+
+  static List<String> archives(Path dir) throws IOException {
+    try (var files = Files.list(dir)) {
+      return files.map(f -> f.getFileName().toString()).sorted().toList();
+    }
+  }
+
+  /**
+   * bin/lib/java-cds, which bin/longctx puts in front of score, ppl and spark-bench: the first run
+   * writes an archive (and only a successful one keeps it), the next runs load their classes from it,
+   * a rebuilt jar gets a new archive in place of the old, --help and LONGCTX_CDS=0 write none.
+   */
+  @Test
+  void classDataSharingArchiveIsWrittenOnceUsedAndRenewedAfterARebuild() throws Exception {
+    Path jar = helloJar(Files.createDirectory(tmp.resolve("cds-src")));
+    Path dir = tmp.resolve("cds");
+    String java = Path.of(System.getProperty("java.home"), "bin", "java").toString();
+    String[] hello = {"bin/lib/java-cds", dir.toString(), "hello", java, "-Xlog:class+load=info", "-cp", jar.toString(), "Hello"};
+
+    Result failed = run(Map.of(), concat(hello, "3"));
+    assertEquals(3, failed.rc(), failed.out());
+    assertEquals(List.of(), archives(dir), "a failed run keeps no archive");
+    Result help = run(Map.of(), concat(hello, "--help"));
+    assertEquals(0, help.rc(), help.out());
+    assertTrue(!help.out().contains("class archive"), help.out());
+    assertEquals(0, run(Map.of("LONGCTX_CDS", "0"), hello).rc());
+    assertEquals(List.of(), archives(dir), "--help and LONGCTX_CDS=0 write no archive");
+
+    Result first = run(Map.of(), hello);
+    assertEquals(0, first.rc(), first.out());
+    assertTrue(first.out().contains("writes a class archive") && first.out().contains("hello"), first.out());
+    List<String> written = archives(dir);
+    assertEquals(1, written.size(), written.toString());
+    assertTrue(written.get(0).matches("hello-[0-9]+\\.jsa"), written.toString());
+    for (int i = 0; i < 2; i++) {
+      Result again = run(Map.of(), hello);
+      assertEquals(0, again.rc(), again.out());
+      assertTrue(again.out().contains("Hello source: shared objects file (top)"), again.out());
+      assertTrue(!again.out().contains("writes a class archive"), again.out());
+      assertEquals(written, archives(dir));
+    }
+
+    assertTrue(jar.toFile().setLastModified(jar.toFile().lastModified() - 60_000)); // a rebuild
+    Result rebuilt = run(Map.of(), hello);
+    assertEquals(0, rebuilt.rc(), rebuilt.out());
+    assertTrue(rebuilt.out().contains("writes a class archive"), rebuilt.out());
+    List<String> renewed = archives(dir);
+    assertEquals(1, renewed.size(), renewed.toString());
+    assertTrue(!renewed.equals(written), "the rebuilt jar's archive replaces the old one: " + renewed);
+    assertTrue(run(Map.of(), hello).out().contains("Hello source: shared objects file (top)"));
+  }
+
+  static String[] concat(String[] a, String b) {
+    String[] r = java.util.Arrays.copyOf(a, a.length + 1);
+    r[a.length] = b;
+    return r;
   }
 }
