@@ -303,12 +303,14 @@ public final class CpuAttention implements AttentionBackend {
    * workspaces and one K/V tile within half the L2 cache, capped at {@link #maxBlocksPerSweep}, and
    * few enough to leave every pool thread several tasks. Any count gives the same bits: a row's
    * arithmetic does not depend on which blocks share its sweep.
+   *
+   * @param batchHeads batch x query heads: the number of independent key sweeps per block index
    */
-  int blocksPerSweep(int qBlocks, int heads, int dim) {
+  int blocksPerSweep(int qBlocks, int batchHeads, int dim) {
     long blockBytes = 4L * (2L * dim * blockQ + (long) blockK * blockQ); // qt, ot, one tile of scores
     long kvTileBytes = 2L * 4 * blockK * dim;
     long byCache = (CacheSizes.L2_BYTES / 2 - kvTileBytes) / blockBytes;
-    long byTasks = (long) qBlocks * heads / (4L * POOL.getParallelism());
+    long byTasks = (long) qBlocks * batchHeads / (4L * POOL.getParallelism());
     long n = Math.min(maxBlocksPerSweep, Math.min(byCache, byTasks));
     return (int) Math.max(1, Math.min(n, qBlocks));
   }
