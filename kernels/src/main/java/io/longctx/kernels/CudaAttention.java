@@ -214,27 +214,46 @@ public final class CudaAttention implements AttentionBackend {
 
   /**
    * Host arrays in, attention state out: copies q, k, v and positions to the device on a stream of
-   * its own, runs the float32 kernel, copies o and lse back, and frees everything it allocated.
+   * its own, runs the float32 kernel, copies o and lse back, and frees everything it allocated. The
+   * same contract and tolerance as {@link CpuAttention#forward}.
    */
   @Override
   public AttentionState forward(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
+    return forward(q, k, v, qPos, kPos, opt, DType.F32);
+  }
+
+  /**
+   * The same with q, k and v converted to {@code type} on the way: F16 and BF16 run the tensor-core
+   * kernel at D 64 and 128 ({@link #kernelFor}). That is a different accuracy contract, so it is never
+   * the default: the inputs are rounded to the type, and the kernel rounds the probabilities P to it
+   * before P V, as FlashAttention does, so its result is judged by the rounded-P rule
+   * ({@link Tolerance#violationRoundedP}), not by the float32 rule. An fp16 overflow is an error
+   * naming the element, raised before anything is allocated on the device. o and lse start as NaN
+   * on the device, so an entry the kernel failed to write is an error, not a result.
+   */
+  public AttentionState forward(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt,
+      DType type) {
     CpuAttention.Problem p = new CpuAttention.Problem(q, k, v, qPos, kPos, opt);
     requireDim(p.dim);
+    Objects.requireNonNull(type, "type");
+    Pointer hq = hostData(q, type, "q"), hk = hostData(k, type, "k"), hv = hostData(v, type, "v");
     float[] o = new float[p.rows * p.heads * p.dim];
     float[] lse = new float[p.rows * p.heads];
     check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
     CUstream stream = new CUstream();
     check("cuStreamCreate", JCudaDriver.cuStreamCreate(stream, 0));
-    try (DeviceBuffer dq = upload(q.data(), stream);
-         DeviceBuffer dk = upload(k.data(), stream);
-         DeviceBuffer dv = upload(v.data(), stream);
+    try (DeviceBuffer dq = upload(hq, q.data().length * (long) type.bytes, stream);
+         DeviceBuffer dk = upload(hk, k.data().length * (long) type.bytes, stream);
+         DeviceBuffer dv = upload(hv, v.data().length * (long) type.bytes, stream);
          DeviceBuffer dqp = upload(p.qPos, stream);
          DeviceBuffer dkp = upload(p.kPos, stream);
          DeviceBuffer dout = new DeviceBuffer(4L * o.length);
          DeviceBuffer dlse = new DeviceBuffer(4L * lse.length)) {
-      forwardOnDevice(new DeviceTensor(dq, DType.F32, q.batch(), q.heads(), q.tokens(), q.dim()),
-          new DeviceTensor(dk, DType.F32, k.batch(), k.heads(), k.tokens(), k.dim()),
-          new DeviceTensor(dv, DType.F32, v.batch(), v.heads(), v.tokens(), v.dim()),
+      check("cuMemsetD32Async(poison o)", JCudaDriver.cuMemsetD32Async(dout.ptr, CudaDecode.NAN_BITS, o.length, stream));
+      check("cuMemsetD32Async(poison lse)", JCudaDriver.cuMemsetD32Async(dlse.ptr, CudaDecode.NAN_BITS, lse.length, stream));
+      forwardOnDevice(new DeviceTensor(dq, type, q.batch(), q.heads(), q.tokens(), q.dim()),
+          new DeviceTensor(dk, type, k.batch(), k.heads(), k.tokens(), k.dim()),
+          new DeviceTensor(dv, type, v.batch(), v.heads(), v.tokens(), v.dim()),
           dqp, dkp, opt, dout, dlse, stream);
       check("cuMemcpyDtoHAsync(o)", JCudaDriver.cuMemcpyDtoHAsync(Pointer.to(o), dout.ptr, 4L * o.length, stream));
       check("cuMemcpyDtoHAsync(lse)", JCudaDriver.cuMemcpyDtoHAsync(Pointer.to(lse), dlse.ptr, 4L * lse.length, stream));
@@ -470,13 +489,18 @@ public final class CudaAttention implements AttentionBackend {
 
   /** x on the device as {@code type} (fp16/bf16 through {@link #halfBits}, float32 as is). */
   static DeviceBuffer upload(Tensor x, DType type, String name, CUstream stream) {
-    if (type == DType.F32) {
-      return upload(x.data(), stream);
-    }
-    short[] bits = halfBits(x, type, name);
-    DeviceBuffer buf = new DeviceBuffer((long) bits.length * type.bytes);
-    copyIn(buf, Pointer.to(bits), stream);
-    return buf;
+    return upload(hostData(x, type, name), x.data().length * (long) type.bytes, stream);
+  }
+
+  /** x's elements on the host as {@code type}: its own float array, or fp16/bf16 bits from {@link #halfBits}. */
+  static Pointer hostData(Tensor x, DType type, String name) {
+    return type == DType.F32 ? Pointer.to(x.data()) : Pointer.to(halfBits(x, type, name));
+  }
+
+  static DeviceBuffer upload(Pointer host, long bytes, CUstream stream) {
+    DeviceBuffer b = new DeviceBuffer(bytes);
+    copyIn(b, host, stream);
+    return b;
   }
 
   static DeviceBuffer upload(float[] host, CUstream stream) {

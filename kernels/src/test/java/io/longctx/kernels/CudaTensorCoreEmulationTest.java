@@ -66,6 +66,7 @@ class CudaTensorCoreEmulationTest {
       List<String> cases = c.output().lines().filter(l -> l.startsWith("longctx_forward_tc_")).toList();
       assertEquals(8, cases.size(), text);
       assertTrue(cases.stream().allMatch(l -> l.contains("=pass ")), text);
+      assertTrue(c.output().contains("fp16-overflow=pass"), text);
       if (copyMode.equals("random")) {
         assertTrue(c.output().contains("LONGCTX_EMU_SEED=" + Long.toUnsignedString(seed)), text);
       }

@@ -61,6 +61,13 @@ public final class TensorCoreFakeDeviceMain {
         bad = Tolerance.violationRoundedP(got.o(), got.lse(), ref,
             ReferenceAttention.computeRoundedP(q, k, v, qp, null, c.opt(), c.type()));
         if (bad == null) {
+          // The host-array overload converts, uploads and launches the same kernel: the same bits.
+          AttentionState host = cuda.forward(q, k, v, qp, null, c.opt(), c.type());
+          if (!Arrays.equals(host.o(), got.o()) || !Arrays.equals(host.lse(), got.lse())) {
+            bad = "forward(..., " + c.type() + ") on host arrays differs from the device-buffer launch";
+          }
+        }
+        if (bad == null) {
           // The output's bits, to compare runs whose cp.async copies land at different times.
           bad = "pass " + Tolerance.errors(got.o(), got.lse(), ref) + " bits "
               + Integer.toHexString(31 * Arrays.hashCode(got.o()) + Arrays.hashCode(got.lse()));
@@ -69,6 +76,21 @@ public final class TensorCoreFakeDeviceMain {
         bad = e.toString();
       }
       System.out.println(c.name() + "=" + (bad.startsWith("pass") ? bad : "FAIL: " + bad));
+    }
+    System.out.println("fp16-overflow=" + fp16Overflow(cuda, rng));
+  }
+
+  /** An fp16 overflow in the host-array forward is an error naming the element. */
+  private static String fp16Overflow(CudaAttention cuda, SplittableRandom rng) {
+    Tensor q = Accuracy.random(rng, 1, 2, 3, 64, 1), k = Accuracy.random(rng, 1, 1, 5, 64, 1);
+    Tensor v = Accuracy.random(rng, 1, 1, 5, 64, 1);
+    k.data()[(3 * 64) + 17] = 70000f; // key position 3, dim 17
+    try {
+      cuda.forward(q, k, v, null, null, AttentionOptions.DEFAULT, CudaAttention.DType.F16);
+      return "FAIL: no error";
+    } catch (IllegalArgumentException e) {
+      String m = e.getMessage();
+      return m.contains("k ") && m.contains("position 3, dim 17") && m.contains("fp16") ? "pass" : "FAIL: " + m;
     }
   }
 }
