@@ -33,6 +33,8 @@ import org.knowm.xchart.style.markers.SeriesMarkers;
  *   <li>{@code throughput-vs-t.png}: GFLOP/s against sequence length T for java, op, libtorch-sdpa
  *       and djl-plain, non-causal and causal side by side;
  *   <li>{@code ratio-vs-t.png}: the same-run ratio libtorch time / our time against T;
+ *   <li>both again for every other {@code forward-sweep-NAME.jsonl} (one CPU's runs each), as
+ *       {@code throughput-vs-t-NAME.png} and {@code ratio-vs-t-NAME.png};
  *   <li>{@code memory-vs-t.png}: peak memory beyond the inputs against T (each implementation alone
  *       in a fresh JVM), ours beside the naive materialized attention (djl-plain), with the analytic
  *       lines T^2 x H x 4 B (one score matrix) and the inputs' own O(T x D) size. The Java kernel
@@ -72,20 +74,29 @@ public final class BenchPlots {
       }
     }
     Files.createDirectories(out);
-    List<Map<String, String>> speed = read(data.resolve("forward-sweep.jsonl"));
+    // One pair of speed plots per forward-sweep*.jsonl: each file holds one CPU's runs, and lines of
+    // different CPUs in one plot would compare machines, not kernels.
+    List<Path> sweeps;
+    try (var files = Files.list(data)) {
+      sweeps = files.filter(f -> f.getFileName().toString().matches("forward-sweep.*\\.jsonl")).sorted().toList();
+    }
+    for (Path sweep : sweeps) {
+      String suffix = sweep.getFileName().toString().replaceFirst("^forward-sweep", "").replaceFirst("\\.jsonl$", "");
+      List<Map<String, String>> speed = read(sweep);
+      String speedNote = note(speed, cpu);
+      Path tp = out.resolve("throughput-vs-t" + suffix + ".png");
+      ImageIO.write(withCaption(sideBySide(throughput(speed, false), throughput(speed, true)),
+          "bin/longctx bench per T: median of rounds that alternate the implementations in one JVM. " + speedNote + ".",
+          "Each T ran at its own time and load, so the level moves between T (a peak can be the load, not the kernel):"
+              + " compare lines within one T; the ratio plot does."), "png", tp.toFile());
+      System.out.println("wrote " + tp);
+      Path rp = out.resolve("ratio-vs-t" + suffix + ".png");
+      ImageIO.write(withCaption(BitmapEncoder.getBufferedImage(ratioChart(speed)),
+          "Each point: libtorch's median time / ours, both from one run (alternating rounds, one JVM).",
+          speedNote + "."), "png", rp.toFile());
+      System.out.println("wrote " + rp);
+    }
     List<Map<String, String>> memory = read(data.resolve("memory-sweep.jsonl"));
-    String speedNote = note(speed, cpu);
-    Path tp = out.resolve("throughput-vs-t.png");
-    ImageIO.write(withCaption(sideBySide(throughput(speed, false), throughput(speed, true)),
-        "bin/longctx bench per T: median of rounds that alternate the implementations in one JVM. " + speedNote + ".",
-        "Each T ran at its own time and load, so the level moves between T (a peak can be the load, not the kernel):"
-            + " compare lines within one T; the ratio plot does."), "png", tp.toFile());
-    System.out.println("wrote " + tp);
-    Path rp = out.resolve("ratio-vs-t.png");
-    ImageIO.write(withCaption(BitmapEncoder.getBufferedImage(ratioChart(speed)),
-        "Each point: libtorch's median time / ours, both from one run (alternating rounds, one JVM).",
-        speedNote + "."), "png", rp.toFile());
-    System.out.println("wrote " + rp);
     Path cappedFile = data.resolve("memory-capped-heap.jsonl"); // optional: java under a capped heap
     List<Map<String, String>> capped = Files.isRegularFile(cappedFile) ? read(cappedFile) : List.of();
     Path mp = out.resolve("memory-vs-t.png");
