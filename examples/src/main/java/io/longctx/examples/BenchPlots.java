@@ -68,7 +68,7 @@ public final class BenchPlots {
         case "--out" -> out = Path.of(args[++i]);
         case "--cpu" -> cpu = args[++i];
         default -> {
-          System.err.println("usage: longctx plots [--data DIR] [--out DIR] [--cpu LABEL (when the data has no cpu field)]");
+          System.err.println("usage: longctx plots [--data DIR] [--out DIR] [--cpu LABEL (for lines without a cpu field)]");
           System.exit(2);
         }
       }
@@ -112,8 +112,9 @@ public final class BenchPlots {
 
   /** "CPU ..., load1 a-b": what every plot says about where its data came from. */
   static String note(List<Map<String, String>> rows, String cpu) {
-    String c = cpu != null ? cpu : rows.stream().map(r -> r.get("cpu")).filter(x -> x != null).distinct()
-        .reduce((a, b) -> a + " / " + b).orElse("CPU not recorded");
+    // The lines' own cpu field where they have one; --cpu labels older data that lacks it.
+    String c = rows.stream().map(r -> r.get("cpu")).filter(x -> x != null).distinct()
+        .reduce((a, b) -> a + " / " + b).orElse(cpu != null ? cpu : "CPU not recorded");
     double[] load = rows.stream().filter(r -> r.containsKey("load1"))
         .mapToDouble(r -> Double.parseDouble(r.get("load1"))).sorted().toArray();
     return load.length == 0 ? c
