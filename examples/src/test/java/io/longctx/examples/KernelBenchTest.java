@@ -6,8 +6,11 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import java.io.ByteArrayOutputStream;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
+import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.Test;
 
 /** bench's help and its output streams: JSON on stdout only, progress on stderr. */
@@ -67,5 +70,26 @@ class KernelBenchTest {
     List<String> two = lines.stream().filter(l -> l.contains("\"callers\": 2, \"vs_one_caller\": ")).toList();
     assertEquals(2, two.size(), r.out());
     assertTrue(two.get(0).startsWith("{\"impl\": \"java\"") && two.get(1).startsWith("{\"impl\": \"op\""), r.out());
+  }
+
+  /** A bad number or an out-of-range option: exit 2 naming it (a child JVM: main calls System.exit). */
+  @Test
+  void badOptionsAreExit2NamingTheOption() throws Exception {
+    String javaBin = Path.of(System.getProperty("java.home"), "bin", "java").toString();
+    String[][] cases = {
+        {"--sweep", "0"}, {"--t", "x"}, {"--t"}, {"--block-q", "5"}, {"--frobnicate"}};
+    String[] expect = {"maxBlocksPerSweep must be >= 1", "--t needs a number, got 'x'", "--t needs a number, got nothing",
+        "blockQ must be a positive multiple", "unknown option --frobnicate"};
+    for (int c = 0; c < cases.length; c++) {
+      List<String> cmd = new ArrayList<>(List.of(javaBin, "--add-modules=jdk.incubator.vector", "-cp",
+          System.getProperty("java.class.path"), KernelBench.class.getName()));
+      cmd.addAll(List.of(cases[c]));
+      Process p = new ProcessBuilder(cmd).redirectErrorStream(true).start();
+      String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+      assertTrue(p.waitFor(60, TimeUnit.SECONDS), String.join(" ", cases[c]));
+      assertEquals(2, p.exitValue(), String.join(" ", cases[c]) + ":\n" + out);
+      assertTrue(out.contains(expect[c]), String.join(" ", cases[c]) + ":\n" + out);
+      assertTrue(!out.contains("\tat "), "a stack trace:\n" + out);
+    }
   }
 }
