@@ -47,11 +47,11 @@ class CudaDecodeTest {
     assertTrue(p.smemBytes() <= CudaDecode.DEFAULT_SMEM, "no opt-in needed: " + p.smemBytes());
     assertEquals(32, p.states());
 
-    // 16 query tokens x 4 heads = 64 rows: still one CTA per (kv head, split), the large kernel.
+    // 16 query tokens x 4 heads = 64 rows: still one CTA per (kv head, split), on tensor cores.
     CudaDecode.Plan p16 = CudaDecode.plan(s(BF16, 1, 32, 16, 128), List.of(kv), List.of(kv), 4096);
     assertEquals(64, p16.rowsPerCta());
     assertEquals(1, p16.rowBlocks());
-    assertEquals("longctx_decode_sync_bf16_d128_r16", p16.syncKernel());
+    assertEquals("longctx_decode_tc_sync_bf16_d128", p16.syncKernel());
 
     // 8 query heads per kv head x 16 tokens = 128 rows: two row blocks of 64.
     CudaDecode.Plan p128 = CudaDecode.plan(s(BF16, 1, 64, 16, 128), List.of(kv), List.of(kv), 4096);
@@ -91,7 +91,7 @@ class CudaDecodeTest {
     for (CudaAttention.DType t : CudaAttention.DType.values()) {
       for (int dmax : new int[] {128, 256}) {
         int rows = CudaDecode.maxRowsPerCta(t, dmax);
-        int bytes = CudaDecode.smemBytes(t, dmax, rows);
+        int bytes = CudaDecode.smemBytes(t, dmax, rows, false);
         assertTrue(bytes <= a100, t + " D " + dmax + " " + rows + " rows: " + bytes + " bytes");
       }
     }
