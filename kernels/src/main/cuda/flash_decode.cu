@@ -458,9 +458,9 @@ __device__ void decode_partial(const DecodeArgs& a) {
 // (11 + 11 significant bits), hi + mid + lo for bf16 (8 + 8 + 8), i.e. p to float32's 24 bits. P is
 // first scaled by 2^(kPShift - e) with p <= 2^e (sync: e = 0, since p = e^(s - m) <= 1; unified:
 // e tracks the largest p of the row so far, as p = e^(s - phi) spans e^+-40), so the largest term is
-// at most 2^14 (fp16's range ends at 65504) and the low terms stay normal down to p ~ 2^-12 (below
-// that their absolute error, 2^-25 x 2^(e - 14), is far below float32's on the row sum). Rescaling
-// acc when e grows multiplies by a power of two: exact. o = acc x 2^(e - kPShift) / l.
+// at most 2^14 (fp16's range ends at 65504) and the low terms stay normal down to p ~ 2^(e - 12)
+// (below that their absolute error, 2^-25 x 2^(e - 14), is far below float32's on the row sum).
+// Rescaling acc when e grows multiplies by a power of two: exact. o = acc x 2^(e - kPShift) / l.
 constexpr int kPShift = 14;
 constexpr int kTcDim = 128;  // largest head dim of the tensor-core kernels (O: 64 registers)
 
@@ -585,8 +585,10 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
         l[r] += sum;
         pmax = quad_max(pmax);
         int ex = 0;
-        frexpf(pmax, &ex);  // pmax < 2^ex (0 and an overflowed inf, a flagged row, give junk: clamped)
-        const int e_new = max(e[r], min(ex, 100));
+        frexpf(pmax, &ex);  // pmax < 2^ex (an overflowed inf, a flagged row, gives junk: clamped)
+        // A tile the row cannot see (pmax 0) leaves e alone: jumping to 2^0 would push the scaled
+        // p of a row far below phi into fp16's subnormals.
+        const int e_new = pmax > 0.f ? max(e[r], min(ex, 100)) : e[r];
         if (e_new != e[r]) {  // rows are quad-uniform, as e is
           const float f = ldexpf(1.f, e[r] - e_new);
           #pragma unroll

@@ -370,7 +370,8 @@ class CudaDecodeEmulationTest {
    * the other rows of its CTA (three queries against the last two alone, 24 and 16 rows, both on
    * tensor cores, window narrowing the split), nor on the other sequence of a batch (explicit
    * reversed key positions, a query that sees no key, two chunks); the unified max with phi so far
-   * off that every visible pair is recomputed gives the sync kernel's bits.
+   * off that every visible pair is recomputed gives the sync kernel's bits, and with phi 25 above
+   * every logit (tiny p, nothing recomputed) stays within the float32 rule.
    */
   @ParameterizedTest(name = "{0} D={1}")
   @CsvSource({"F16, 64", "BF16, 128"})
@@ -412,6 +413,17 @@ class CudaDecodeEmulationTest {
         assertArrayEquals(sync.state().lse(), all.state().lse(), "unified, phi far off, vs sync, seed " + seed);
       }
     }
+
+    // phi 25 above the largest logit: every p ~ e^-25..e^-33, inside the bounds, none recomputed. The
+    // unified kernel's power-of-two scale must follow the p a row has seen, not jump to 2^0 on a tile
+    // the row cannot see (query 2's first tiles are query 0's): else fp16's low terms go subnormal.
+    UnifiedMax high = UnifiedMax.of(UnifiedMax.calibrate(q, k, opt).phi() + 25f);
+    CpuAttention.DecodeResult far = emulate(q, List.of(k), List.of(v), qp, null, opt, split, high, type);
+    String farErr = Accuracy.check(far.state(), ReferenceAttention.compute(q, k, v, qp, null, opt),
+        ReferenceAttention.computeFloat32(q, k, v, qp, null, opt));
+    assertNull(farErr, high + ", seed " + seed + ": " + farErr);
+    assertEquals(CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, opt, split, high).recomputedRows(),
+        far.recomputedRows(), high + ", seed " + seed);
 
     // A batch of two with explicit key positions (reversed, no split narrowing) in two chunks;
     // query 0 sees no key. Sequence 0 alone gives the bits it gives in the batch.
