@@ -584,6 +584,10 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
         }
         l[r] += sum;
         pmax = quad_max(pmax);
+        // p past 2^100 (bounds wider than e^+-69) would overflow fp16 after the scale: recompute the
+        // row with the sync kernel, as for a logit out of bounds (the CUDA-core kernel's limit is
+        // float32's exp, e^88).
+        if (pmax >= 0x1p100f) bad |= 1u << r;
         int ex = 0;
         frexpf(pmax, &ex);  // pmax < 2^ex (an overflowed inf, a flagged row, gives junk: clamped)
         // A tile the row cannot see (pmax 0) leaves e alone: jumping to 2^0 would push the scaled
