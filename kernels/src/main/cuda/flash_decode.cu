@@ -1,12 +1,14 @@
 // longctx CUDA split-K decoding (Flash-Decoding) and the FlashDecoding++ unified-max softmax.
 //
 // A few query rows per sequence (decode: 1..16 tokens) over a long KV sequence, handed as a list of
-// chunks. Three kernels:
+// chunks. Three kernel families:
 //
 //   longctx_decode_{sync,unified}_<type>_d<DMAX>_r<RPW>   partial states, one CTA per
 //       (batch, kv head, split, row block): every query row of the kv head's GQA group (query heads
 //       h = kvh * group + g, times the Tq query tokens; rows r = g * Tq + t) is handled by the same
 //       CTA, so each K/V tile is read from global memory once for the whole group.
+//   longctx_decode_tc_{sync,unified}_<type>_d128           the same partials on tensor cores
+//       (mma.sync) for fp16/bf16 CTAs of 16 to 64 rows, D a multiple of 16 up to 128 (below).
 //   longctx_decode_combine                                 merges the splits of each (row, head) in
 //       split order 0, 1, 2, ... into the final attention state.
 //
@@ -55,7 +57,7 @@
 
 #include <math_constants.h>
 
-#include "longctx_device.cuh"
+#include "longctx_mma.cuh"
 
 #ifndef LONGCTX_DYNAMIC_SHARED
 #define LONGCTX_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
@@ -68,22 +70,6 @@ constexpr int kWarps = 4;
 constexpr int kTile = 32;    // keys per tile: one per lane
 constexpr int kStages = 2;   // shared-memory buffers per K and V
 
-
-
-
-#ifndef LONGCTX_HOST_EMULATION
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, asynchronously; src_bytes = 0 zero-fills the destination.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_0() { asm volatile("cp.async.wait_group 0;\n" ::); }
-#endif  // the host emulation of the tests (src/test/cuda) supplies synchronous copies instead
 
 // 8 consecutive elements from shared memory (16-byte aligned for 2-byte types, 32 for float).
 __device__ __forceinline__ void load8(const float* p, float (&f)[8]) {
@@ -120,22 +106,27 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 
 
 // Shared-memory carve-up; CudaDecode.smemBytes computes the same total (LaunchGeometryTest checks the members).
+// The CUDA-core kernels keep q as float and p per row (qs, ps); the tensor-core kernels keep q in
+// the input type for ldmatrix, padded like K and V, zero rows up to a whole m16 block (qt).
 template <typename T>
 struct Smem {
   T* ks;              // [kStages][kTile][D + pad]
   T* vs;              // [kStages][kTile][D + pad]
-  float* qs;          // [rows][D], unscaled (the scale multiplies the finished q.k)
-  float* ps;          // [rows][kTile]
+  float* qs;          // [rows][D], unscaled (the scale multiplies the finished q.k); CUDA cores
+  float* ps;          // [rows][kTile]; CUDA cores
+  T* qt;              // [rows rounded up to 16][D + pad]; tensor cores
   long long* qp;      // [rows]
   int* row;           // [rows]: row of the kv head's group (g * Tq + t)
-  int stride;         // elements per K/V row in shared memory
-  __device__ Smem(void* base, int dim, int rows) {
+  int stride;         // elements per K/V/qt row in shared memory
+  __device__ Smem(void* base, int dim, int rows, bool tc) {
     stride = dim + 16 / (int)sizeof(T);
+    const int fl = tc ? 0 : rows, tr = tc ? (rows + 15) / 16 * 16 : 0;
     char* p = static_cast<char*>(base);
     ks = reinterpret_cast<T*>(p); p += sizeof(T) * kStages * kTile * stride;
     vs = reinterpret_cast<T*>(p); p += sizeof(T) * kStages * kTile * stride;
-    qs = reinterpret_cast<float*>(p); p += sizeof(float) * rows * dim;
-    ps = reinterpret_cast<float*>(p); p += sizeof(float) * rows * kTile;
+    qs = reinterpret_cast<float*>(p); p += sizeof(float) * fl * dim;
+    ps = reinterpret_cast<float*>(p); p += sizeof(float) * fl * kTile;
+    qt = reinterpret_cast<T*>(p); p += sizeof(T) * tr * stride;
     qp = reinterpret_cast<long long*>(p); p += sizeof(long long) * rows;
     row = reinterpret_cast<int*>(p);
   }
@@ -216,47 +207,45 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Smem<T>& sm
   }
 }
 
-template <typename T, int DMAX, int RPW, bool UNIFIED>
-__device__ void decode_partial(const DecodeArgs& a) {
-  constexpr int kQuads = DMAX / 128;  // dim quads per lane: dims 4 * lane + 128 * x + 0..3
-  LONGCTX_DYNAMIC_SHARED(float4, smem_raw);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int split = blockIdx.x % a.n_splits, rb = blockIdx.x / a.n_splits;
-  const int kvh = blockIdx.y, b = blockIdx.z;
+// The rows of this CTA (all of its row block, or in the recompute pass only the flagged ones, in
+// order) into sm.row / sm.qp, and the keys [lo, hi) of its split. Returns the row count (0: nothing
+// to do); every thread gets the same answers.
+template <typename T>
+__device__ __forceinline__ int cta_rows(const DecodeArgs& a, const Smem<T>& sm, int b, int kvh, int split,
+                                        long long& lo, long long& hi) {
   const int group = a.heads / a.kv_heads;
-  const int group_rows = group * a.tq;
-  const int r0 = rb * a.rows_per_cta;
-  const int block_rows = min(a.rows_per_cta, group_rows - r0);
-  Smem<T> sm(smem_raw, a.dim, a.rows_per_cta);
+  const int r0 = (blockIdx.x / a.n_splits) * a.rows_per_cta;
+  const int block_rows = min(a.rows_per_cta, group * a.tq - r0);
   __shared__ int n_rows_s;
   __shared__ long long qp_min_s, qp_max_s;
 
   // Rows of this CTA: all of its row block, or (recompute pass) only the flagged ones, in order.
   if (threadIdx.x == 0) {
     int n = 0;
-    long long lo = 0x7fffffffffffffffLL, hi = -0x7fffffffffffffffLL - 1;
+    long long qlo = LLONG_MAX, qhi = LLONG_MIN;
     for (int r = 0; r < block_rows; r++) {
       const int gr = r0 + r, g = gr / a.tq, t = gr % a.tq;
       const long long state = ((long long)b * a.tq + t) * a.heads + kvh * group + g;
       if (a.redo != nullptr && !a.redo[state * a.n_splits + split]) continue;
       sm.row[n] = gr;
       sm.qp[n] = a.q_pos[t];
-      lo = min(lo, a.q_pos[t]);
-      hi = max(hi, a.q_pos[t]);
+      qlo = min(qlo, a.q_pos[t]);
+      qhi = max(qhi, a.q_pos[t]);
       n++;
     }
     n_rows_s = n;
-    qp_min_s = lo;
-    qp_max_s = hi;
+    qp_min_s = qlo;
+    qp_max_s = qhi;
   }
   __syncthreads();
   const int n_rows = n_rows_s;
-  if (n_rows == 0) return;  // recompute pass: nothing flagged here
+  if (n_rows == 0) return 0;  // recompute pass: nothing flagged here
 
   // Keys of the split; with positions 0..Tk-1 (k_pos null) narrowed to those some row can see.
   const long long s0 = (long long)split * a.split_len;
   const long long s1 = min(s0 + a.split_len, a.tk);
-  long long lo = s0, hi = s1;
+  lo = s0;
+  hi = s1;
   if (a.k_pos == nullptr) {
     // (bounds that would overflow narrow nothing)
     if ((a.causal || a.window > 0) && qp_max_s < LLONG_MAX) hi = min(hi, qp_max_s + 1);
@@ -267,6 +256,48 @@ __device__ void decode_partial(const DecodeArgs& a) {
   // depend on which other rows share the CTA (other row blocks, the recompute pass's flagged rows);
   // the dropped tiles and the tail past hi are ones every row of the CTA would skip exactly.
   if (lo < hi) lo = s0 + (lo - s0) / kTile * kTile;
+
+  return n_rows;
+}
+
+// The tile loop both kernel families share: tiles of kTile keys from lo (on the split's grid) up to
+// hi, double-buffered, K and V of the next tile in flight while `body(stage, j0)` computes this one.
+template <typename T, typename Body>
+__device__ __forceinline__ void for_each_tile(const DecodeArgs& a, const Smem<T>& sm, long long lo, long long hi,
+                                              int b, int kvh, Body&& body) {
+  const long long n_tiles = lo < hi ? (hi - lo + kTile - 1) / kTile : 0;
+  int tile_chunk = n_tiles > 0 ? find_chunk(a.chunk_start, a.n_chunks, lo) : 0;
+  if (n_tiles > 0) load_tile<T>(a, sm, 0, lo, hi, tile_chunk, b, kvh);
+  cp_async_commit();
+
+  for (long long tile = 0; tile < n_tiles; tile++) {
+    const long long j0 = lo + tile * kTile;
+    const int st = (int)(tile & 1);
+    if (tile + 1 < n_tiles) {
+      tile_chunk = chunk_of(a.chunk_start, tile_chunk, j0 + kTile);
+      load_tile<T>(a, sm, st ^ 1, j0 + kTile, hi, tile_chunk, b, kvh);
+    }
+    cp_async_commit();
+    cp_async_wait_1();  // this tile has landed (the next may still be in flight)
+    __syncthreads();
+
+    body(st, j0);
+    __syncthreads();  // the stage is overwritten by the load issued next iteration
+  }
+  cp_async_wait_0();
+}
+
+template <typename T, int DMAX, int RPW, bool UNIFIED>
+__device__ void decode_partial(const DecodeArgs& a) {
+  constexpr int kQuads = DMAX / 128;  // dim quads per lane: dims 4 * lane + 128 * x + 0..3
+  LONGCTX_DYNAMIC_SHARED(float4, smem_raw);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int split = blockIdx.x % a.n_splits, kvh = blockIdx.y, b = blockIdx.z;
+  const int group = a.heads / a.kv_heads;
+  Smem<T> sm(smem_raw, a.dim, a.rows_per_cta, false);
+  long long lo, hi;
+  const int n_rows = cta_rows(a, sm, b, kvh, split, lo, hi);
+  if (n_rows == 0) return;  // recompute pass: nothing flagged here
 
   // q rows into shared memory as float, exactly (the scale multiplies the finished dot product:
   // products of fp16/bf16 values are exact in float32, so q.k rounds as the naive algorithm's does).
@@ -290,22 +321,7 @@ __device__ void decode_partial(const DecodeArgs& a) {
     for (int x = 0; x < 4 * kQuads; x++) acc[i][x] = 0.f;
   }
 
-  const long long n_tiles = lo < hi ? (hi - lo + kTile - 1) / kTile : 0;
-  int tile_chunk = n_tiles > 0 ? find_chunk(a.chunk_start, a.n_chunks, lo) : 0;
-  if (n_tiles > 0) load_tile<T>(a, sm, 0, lo, hi, tile_chunk, b, kvh);
-  cp_async_commit();
-
-  for (long long tile = 0; tile < n_tiles; tile++) {
-    const long long j0 = lo + tile * kTile;
-    const int st = (int)(tile & 1);
-    if (tile + 1 < n_tiles) {
-      tile_chunk = chunk_of(a.chunk_start, tile_chunk, j0 + kTile);
-      load_tile<T>(a, sm, st ^ 1, j0 + kTile, hi, tile_chunk, b, kvh);
-    }
-    cp_async_commit();
-    cp_async_wait_1();  // this tile has landed (the next may still be in flight)
-    __syncthreads();
-
+  for_each_tile(a, sm, lo, hi, b, kvh, [&](int st, long long j0) {
     // Scores: lane = key j0 + lane, for each row of the warp.
     const T* krow = sm.ks + ((long long)st * kTile + lane) * sm.stride;
     float s[RPW];
@@ -390,9 +406,7 @@ __device__ void decode_partial(const DecodeArgs& a) {
         }
       }
     }
-    __syncthreads();  // the stage is overwritten by the load issued next iteration
-  }
-  cp_async_wait_0();
+  });
 
   // Partial states out (float32).
   #pragma unroll
@@ -426,11 +440,270 @@ __device__ void decode_partial(const DecodeArgs& a) {
   }
 }
 
+
+// ---- Tensor-core partials: fp16/bf16, D a multiple of 16 up to 128, 16+ rows per CTA ----------
+//
+// Same grid, rows, split grid, tiles, loads, partial layout, flags and recompute pass as above;
+// only the arithmetic per tile moves to mma.sync m16n8k16. Warp w owns CTA rows 16w .. 16w + 15
+// (one m16 block; rows past the CTA's count are zero q rows, never written); warps without rows
+// only load. Thread (g = lane / 4, t4 = lane % 4) holds rows g and g + 8 of its block.
+//   S (16 x 32) = Q K^T   Q fragments from qt once (ldmatrix.x4), K as the col-major B operand
+//                         (ldmatrix.x4: two n8 key blocks per k16 step); products of fp16/bf16
+//                         values are exact, sums float32; the scale multiplies the finished S.
+//   softmax               on the accumulators: a row's 32 keys sit in the 4 threads of a quad
+//                         (2 keys x 4 n8 blocks each): row max and flags by 2 quad shuffles.
+//   O (16 x D) += P V     P reused from S's accumulators as A fragments; V via ldmatrix.x4.trans.
+// P must be 2-byte for mma. To keep DESIGN's float32 rule (rather than FlashAttention's rounded-P
+// contract), P is carried as a sum of 2-byte terms, each through its own mma: p = hi + lo for fp16
+// (11 + 11 significant bits), hi + mid + lo for bf16 (8 + 8 + 8), i.e. p to float32's 24 bits. P is
+// first scaled by 2^(kPShift - e) with p <= 2^e (sync: e = 0, since p = e^(s - m) <= 1; unified:
+// e tracks the largest p of the row so far, as p = e^(s - phi) spans e^+-40), so the largest term is
+// at most 2^14 (fp16's range ends at 65504) and the low terms stay normal down to p ~ 2^(e - 12)
+// (below that their absolute error, 2^-25 x 2^(e - 14), is far below float32's on the row sum).
+// Rescaling acc when e grows multiplies by a power of two: exact. o = acc x 2^(e - kPShift) / l.
+constexpr int kPShift = 14;
+constexpr int kTcDim = 128;  // largest head dim of the tensor-core kernels (O: 64 registers)
+
+template <typename T>
+struct PTerms {
+  static constexpr int n = 3;  // bf16: 8 significant bits per term
+};
+template <>
+struct PTerms<__half> {
+  static constexpr int n = 2;  // fp16: 11
+};
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+template <typename T, bool UNIFIED>
+__device__ void decode_partial_tc(const DecodeArgs& a) {
+  LONGCTX_DYNAMIC_SHARED(float4, smem_raw);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int split = blockIdx.x % a.n_splits, kvh = blockIdx.y, b = blockIdx.z;
+  const int group = a.heads / a.kv_heads;
+  Smem<T> sm(smem_raw, a.dim, a.rows_per_cta, true);
+  long long lo, hi;
+  const int n_rows = cta_rows(a, sm, b, kvh, split, lo, hi);
+  if (n_rows == 0) return;  // recompute pass: nothing flagged here
+
+  // q rows as their element bits (exact), zero rows up to the last m16 block's end.
+  const unsigned short* q = static_cast<const unsigned short*>(a.q);
+  unsigned short* qt = reinterpret_cast<unsigned short*>(sm.qt);
+  const int rows16 = (n_rows + 15) / 16 * 16;
+  for (int e = threadIdx.x; e < rows16 * a.dim; e += kThreads) {
+    const int r = e / a.dim, d = e % a.dim;
+    unsigned short x = 0;
+    if (r < n_rows) {
+      const int gr = sm.row[r], gq = gr / a.tq, t = gr % a.tq;
+      x = q[(((long long)b * a.heads + kvh * group + gq) * a.tq + t) * a.dim + d];
+    }
+    qt[r * sm.stride + d] = x;
+  }
+  __syncthreads();  // qt and the row list are visible
+
+  const bool active = 16 * warp < n_rows;  // warp-uniform
+  const int kc_n = a.dim / 16;             // k16 steps of q.k, n16 steps of P V
+  uint32_t qf[kTcDim / 16][4];
+  #pragma unroll
+  for (int kc = 0; kc < kTcDim / 16; kc++) {
+    if (active && kc < kc_n) {
+      ldmatrix_x4(qf[kc], &sm.qt[(16 * warp + (lane / 8) % 2 * 8 + lane % 8) * sm.stride + kc * 16 + lane / 16 * 8]);
+    }
+  }
+  const int row_a = 16 * warp + g;  // this thread's rows: row_a and row_a + 8
+  const long long my_qp[2] = {row_a < n_rows ? sm.qp[row_a] : 0, row_a + 8 < n_rows ? sm.qp[row_a + 8] : 0};
+
+  float acc[kTcDim / 8][4];  // element i: row g + 8 (i / 2), dim 8 nd + 2 t4 + i % 2
+  #pragma unroll
+  for (int nd = 0; nd < kTcDim / 8; nd++) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.f;
+  float m[2], l[2] = {0.f, 0.f};
+  int e[2] = {UNIFIED ? -100 : 0, UNIFIED ? -100 : 0};  // p <= 2^e; unified: p below 2^-100 is noise
+  unsigned bad = 0;  // unified: bit r set when row r saw a logit outside the bounds
+  m[0] = m[1] = UNIFIED ? a.phi : -CUDART_INF_F;
+
+  for_each_tile(a, sm, lo, hi, b, kvh, [&](int st, long long j0) {
+    if (!active) return;
+    const T* ks = sm.ks + (long long)st * kTile * sm.stride;
+    const T* vs = sm.vs + (long long)st * kTile * sm.stride;
+
+    // S = Q K^T: s[nb] holds keys 8 nb .. 8 nb + 7; element i is row g + 8 (i / 2), key 8 nb + 2 t4 + i % 2.
+    float s[kTile / 8][4];
+    #pragma unroll
+    for (int nb = 0; nb < kTile / 8; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+    #pragma unroll
+    for (int kc = 0; kc < kTcDim / 16; kc++) {
+      if (kc < kc_n) {
+        #pragma unroll
+        for (int nb = 0; nb < kTile / 16; nb++) {
+          uint32_t kf[4];
+          ldmatrix_x4(kf, &ks[(nb * 16 + lane / 16 * 8 + lane % 8) * sm.stride + kc * 16 + (lane / 8) % 2 * 8]);
+          mma<T>(s[2 * nb], qf[kc], kf[0], kf[1]);
+          mma<T>(s[2 * nb + 1], qf[kc], kf[2], kf[3]);
+        }
+      }
+    }
+
+    // Logits; masked keys and keys past hi become -inf.
+    #pragma unroll
+    for (int nb = 0; nb < kTile / 8; nb++) {
+      #pragma unroll
+      for (int c = 0; c < 2; c++) {
+        const long long j = j0 + 8 * nb + 2 * t4 + c;
+        const long long kp = j < hi ? (a.k_pos != nullptr ? a.k_pos[j] : j) : 0;
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+          float x = s[nb][2 * r + c] * a.qscale;
+          if (a.softcap > 0.f) x = a.softcap * tanhf(x);
+          if (j >= hi || !visible(my_qp[r], kp, a.causal, a.window)) x = -CUDART_INF_F;
+          s[nb][2 * r + c] = x;
+        }
+      }
+    }
+
+    // Softmax step per row; then s holds P scaled by 2^(kPShift - e).
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+      float sum = 0.f;
+      if (UNIFIED) {
+        float pmax = 0.f;
+        #pragma unroll
+        for (int nb = 0; nb < kTile / 8; nb++) {
+          #pragma unroll
+          for (int c = 0; c < 2; c++) {
+            const float x = s[nb][2 * r + c];
+            const bool vis = x != -CUDART_INF_F;
+            if (vis && !(x - a.phi > a.lower && x - a.phi < a.upper)) bad |= 1u << r;
+            const float p = vis ? expf(x - a.phi) : 0.f;
+            s[nb][2 * r + c] = p;
+            sum += p;
+            pmax = fmaxf(pmax, p);
+          }
+        }
+        l[r] += sum;
+        pmax = quad_max(pmax);
+        // p past 2^100 (bounds wider than e^+-69) would overflow fp16 after the scale: recompute the
+        // row with the sync kernel, as for a logit out of bounds (the CUDA-core kernel's limit is
+        // float32's exp, e^88).
+        if (pmax >= 0x1p100f) bad |= 1u << r;
+        int ex = 0;
+        frexpf(pmax, &ex);  // pmax < 2^ex (an overflowed inf, a flagged row, gives junk: clamped)
+        // A tile the row cannot see (pmax 0) leaves e alone: jumping to 2^0 would push the scaled
+        // p of a row far below phi into fp16's subnormals.
+        const int e_new = pmax > 0.f ? max(e[r], min(ex, 100)) : e[r];
+        if (e_new != e[r]) {  // rows are quad-uniform, as e is
+          const float f = ldexpf(1.f, e[r] - e_new);
+          #pragma unroll
+          for (int nd = 0; nd < kTcDim / 8; nd++) {
+            acc[nd][2 * r] *= f;
+            acc[nd][2 * r + 1] *= f;
+          }
+          e[r] = e_new;
+        }
+      } else {
+        float mx = -CUDART_INF_F;
+        #pragma unroll
+        for (int nb = 0; nb < kTile / 8; nb++) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
+        const float m_new = fmaxf(m[r], quad_max(mx));
+        #pragma unroll
+        for (int nb = 0; nb < kTile / 8; nb++) {
+          #pragma unroll
+          for (int c = 0; c < 2; c++) {
+            const float x = s[nb][2 * r + c];
+            const float p = x == -CUDART_INF_F ? 0.f : expf(x - m_new);
+            s[nb][2 * r + c] = p;
+            sum += p;
+          }
+        }
+        const float alpha = m[r] == m_new ? 1.f : expf(m[r] - m_new);  // m = -inf first: 0
+        l[r] = fmaf(l[r], alpha, sum);
+        if (alpha != 1.f) {  // quad-uniform
+          #pragma unroll
+          for (int nd = 0; nd < kTcDim / 8; nd++) {
+            acc[nd][2 * r] *= alpha;
+            acc[nd][2 * r + 1] *= alpha;
+          }
+        }
+        m[r] = m_new;
+      }
+      const float scale = ldexpf(1.f, kPShift - e[r]);
+      #pragma unroll
+      for (int nb = 0; nb < kTile / 8; nb++) {
+        s[nb][2 * r] *= scale;
+        s[nb][2 * r + 1] *= scale;
+      }
+    }
+
+    // O += P V, 16 keys per step, P as PTerms<T>::n 2-byte terms (each the rounded remainder of the
+    // ones before), each one mma on the same V fragments.
+    #pragma unroll
+    for (int kk = 0; kk < kTile / 16; kk++) {
+      float rest[8] = {s[2 * kk][0], s[2 * kk][1], s[2 * kk][2], s[2 * kk][3],
+                       s[2 * kk + 1][0], s[2 * kk + 1][1], s[2 * kk + 1][2], s[2 * kk + 1][3]};
+      uint32_t pa[PTerms<T>::n][4];
+      #pragma unroll
+      for (int term = 0; term < PTerms<T>::n; term++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+          pa[term][i] = pack<T>(rest[2 * i], rest[2 * i + 1]);
+          const float2 got = unpack<T>(pa[term][i]);
+          rest[2 * i] -= got.x;  // exact: got is rest rounded to nearest
+          rest[2 * i + 1] -= got.y;
+        }
+      }
+      #pragma unroll
+      for (int nd = 0; nd < kTcDim / 16; nd++) {
+        if (nd < kc_n) {
+          uint32_t vf[4];
+          ldmatrix_x4_trans(vf, &vs[(kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * sm.stride + nd * 16 + lane / 16 * 8]);
+          #pragma unroll
+          for (int term = 0; term < PTerms<T>::n; term++) {
+            mma<T>(acc[2 * nd], pa[term], vf[0], vf[1]);
+            mma<T>(acc[2 * nd + 1], pa[term], vf[2], vf[3]);
+          }
+        }
+      }
+    }
+  });
+
+  if (!active) return;
+  // Partial states out: a row's l and flag are summed / or-ed over its quad.
+  #pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float lsum = l[r];
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+    bool flagged = false;
+    if (UNIFIED) flagged = quad_max((bad >> r) & 1u ? 1.f : 0.f) > 0.f;
+    const int cr = row_a + 8 * r;
+    if (cr >= n_rows) continue;
+    const int gr = sm.row[cr], gq = gr / a.tq, t = gr % a.tq;
+    const long long state = ((long long)b * a.tq + t) * a.heads + kvh * group + gq;
+    const long long at = state * a.n_splits + split;
+    if (UNIFIED && t4 == 0) {
+      a.flags[at] = flagged ? 1 : 0;
+      if (flagged) atomicAdd(a.recomputed, 1ull);
+    }
+    if (flagged) continue;  // the recompute pass writes this one
+    const float inv = lsum > 0.f ? ldexpf(1.f / lsum, e[r] - kPShift) : 0.f;  // exact power-of-two factor
+    #pragma unroll
+    for (int nd = 0; nd < kTcDim / 8; nd++) {
+      if (nd < 2 * kc_n) {
+        *reinterpret_cast<float2*>(a.part_o + at * a.dim + 8 * nd + 2 * t4) =
+            make_float2(acc[nd][2 * r] * inv, acc[nd][2 * r + 1] * inv);
+      }
+    }
+    if (t4 == 0) a.part_lse[at] = lsum > 0.f ? (double)m[r] + log((double)lsum) : -CUDART_INF;
+  }
+}
+
 }  // namespace
 
 // Partial kernels: grid (n_splits * row_blocks, Hkv, B), block 128, dynamic shared memory as in
 // Smem. `redo` (sync kernels only) restricts the rows to the flagged (row, split) pairs.
-#define LONGCTX_DECODE(NAME, T, DMAX, RPW, UNIFIED)                                                    \
+#define LONGCTX_DECODE(NAME, T, ...)                                                                  \
   extern "C" __global__ void __launch_bounds__(kThreads, 2) NAME(                                        \
       const T* q, const T* const* k_chunks, const T* const* v_chunks, const long long* chunk_start,   \
       int n_chunks, const long long* q_pos, const long long* k_pos, float* part_o, double* part_lse, \
@@ -447,22 +720,30 @@ __device__ void decode_partial(const DecodeArgs& a) {
     a.split_len = split_len; a.n_splits = n_splits; a.rows_per_cta = rows_per_cta;                   \
     a.qscale = qscale; a.softcap = softcap; a.causal = causal; a.window = window;                     \
     a.phi = phi; a.lower = lower; a.upper = upper;                                                    \
-    decode_partial<T, DMAX, RPW, UNIFIED>(a);                                                         \
+    __VA_ARGS__(a);                                                                                   \
   }
 
 #define LONGCTX_DECODE_TYPE(T, SUFFIX)                                                                \
-  LONGCTX_DECODE(longctx_decode_sync_##SUFFIX##_d128_r2, T, 128, 2, false)                            \
-  LONGCTX_DECODE(longctx_decode_unified_##SUFFIX##_d128_r2, T, 128, 2, true)                          \
-  LONGCTX_DECODE(longctx_decode_sync_##SUFFIX##_d128_r16, T, 128, 16, false)                          \
-  LONGCTX_DECODE(longctx_decode_unified_##SUFFIX##_d128_r16, T, 128, 16, true)                        \
-  LONGCTX_DECODE(longctx_decode_sync_##SUFFIX##_d256_r2, T, 256, 2, false)                            \
-  LONGCTX_DECODE(longctx_decode_unified_##SUFFIX##_d256_r2, T, 256, 2, true)                          \
-  LONGCTX_DECODE(longctx_decode_sync_##SUFFIX##_d256_r8, T, 256, 8, false)                            \
-  LONGCTX_DECODE(longctx_decode_unified_##SUFFIX##_d256_r8, T, 256, 8, true)
+  LONGCTX_DECODE(longctx_decode_sync_##SUFFIX##_d128_r2, T, decode_partial<T, 128, 2, false>)          \
+  LONGCTX_DECODE(longctx_decode_unified_##SUFFIX##_d128_r2, T, decode_partial<T, 128, 2, true>)        \
+  LONGCTX_DECODE(longctx_decode_sync_##SUFFIX##_d128_r16, T, decode_partial<T, 128, 16, false>)        \
+  LONGCTX_DECODE(longctx_decode_unified_##SUFFIX##_d128_r16, T, decode_partial<T, 128, 16, true>)      \
+  LONGCTX_DECODE(longctx_decode_sync_##SUFFIX##_d256_r2, T, decode_partial<T, 256, 2, false>)          \
+  LONGCTX_DECODE(longctx_decode_unified_##SUFFIX##_d256_r2, T, decode_partial<T, 256, 2, true>)        \
+  LONGCTX_DECODE(longctx_decode_sync_##SUFFIX##_d256_r8, T, decode_partial<T, 256, 8, false>)          \
+  LONGCTX_DECODE(longctx_decode_unified_##SUFFIX##_d256_r8, T, decode_partial<T, 256, 8, true>)
 
 LONGCTX_DECODE_TYPE(float, f32)
 LONGCTX_DECODE_TYPE(__half, f16)
 LONGCTX_DECODE_TYPE(__nv_bfloat16, bf16)
+
+// Tensor-core partials (fp16/bf16, D a multiple of 16 up to 128), same parameters and launch.
+#define LONGCTX_DECODE_TC(T, SUFFIX)                                                                  \
+  LONGCTX_DECODE(longctx_decode_tc_sync_##SUFFIX##_d128, T, decode_partial_tc<T, false>)               \
+  LONGCTX_DECODE(longctx_decode_tc_unified_##SUFFIX##_d128, T, decode_partial_tc<T, true>)
+
+LONGCTX_DECODE_TC(__half, f16)
+LONGCTX_DECODE_TC(__nv_bfloat16, bf16)
 
 // acc[x] += w[i] * o_i[4 * lane + 128 * x + 0..3] for the splits i < n of one group, in order.
 // A zero weight adds exactly 0 (every partial o is finite, 0 for an empty split) and a lane past

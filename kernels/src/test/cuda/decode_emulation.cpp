@@ -1,4 +1,4 @@
-// Host emulation of flash_decode.cu for tests on machines without a GPU (CudaDecodeEmulationTest).
+// Host emulation of flash_decode.cu (CUDA-core and tensor-core partials) for tests on machines without a GPU (CudaDecodeEmulationTest).
 //
 // The kernel source is compiled unchanged by g++ as C++20, with this file supplying what the GPU
 // would: every CTA runs as 128 std::threads (one per CUDA thread), __syncthreads is a barrier of
@@ -16,7 +16,7 @@
 //
 // Usage: decode_emulation IN OUT. IN (little endian): int32 type (0 f32, 1 f16, 2 bf16), unified,
 // heads, kv_heads, tq, dim, batch, n_chunks, split_len, n_splits, rows_per_cta, row_blocks, dmax,
-// rpw, causal, has_kpos; int64 tk, window; float32 qscale, softcap, phi, lower, upper; int64
+// rpw, causal, has_kpos, tc (1: the tensor-core kernels); int64 tk, window; float32 qscale, softcap, phi, lower, upper; int64
 // chunk_start[n_chunks + 1]; q; per chunk k then v (element bits); int64 q_pos[tq];
 // int64 k_pos[tk] if has_kpos. OUT: float32 o[states * dim], lse[states]; int64 recomputed.
 
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
             tq = in.get<int>(), dim = in.get<int>(), batch = in.get<int>(), n_chunks = in.get<int>(),
             split_len = in.get<int>(), n_splits = in.get<int>(), rows_per_cta = in.get<int>(),
             row_blocks = in.get<int>(), dmax = in.get<int>(), rpw = in.get<int>(), causal = in.get<int>(),
-            has_kpos = in.get<int>();
+            has_kpos = in.get<int>(), tc = in.get<int>();
   const long long tk = in.get<long long>(), window = in.get<long long>();
   const float qscale = in.get<float>(), softcap = in.get<float>(), phi = in.get<float>(), lower = in.get<float>(),
               upper = in.get<float>();
@@ -91,6 +91,7 @@ int main(int argc, char** argv) {
 
   const char* suffix = type == 0 ? "f32" : type == 1 ? "f16" : "bf16";
   auto name = [&](bool u) {
+    if (tc) return std::string("longctx_decode_tc_") + (u ? "unified_" : "sync_") + suffix + "_d" + std::to_string(dmax);
     return std::string("longctx_decode_") + (u ? "unified_" : "sync_") + suffix + "_d" + std::to_string(dmax) + "_r" +
            std::to_string(rpw);
   };

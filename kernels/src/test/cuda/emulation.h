@@ -277,19 +277,12 @@ inline void cp_async_wait_n(size_t keep) {
 inline void cp_async_wait_1() { cp_async_wait_n(1); }
 inline void cp_async_wait_0() { cp_async_wait_n(0); }
 
-#include "flash_decode.cu"
-// Its own namespace: the forward file's anonymous-namespace constants share names with decode's.
-namespace fwd {
-#include "flash_forward.cu"
-}  // namespace fwd
-
-// The tensor-core kernel's PTX wrappers (flash_forward_tc.cu compiles its own only without
-// LONGCTX_HOST_EMULATION). ldmatrix and mma.sync are warp-collective: each lane puts its operands
+// The tensor-core PTX wrappers of longctx_mma.cuh (compiled there only without
+// LONGCTX_HOST_EMULATION), used by flash_forward_tc.cu and flash_decode.cu's tensor-core kernel. ldmatrix and mma.sync are warp-collective: each lane puts its operands
 // into its warp's exchange slot, one barrier of the 32 lanes, then each lane computes its own
 // results from the PTX ISA's fragment layouts. Slots alternate between two sets, so the next
 // operation's writes cannot meet this one's reads without a second barrier (every lane passes the
 // next barrier only after its reads here).
-// Its cp.async commit and waits are the decode kernel's above (cp_async_commit, cp_async_wait_1/0).
 inline void cp_async16(void* dst, const void* src) { cp_async16(dst, src, 16); }
 
 namespace emu {
@@ -388,6 +381,12 @@ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
   emu::mma_m16n8k16<T>(c, a, b0, b1);
 }
 
+#include "flash_decode.cu"
+// Its own namespace: the forward file's anonymous-namespace constants share names with decode's.
+namespace fwd {
+#include "flash_forward.cu"
+}  // namespace fwd
+
 namespace tc {
 #include "flash_forward_tc.cu"
 }  // namespace tc
@@ -441,7 +440,10 @@ using Partial = void (*)(const void*, const void* const*, const void* const*, co
   ENTRY(longctx_decode_sync_##S##_d256_r2), ENTRY(longctx_decode_unified_##S##_d256_r2),           \
   ENTRY(longctx_decode_sync_##S##_d256_r8), ENTRY(longctx_decode_unified_##S##_d256_r8)
 
-inline const std::map<std::string, Partial> kPartials = {ENTRIES(f32), ENTRIES(f16), ENTRIES(bf16)};
+#define TC_ENTRIES(S) ENTRY(longctx_decode_tc_sync_##S##_d128), ENTRY(longctx_decode_tc_unified_##S##_d128)
+
+inline const std::map<std::string, Partial> kPartials = {ENTRIES(f32), ENTRIES(f16), ENTRIES(bf16), TC_ENTRIES(f16),
+                                                         TC_ENTRIES(bf16)};
 
 // The plain forward kernel (flash_forward.cu): grid (ceil(Tq / 4), H, B).
 using Forward = void (*)(const void*, const void*, const void*, const long long*, const long long*, float*, float*,

@@ -35,6 +35,9 @@ public final class CudaDecode {
   static final int THREADS = 128;
   static final int WARPS = 4;
   static final int STAGES = 2;
+  /** Tensor-core partials: rows per CTA from which they are used, and the largest head dim. */
+  static final int TC_MIN_ROWS = 16;
+  static final int TC_MAX_DIM = 128;
   /** A quiet NaN's float32 bits, for poisoning buffers before kernels write them. */
   static final int NAN_BITS = 0x7FC00000;
   /** Shared memory a kernel may use without opting in. */
@@ -64,7 +67,7 @@ public final class CudaDecode {
    */
   public record Plan(CudaAttention.DType type, int batch, int heads, int kvHeads, int tq, int dim, long tk,
       long[] chunkStart, int splitLen, int splits, int rowsPerCta, int rowBlocks, int dmax, int rowsPerWarp,
-      int smemBytes) {
+      boolean tensorCores, int smemBytes) {
 
     /** (row, head) entries of the final state: B * Tq * H. */
     public long states() {
@@ -72,11 +75,11 @@ public final class CudaDecode {
     }
 
     public String syncKernel() {
-      return kernelName(false, type, dmax, rowsPerWarp);
+      return tensorCores ? tcKernelName(false, type) : kernelName(false, type, dmax, rowsPerWarp);
     }
 
     public String unifiedKernel() {
-      return kernelName(true, type, dmax, rowsPerWarp);
+      return tensorCores ? tcKernelName(true, type) : kernelName(true, type, dmax, rowsPerWarp);
     }
 
     /** Bytes of K and V one decode reads: each key of each kv head once, K and V. */
@@ -89,6 +92,21 @@ public final class CudaDecode {
     return "longctx_decode_" + (unified ? "unified_" : "sync_") + type.suffix + "_d" + dmax + "_r" + rowsPerWarp;
   }
 
+  /** The tensor-core partial kernels (fp16/bf16, D a multiple of 16 up to {@link #TC_MAX_DIM}). */
+  static String tcKernelName(boolean unified, CudaAttention.DType type) {
+    return "longctx_decode_tc_" + (unified ? "unified_" : "sync_") + type.suffix + "_d" + TC_MAX_DIM;
+  }
+
+  /**
+   * Whether a CTA of {@code rowsPerCta} rows runs on tensor cores (mma.sync m16n8k16, one m16 row
+   * block per warp): fp16/bf16, D a multiple of 16 up to 128, and 16 rows or more, where the CUDA-core
+   * kernel would be compute-bound (docs/CUDA.md). A function of (type, D, rows per CTA) only, never of
+   * the batch, so a row's bits do not depend on what else is decoded with it.
+   */
+  static boolean usesTensorCores(CudaAttention.DType type, int dim, int rowsPerCta) {
+    return type != CudaAttention.DType.F32 && dim % 16 == 0 && dim <= TC_MAX_DIM && rowsPerCta >= TC_MIN_ROWS;
+  }
+
   /** Every decode kernel in flash_decode.fatbin. */
   static List<String> kernelNames() {
     List<String> names = new ArrayList<>();
@@ -99,6 +117,10 @@ public final class CudaDecode {
           names.add(kernelName(true, t, dmax, rpw));
         }
       }
+    }
+    for (CudaAttention.DType t : new CudaAttention.DType[] {CudaAttention.DType.F16, CudaAttention.DType.BF16}) {
+      names.add(tcKernelName(false, t));
+      names.add(tcKernelName(true, t));
     }
     names.add("longctx_decode_combine");
     return names;
@@ -113,10 +135,16 @@ public final class CudaDecode {
     return type == CudaAttention.DType.F32 && dmax == 256 ? 16 : WARPS * largeRowsPerWarp(dmax);
   }
 
-  /** Dynamic shared memory of a partial kernel (the Smem struct in flash_decode.cu). */
-  static int smemBytes(CudaAttention.DType type, int dim, int rows) {
-    long kv = 2L * STAGES * TILE * (dim + 16 / type.bytes) * type.bytes;
-    return Math.toIntExact(kv + 4L * rows * dim + 4L * rows * TILE + 8L * rows + 4L * rows);
+  /**
+   * Dynamic shared memory of a partial kernel (the Smem struct in flash_decode.cu): K/V stages, then
+   * q as float and p per row (CUDA cores) or q in the input type, padded, in whole m16 blocks (tensor
+   * cores), then positions and the row list.
+   */
+  static int smemBytes(CudaAttention.DType type, int dim, int rows, boolean tensorCores) {
+    int stride = dim + 16 / type.bytes;
+    long kv = 2L * STAGES * TILE * stride * type.bytes;
+    long q = tensorCores ? (long) (rows + 15) / 16 * 16 * stride * type.bytes : 4L * rows * dim + 4L * rows * TILE;
+    return Math.toIntExact(kv + q + 8L * rows + 4L * rows);
   }
 
   /**
@@ -182,8 +210,12 @@ public final class CudaDecode {
       throw new IllegalArgumentException("decode partial states too large: " + states + " rows x " + splits
           + " splits x " + q.dim() + " floats (raise splitLen)");
     }
+    boolean tc = usesTensorCores(q.type(), q.dim(), rowsPerCta);
+    if (tc) {
+      rowsPerWarp = 16; // one m16 block per warp
+    }
     return new Plan(q.type(), q.batch(), q.heads(), k0.heads(), q.tokens(), q.dim(), tk, start, splitLen,
-        (int) splits, rowsPerCta, rowBlocks, dmax, rowsPerWarp, smemBytes(q.type(), q.dim(), rowsPerCta));
+        (int) splits, rowsPerCta, rowBlocks, dmax, rowsPerWarp, tc, smemBytes(q.type(), q.dim(), rowsPerCta, tc));
   }
 
   /**

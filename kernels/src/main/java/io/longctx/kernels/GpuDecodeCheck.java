@@ -14,7 +14,7 @@ import jcuda.driver.JCudaDriver;
  * The decode section of the GPU check, run by bin/gpu-check in a JVM of its own (a sticky CUDA
  * error in the forward section, {@link GpuCheck}, cannot take it down): split-K decoding and the FlashDecoding++
  * variant against the float64 reference on fresh random inputs (KV lengths 1, 7, 4097 and
- * 1,000,003; chunked KV; logits pushed out of the unified-max bounds, with the recompute count
+ * 1,000,003; chunked KV; CTAs of 16 to 64 rows on the tensor-core partials, rows marked "tc"; logits pushed out of the unified-max bounds, with the recompute count
  * printed beside the CPU's), then CUDA-event timing of both variants, of a device-to-device copy of
  * the same bytes, with the numbers for sdpa_baseline.py's decode anchor written to
  * {@code decode-times.tsv} beside the results file ($OUT or the working directory).
@@ -68,11 +68,14 @@ final class GpuDecodeCheck {
         new Case(1, 32, 8, 1, 1, 128, 4096, causal, null),
         new Case(1, 32, 8, 4, 7, 128, 3, causal, null),
         new Case(1, 8, 2, 5, 300, 128, 70, causal, new int[] {100, 0, 200}),
+        new Case(1, 16, 2, 3, 200, 64, 64, causal.withWindow(100), null),
         new Case(1, 2, 1, 2, 1003, 64, 256, causal.withWindow(300), null)) : List.of(
         new Case(1, 32, 8, 1, 1, 128, 4096, causal, null),
         new Case(1, 32, 8, 4, 7, 128, 3, causal, null),
         new Case(2, 8, 2, 16, 4097, 64, 512, causal, null),
         new Case(1, 8, 1, 16, 4097, 128, 1000, causal, null),
+        new Case(1, 32, 4, 6, 4097, 64, 1000, causal.withWindow(1500), new int[] {2000, 2097}),
+        new Case(1, 16, 2, 3, 4097, 128, 4096, causal.withSoftcap(30f), null),
         new Case(1, 4, 1, 3, 4097, 256, 1000, causal.withWindow(300), null),
         new Case(1, 4, 4, 2, 4097, 96, 4096, causal.withSoftcap(30f), null),
         new Case(1, 8, 2, 5, 4097, 128, 700, causal, new int[] {1000, 0, 2048, 1049}),
@@ -167,6 +170,8 @@ final class GpuDecodeCheck {
     UnifiedMax um = UnifiedMax.calibrate(q, k, c.opt());
     CpuAttention.DecodeResult cpuUm = CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, c.opt(), c.split(), um);
     CpuAttention.DecodeResult unchunked = null;
+    // Tensor-core partials (16+ rows per CTA, fp16/bf16, D % 16 == 0 up to 128) are marked "tc".
+    String kernels = CudaAttention.hostPlan(q, kc, vc, qp, null, c.opt(), c.split(), type).tensorCores() ? " tc" : "";
     for (UnifiedMax variant : new UnifiedMax[] {null, um}) {
       CpuAttention.DecodeResult got = cuda.decodeChunks(q, kc, vc, qp, null, c.opt(), c.split(), variant, type);
       String bad = Tolerance.violation(got.state(), ref, naive);
@@ -180,7 +185,7 @@ final class GpuDecodeCheck {
       }
       CpuAttention.DecodeResult cpuSame = variant == null ? cpu : cpuUm;
       report.row(String.format(Locale.ROOT, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |",
-          variant == null ? "sync" : "unified phi=" + variant.phi(), type, shape(c), GpuCheck.maskName(c.opt()),
+          (variant == null ? "sync" : "unified phi=" + variant.phi()) + kernels, type, shape(c), GpuCheck.maskName(c.opt()),
           c.chunks() == null ? "1" : Arrays.toString(c.chunks()) + (unchunked != null ? " (bit-equal to 1 chunk)" : ""),
           Tolerance.errors(got.state().o(), got.state().lse(), ref),
           Tolerance.errors(cpuSame.state().o(), cpuSame.state().lse(), ref),

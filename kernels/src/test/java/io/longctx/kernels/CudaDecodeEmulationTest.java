@@ -92,7 +92,7 @@ class CudaDecodeEmulationTest {
     ByteBuffer b = ByteBuffer.allocate(Math.toIntExact(bytes)).order(ByteOrder.LITTLE_ENDIAN);
     int[] header = {type.ordinal(), um != null ? 1 : 0, plan.heads(), plan.kvHeads(), plan.tq(), plan.dim(), plan.batch(),
         kc.size(), plan.splitLen(), plan.splits(), plan.rowsPerCta(), plan.rowBlocks(), plan.dmax(), plan.rowsPerWarp(),
-        opt.causal() ? 1 : 0, kPos != null ? 1 : 0};
+        opt.causal() ? 1 : 0, kPos != null ? 1 : 0, plan.tensorCores() ? 1 : 0};
     for (int x : header) {
       b.putInt(x);
     }
@@ -213,6 +213,15 @@ class CudaDecodeEmulationTest {
       // weights, the last partial; with a window most splits are empty (weight 0).
       "F16, 1, 4, 2, 2, 700, 64, 7, 0, 0, 300 0 400",
       "BF16, 1, 8, 2, 3, 1000, 136, 9, 250, 0, 333 667",
+      // Tensor-core partials (fp16/bf16, D % 16 == 0, D <= 128, 16+ rows per CTA; the first cases
+      // with 20 and 65 rows above run there too): group 8 x Tq 2, 4, 6, 8 = 16, 32, 48, 64 rows, and
+      // 24 and 40 rows (a partial m16 block), under the float32 rule like every decode kernel.
+      "F16, 1, 16, 2, 2, 300, 64, 100, 0, 0, 100 0 37 163",
+      "BF16, 1, 16, 2, 4, 200, 128, 64, 0, 30, -",
+      "F16, 1, 8, 1, 6, 250, 128, 77, 90, 0, 1 1 248",
+      "BF16, 1, 8, 1, 8, 300, 64, 128, 0, 0, 120 80 100",
+      "BF16, 2, 8, 1, 3, 97, 64, 50, 40, 0, -",
+      "F16, 1, 8, 1, 5, 130, 128, 4096, 0, 0, 64 66",
   })
   @Timeout(300)
   void emulatedKernelsMatchTheReference(String t, int batch, int heads, int kvHeads, int tq, int tk, int dim, int split,
@@ -354,6 +363,94 @@ class CudaDecodeEmulationTest {
       assertArrayEquals(alone.state().lse(), java.util.Arrays.copyOfRange(both.state().lse(), heads, 2 * heads),
           "query 1's lse depends on query 0, " + um + ", seed " + seed);
     }
+  }
+
+  /**
+   * The tensor-core partials keep the CUDA-core kernels' invariances: a row's bits do not depend on
+   * the other rows of its CTA (three queries against the last two alone, 24 and 16 rows, both on
+   * tensor cores, window narrowing the split), nor on the other sequence of a batch (explicit
+   * reversed key positions, a query that sees no key, two chunks); the unified max with phi so far
+   * off that every visible pair is recomputed gives the sync kernel's bits, and with phi 25 above
+   * every logit (tiny p, nothing recomputed) stays within the float32 rule.
+   */
+  @ParameterizedTest(name = "{0} D={1}")
+  @CsvSource({"F16, 64", "BF16, 128"})
+  @Timeout(600)
+  void tensorCoreRowsAreIndependentAndBatchInvariant(String t, int dim) throws Exception {
+    CudaAttention.DType type = type(t);
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int heads = 8, kvHeads = 1, tk = 300, split = 128;
+    Tensor q = GpuCheck.rounded(Accuracy.random(rng, 1, heads, 3, dim, 1), type);
+    Tensor k = GpuCheck.rounded(Accuracy.random(rng, 1, kvHeads, tk, dim, 1), type);
+    Tensor v = GpuCheck.rounded(Accuracy.random(rng, 1, kvHeads, tk, dim, 1), type);
+    float[] last = new float[heads * 2 * dim]; // q[:, :, 1:3, :]
+    for (int h = 0; h < heads; h++) {
+      System.arraycopy(q.data(), q.offset(0, h, 1), last, h * 2 * dim, 2 * dim);
+    }
+    Tensor q12 = new Tensor(last, 1, heads, 2, dim);
+    long[] qp = {200, 250, 299}, qp12 = {250, 299};
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true).withWindow(70);
+    assertTrue(CudaAttention.hostPlan(q, List.of(k), List.of(v), qp, null, opt, split, type).tensorCores());
+    assertTrue(CudaAttention.hostPlan(q12, List.of(k), List.of(v), qp12, null, opt, split, type).tensorCores());
+    CpuAttention.DecodeResult sync = null;
+    for (UnifiedMax um : new UnifiedMax[] {null, UnifiedMax.of(1e4f)}) {
+      CpuAttention.DecodeResult all = emulate(q, List.of(k), List.of(v), qp, null, opt, split, um, type);
+      CpuAttention.DecodeResult alone = emulate(q12, List.of(k), List.of(v), qp12, null, opt, split, um, type);
+      String err = Accuracy.check(all.state(), ReferenceAttention.compute(q, k, v, qp, null, opt),
+          ReferenceAttention.computeFloat32(q, k, v, qp, null, opt));
+      assertNull(err, um + ", seed " + seed + ": " + err);
+      assertArrayEquals(alone.state().o(), java.util.Arrays.copyOfRange(all.state().o(), heads * dim, 3 * heads * dim),
+          "queries 1-2's o depend on query 0, " + um + ", seed " + seed);
+      assertArrayEquals(alone.state().lse(), java.util.Arrays.copyOfRange(all.state().lse(), heads, 3 * heads),
+          "queries 1-2's lse depend on query 0, " + um + ", seed " + seed);
+      if (um == null) {
+        sync = all;
+      } else {
+        assertEquals(CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, opt, split, um).recomputedRows(),
+            all.recomputedRows(), "every visible pair recomputed, seed " + seed);
+        assertArrayEquals(sync.state().o(), all.state().o(), "unified, phi far off, vs sync, seed " + seed);
+        assertArrayEquals(sync.state().lse(), all.state().lse(), "unified, phi far off, vs sync, seed " + seed);
+      }
+    }
+
+    // phi 25 above the largest logit: every p ~ e^-25..e^-33, inside the bounds, none recomputed. The
+    // unified kernel's power-of-two scale must follow the p a row has seen, not jump to 2^0 on a tile
+    // the row cannot see (query 2's first tiles are query 0's): else fp16's low terms go subnormal.
+    UnifiedMax high = UnifiedMax.of(UnifiedMax.calibrate(q, k, opt).phi() + 25f);
+    CpuAttention.DecodeResult far = emulate(q, List.of(k), List.of(v), qp, null, opt, split, high, type);
+    String farErr = Accuracy.check(far.state(), ReferenceAttention.compute(q, k, v, qp, null, opt),
+        ReferenceAttention.computeFloat32(q, k, v, qp, null, opt));
+    assertNull(farErr, high + ", seed " + seed + ": " + farErr);
+    assertEquals(CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, opt, split, high).recomputedRows(),
+        far.recomputedRows(), high + ", seed " + seed);
+
+    // A batch of two with explicit key positions (reversed, no split narrowing) in two chunks;
+    // query 0 sees no key. Sequence 0 alone gives the bits it gives in the batch.
+    int bt = 2, tq = 2, tk2 = 180;
+    Tensor qb = GpuCheck.rounded(Accuracy.random(rng, bt, heads, tq, dim, 1), type);
+    Tensor kb = GpuCheck.rounded(Accuracy.random(rng, bt, kvHeads, tk2, dim, 1), type);
+    Tensor vb = GpuCheck.rounded(Accuracy.random(rng, bt, kvHeads, tk2, dim, 1), type);
+    long[] kPos = new long[tk2];
+    for (int j = 0; j < tk2; j++) {
+      kPos[j] = 1000 + (tk2 - 1 - j);
+    }
+    long[] qpb = {5, 1150};
+    AttentionOptions wopt = AttentionOptions.DEFAULT.withCausal(true).withWindow(90);
+    CpuAttention.DecodeResult got = emulate(qb, GpuDecodeCheck.chunk(kb, new int[] {60, 120}),
+        GpuDecodeCheck.chunk(vb, new int[] {60, 120}), qpb, kPos, wopt, 64, null, type);
+    String err = Accuracy.check(got.state(), ReferenceAttention.compute(qb, kb, vb, qpb, kPos, wopt),
+        ReferenceAttention.computeFloat32(qb, kb, vb, qpb, kPos, wopt));
+    assertNull(err, "batch, seed " + seed + ": " + err);
+    assertEquals(Float.NEGATIVE_INFINITY, got.state().lse(0, 3), "query 0 sees no key");
+    Tensor q0 = new Tensor(java.util.Arrays.copyOf(qb.data(), qb.data().length / 2), 1, heads, tq, dim);
+    Tensor k0 = new Tensor(java.util.Arrays.copyOf(kb.data(), kb.data().length / 2), 1, kvHeads, tk2, dim);
+    Tensor v0 = new Tensor(java.util.Arrays.copyOf(vb.data(), vb.data().length / 2), 1, kvHeads, tk2, dim);
+    CpuAttention.DecodeResult alone = emulate(q0, List.of(k0), List.of(v0), qpb, kPos, wopt, 64, null, type);
+    assertArrayEquals(alone.state().o(), java.util.Arrays.copyOf(got.state().o(), alone.state().o().length),
+        "sequence 0 alone vs in the batch, seed " + seed);
+    assertArrayEquals(alone.state().lse(), java.util.Arrays.copyOf(got.state().lse(), alone.state().lse().length),
+        "sequence 0 alone vs in the batch, seed " + seed);
   }
 
   @Test

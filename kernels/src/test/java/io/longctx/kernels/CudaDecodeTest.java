@@ -2,6 +2,7 @@ package io.longctx.kernels;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -21,6 +22,7 @@ import org.junit.jupiter.api.function.Executable;
 class CudaDecodeTest {
 
   private static final CudaAttention.DType BF16 = CudaAttention.DType.BF16;
+  private static final CudaAttention.DType F16 = CudaAttention.DType.F16;
 
   private static CudaDecode.Shape s(CudaAttention.DType t, int b, int h, int tokens, int d) {
     return new CudaDecode.Shape(t, b, h, tokens, d);
@@ -47,11 +49,11 @@ class CudaDecodeTest {
     assertTrue(p.smemBytes() <= CudaDecode.DEFAULT_SMEM, "no opt-in needed: " + p.smemBytes());
     assertEquals(32, p.states());
 
-    // 16 query tokens x 4 heads = 64 rows: still one CTA per (kv head, split), the large kernel.
+    // 16 query tokens x 4 heads = 64 rows: still one CTA per (kv head, split), on tensor cores.
     CudaDecode.Plan p16 = CudaDecode.plan(s(BF16, 1, 32, 16, 128), List.of(kv), List.of(kv), 4096);
     assertEquals(64, p16.rowsPerCta());
     assertEquals(1, p16.rowBlocks());
-    assertEquals("longctx_decode_sync_bf16_d128_r16", p16.syncKernel());
+    assertEquals("longctx_decode_tc_sync_bf16_d128", p16.syncKernel());
 
     // 8 query heads per kv head x 16 tokens = 128 rows: two row blocks of 64.
     CudaDecode.Plan p128 = CudaDecode.plan(s(BF16, 1, 64, 16, 128), List.of(kv), List.of(kv), 4096);
@@ -63,6 +65,45 @@ class CudaDecodeTest {
     assertEquals(2, p65.rowBlocks());
     assertEquals(33, p65.rowsPerCta());
     assertEquals(2, p65.splits());
+  }
+
+  /**
+   * Tensor-core partials exactly for fp16/bf16, D a multiple of 16 up to 128 and 16+ rows per CTA
+   * (GQA group x Tq, after row blocks), decided by those alone: never by the batch or Tk.
+   */
+  @Test
+  void tensorCoresForFp16AndBf16CtasOf16RowsOrMore() {
+    for (CudaAttention.DType t : CudaAttention.DType.values()) {
+      for (int d : new int[] {8, 16, 48, 64, 96, 128, 136, 256}) {
+        for (int[] ht : new int[][] {{8, 1}, {8, 2}, {8, 3}, {4, 4}, {5, 3}, {8, 8}, {16, 8}, {13, 5}, {32, 1}}) {
+          int heads = ht[0], tq = ht[1];
+          boolean expected = t != CudaAttention.DType.F32 && d % 16 == 0 && d <= 128;
+          for (int batch : new int[] {1, 7}) {
+            for (int tk : new int[] {1, 5000}) {
+              CudaDecode.Shape kv = s(t, batch, 1, tk, d);
+              CudaDecode.Plan p = CudaDecode.plan(s(t, batch, heads, tq, d), List.of(kv), List.of(kv), 512);
+              boolean tc = expected && p.rowsPerCta() >= 16;
+              assertEquals(tc, p.tensorCores(), t + " D " + d + " " + heads + " x " + tq + " rows, batch " + batch);
+              assertEquals(tc ? "longctx_decode_tc_sync_" + t.suffix + "_d128" : "longctx_decode_sync_" + t.suffix + "_d"
+                  + p.dmax() + "_r" + p.rowsPerWarp(), p.syncKernel());
+              assertEquals(p.syncKernel().replace("sync", "unified"), p.unifiedKernel());
+              assertEquals(CudaDecode.smemBytes(t, d, p.rowsPerCta(), tc), p.smemBytes());
+            }
+          }
+        }
+      }
+    }
+    // 16, 24, 48, 64 rows on tensor cores; 15 rows and 130 rows (3 blocks of 44) as the rule says.
+    CudaDecode.Shape kv = s(F16, 1, 1, 100, 64);
+    assertTrue(CudaDecode.plan(s(F16, 1, 8, 2, 64), List.of(kv), List.of(kv), 64).tensorCores());
+    assertTrue(CudaDecode.plan(s(F16, 1, 8, 3, 64), List.of(kv), List.of(kv), 64).tensorCores());
+    assertTrue(CudaDecode.plan(s(F16, 1, 8, 6, 64), List.of(kv), List.of(kv), 64).tensorCores());
+    assertTrue(CudaDecode.plan(s(F16, 1, 8, 8, 64), List.of(kv), List.of(kv), 64).tensorCores());
+    assertFalse(CudaDecode.plan(s(F16, 1, 5, 3, 64), List.of(kv), List.of(kv), 64).tensorCores());
+    CudaDecode.Plan p130 = CudaDecode.plan(s(F16, 1, 13, 10, 64), List.of(kv), List.of(kv), 64);
+    assertEquals(3, p130.rowBlocks());
+    assertEquals(44, p130.rowsPerCta());
+    assertTrue(p130.tensorCores());
   }
 
   @Test
@@ -91,7 +132,7 @@ class CudaDecodeTest {
     for (CudaAttention.DType t : CudaAttention.DType.values()) {
       for (int dmax : new int[] {128, 256}) {
         int rows = CudaDecode.maxRowsPerCta(t, dmax);
-        int bytes = CudaDecode.smemBytes(t, dmax, rows);
+        int bytes = CudaDecode.smemBytes(t, dmax, rows, false);
         assertTrue(bytes <= a100, t + " D " + dmax + " " + rows + " rows: " + bytes + " bytes");
       }
     }

@@ -53,8 +53,20 @@ class LaunchGeometryTest {
     Matcher m = Pattern.compile("struct Smem \\{(.*?)__device__ Smem", Pattern.DOTALL).matcher(src);
     assertTrue(m.find(), "the Smem struct of flash_decode.cu");
     String members = m.group(1).replaceAll("//[^\\n]*", "").replaceAll("\\s+", " ").strip();
-    assertEquals("T* ks; T* vs; float* qs; float* ps; long long* qp; int* row; int stride;", members);
-    int bf16 = CudaDecode.smemBytes(CudaAttention.DType.BF16, 128, 8);
+    assertEquals("T* ks; T* vs; float* qs; float* ps; T* qt; long long* qp; int* row; int stride;", members);
+    int bf16 = CudaDecode.smemBytes(CudaAttention.DType.BF16, 128, 8, false);
     assertEquals(2 * 2 * 32 * (128 + 8) * 2 + 4 * 8 * 128 + 4 * 8 * 32 + 8 * 8 + 4 * 8, bf16);
+    // Tensor cores: no float q or p; q in the input type, padded, 33 rows in 3 whole m16 blocks.
+    int tc = CudaDecode.smemBytes(CudaAttention.DType.F16, 64, 33, true);
+    assertEquals(2 * 2 * 32 * (64 + 8) * 2 + 48 * (64 + 8) * 2 + 8 * 33 + 4 * 33, tc);
+  }
+
+  @Test
+  void tensorCoreDecodeKernels() throws IOException {
+    Map<String, Integer> d = constants("flash_decode.cu");
+    assertEquals(d.get("kTcDim"), CudaDecode.TC_MAX_DIM, "largest head dim of the tensor-core decode kernels");
+    // One m16 block per warp: 16 rows from which tensor cores pay, 4 x 16 rows at most per CTA.
+    assertEquals(16, CudaDecode.TC_MIN_ROWS);
+    assertEquals(CudaDecode.WARPS * 16, CudaDecode.maxRowsPerCta(CudaAttention.DType.BF16, 128));
   }
 }
