@@ -57,7 +57,9 @@ public final class KernelBench {
       "usage: longctx bench [options]",
       "",
       "Times the CPU attention kernels against the anchor, libtorch's fused CPU attention (through DJL),",
-      "on the same random fp32 inputs in one JVM; implementations alternate within every round. Prints one",
+      "on the same random fp32 inputs in one JVM; implementations alternate within every round, each timed",
+      "call after a 50 ms pause (-Dlongctx.bench.settleMs) so that no thread pool left spinning by the call",
+      "before (libtorch's OpenMP threads spin after each op) takes cores from the next. Prints one",
       "JSON object per line and implementation on stdout: ms (median), gflops or gbps, and",
       "vs_anchor = anchor time / our time (higher is better; 1.0 = as fast as libtorch). Progress goes to",
       "stderr, with an estimate of each shape's time after its first round.",
@@ -551,6 +553,7 @@ public final class KernelBench {
     double[][] times = new double[impls.size()][iters];
     for (int i = 0; i < iters; i++) {
       for (int m = 0; m < impls.size(); m++) {
+        settle();
         long t0 = System.nanoTime();
         impls.get(m).get();
         times[m][i] = (System.nanoTime() - t0) / 1e6;
@@ -562,6 +565,21 @@ public final class KernelBench {
       median[m] = times[m][iters / 2];
     }
     return median;
+  }
+
+  /**
+   * Pause before each timed call. libgomp's worker threads spin for a while after every libtorch op
+   * before they sleep; timed right after a libtorch call, the Java kernel shared the 2 cores with them
+   * and ran up to 30% slower at T = 1024 (docs/BENCHMARKS.md, "Settled calls").
+   */
+  static final long SETTLE_MS = Long.getLong("longctx.bench.settleMs", 50);
+
+  static void settle() {
+    try {
+      Thread.sleep(SETTLE_MS);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    }
   }
 
   static String gflops(double flops, double ms) {
