@@ -132,7 +132,8 @@ class ScriptsTest {
   /**
    * bin/lib/java-cds, which bin/longctx puts in front of score, ppl and spark-bench: the first run
    * writes an archive (and only a successful one keeps it), the next runs load their classes from it,
-   * a rebuilt jar gets a new archive in place of the old, --help and LONGCTX_CDS=0 write none.
+   * a rebuilt jar gets a new archive in place of the old, --help and LONGCTX_CDS=0 write none, and a
+   * place where no archive can be written runs the command without one.
    */
   @Test
   void classDataSharingArchiveIsWrittenOnceUsedAndRenewedAfterARebuild() throws Exception {
@@ -149,6 +150,12 @@ class ScriptsTest {
     assertTrue(!help.out().contains("class archive"), help.out());
     assertEquals(0, run(Map.of("LONGCTX_CDS", "0"), hello).rc());
     assertEquals(List.of(), archives(dir), "--help and LONGCTX_CDS=0 write no archive");
+    Path file = Files.writeString(tmp.resolve("cds-not-a-dir"), "x"); // no archive can be written below it
+    String[] unwritable = hello.clone();
+    unwritable[1] = file.resolve("cds").toString();
+    Result noPlace = run(Map.of(), unwritable);
+    assertEquals(0, noPlace.rc(), noPlace.out());
+    assertTrue(noPlace.out().contains("hello") && !noPlace.out().contains("class archive"), noPlace.out());
 
     Result first = run(Map.of(), hello);
     assertEquals(0, first.rc(), first.out());
