@@ -1,8 +1,8 @@
 // Host emulation of flash_decode.cu (CUDA-core and tensor-core partials) for tests on machines without a GPU (CudaDecodeEmulationTest).
 //
 // The kernel source is compiled unchanged by g++ as C++20, with this file supplying what the GPU
-// would: every CTA runs as 128 std::threads (one per CUDA thread), __syncthreads is a barrier of
-// the 128, warp shuffles / __any_sync / __syncwarp exchange through per-warp slots between barriers
+// would: every CTA runs as 128 std::threads (one per CUDA thread; emu::launch takes the block size),
+// __syncthreads is a barrier of the 128, warp shuffles / __any_sync / __syncwarp exchange through per-warp slots between barriers
 // of the 32 lanes, __shared__ variables are statics (CTAs run one after another), dynamic shared
 // memory is one buffer poisoned with NaN bytes before each CTA, and cp.async lands when
 // LONGCTX_EMU_COPY says (emulation.h): by default its destination is NaN from issue and the copy
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   const dim3 grid(n_splits * row_blocks, kv_heads, batch);
   auto partial = [&](bool u, const unsigned char* redo) {
     emu::Partial f = emu::kPartials.at(name(u));
-    emu::launch(grid, [&] {
+    emu::launch(grid, dim3(emu::kDecodeThreads), [&] {
       f(q, k_chunks.data(), v_chunks.data(), chunk_start.data(), n_chunks, q_pos.data(),
         has_kpos ? k_pos.data() : nullptr, part_o.data(), part_lse.data(), u ? flags.data() : nullptr,
         u ? &recomputed : nullptr, redo, heads, kv_heads, tq, dim, tk, split_len, n_splits, rows_per_cta, qscale,
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
   } else {
     partial(false, nullptr);
   }
-  emu::launch(dim3((unsigned)((states + 3) / 4), 1, 1), [&] {
+  emu::launch(dim3((unsigned)((states + 3) / 4), 1, 1), dim3(emu::kDecodeThreads), [&] {
     longctx_decode_combine(part_o.data(), part_lse.data(), n_splits, dim, states, o.data(), lse.data());
   });
   FILE* f = std::fopen(argv[2], "wb");

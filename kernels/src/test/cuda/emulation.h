@@ -50,12 +50,14 @@ using std::max;
 using std::min;
 
 namespace emu {
-thread_local dim3 thread_idx, block_idx, grid_dim;
-const dim3 block_dim(128, 1, 1);  // every kernel here runs 128 threads per block
+// Block size follows each launch (decode and the plain forward: 128 threads; the tensor-core
+// forward: 256); the per-warp slots below are sized for CUDA's largest block, 1,024 threads.
+constexpr int kMaxWarps = 32;
+thread_local dim3 thread_idx, block_idx, grid_dim, block_dim;
 std::barrier<>* cta_barrier;
-std::barrier<>* warp_barrier[4];
-float fslot[4][32];
-unsigned uslot[4][32];
+std::barrier<>* warp_barrier[kMaxWarps];
+float fslot[kMaxWarps][32];
+unsigned uslot[kMaxWarps][32];
 alignas(16) unsigned char smem[256 * 1024];
 std::mutex atomic_mutex;
 
@@ -126,7 +128,7 @@ inline void maybe_land() {
 }
 
 // random mode: after each __syncthreads one warp, chosen from the seed and the barrier's number
-// (the same choice in all 128 threads), waits until the other three warps have reached their next
+// (the same choice in every thread of the block), waits until the other warps have reached their next
 // __syncthreads (or ended) before it goes on: the most skew the barriers allow. With a barrier
 // missing, the others then run into the next phase while it is still in this one, and the race
 // shows nearly every time instead of when the OS scheduler happens to interleave.
@@ -142,9 +144,10 @@ inline void maybe_lag() {
   h ^= h >> 31;
   h *= 0x94D049BB133111EBull;
   h ^= h >> 29;
-  if (h % 4 != thread_idx.x / 32) return;
+  const int warps = block_dim.x / 32, others = (int)block_dim.x - 32;
+  if ((int)(h % warps) != (int)thread_idx.x / 32) return;
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
-  while (barrier_arrivals[(k + 1) % 4] < 96 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+  while (barrier_arrivals[(k + 1) % 4] < others && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
 }
 
 [[noreturn]] inline void fault(const char* what, const void* p) {
@@ -199,7 +202,7 @@ inline void __syncthreads() {
 inline void __syncwarp() { emu::warp_barrier[emu::warp()]->arrive_and_wait(); }
 
 inline double __shfl_xor_sync(unsigned, double x, int off) {
-  static double dslot[4][32];
+  static double dslot[emu::kMaxWarps][32];
   int w = emu::warp(), l = emu::lane();
   dslot[w][l] = x;
   emu::warp_barrier[w]->arrive_and_wait();
@@ -209,7 +212,7 @@ inline double __shfl_xor_sync(unsigned, double x, int off) {
 }
 
 inline long long __shfl_xor_sync(unsigned, long long x, int off) {
-  static long long lslot[4][32];
+  static long long lslot[emu::kMaxWarps][32];
   emu::maybe_land();
   int w = emu::warp(), l = emu::lane();
   lslot[w][l] = x;
@@ -290,7 +293,7 @@ struct WarpOperands {
   const unsigned char* row[32];  // ldmatrix: each lane's row address
   uint32_t a[32][4], b[32][2];    // mma: each lane's A and B registers
 };
-WarpOperands warp_operands[4][2];
+WarpOperands warp_operands[kMaxWarps][2];
 thread_local int warp_parity;
 
 inline WarpOperands& exchange_begin() { return warp_operands[warp()][warp_parity]; }
@@ -393,31 +396,39 @@ namespace tc {
 
 namespace emu {
 
-// Runs one kernel over a grid: CTAs one after another, 128 threads each.
-inline void launch(dim3 grid, const std::function<void()>& body) {
+// Runs one kernel over a grid: CTAs one after another, block.x threads each (a whole number of
+// warps; by and bz are 1 for every kernel here).
+inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
+  const int n = (int)block.x;
+  if (n <= 0 || n % 32 != 0 || n / 32 > kMaxWarps || block.y != 1 || block.z != 1) {
+    std::fprintf(stderr, "emulation: block (%u,%u,%u) is not 1-%d whole warps in x\n", block.x, block.y, block.z,
+                 kMaxWarps);
+    std::abort();
+  }
   for (unsigned z = 0; z < grid.z; z++) {
     for (unsigned y = 0; y < grid.y; y++) {
       for (unsigned x = 0; x < grid.x; x++) {
         std::memset(emu::smem, 0xff, sizeof(emu::smem));  // NaN poison
         for (std::atomic<int>& a : emu::barrier_arrivals) a = 0;
-        std::barrier<> cta(128);
-        std::barrier<> w0(32), w1(32), w2(32), w3(32);
+        std::barrier<> cta(n);
+        std::vector<std::unique_ptr<std::barrier<>>> warps;
+        for (int w = 0; w < n / 32; w++) {
+          warps.push_back(std::make_unique<std::barrier<>>(32));
+          emu::warp_barrier[w] = warps.back().get();
+        }
         emu::cta_barrier = &cta;
-        emu::warp_barrier[0] = &w0;
-        emu::warp_barrier[1] = &w1;
-        emu::warp_barrier[2] = &w2;
-        emu::warp_barrier[3] = &w3;
         std::vector<std::thread> threads;
-        for (int t = 0; t < 128; t++) {
+        for (int t = 0; t < n; t++) {
           threads.emplace_back([&, t] {
             emu::thread_idx = dim3(t, 0, 0);
             emu::block_idx = dim3(x, y, z);
             emu::grid_dim = grid;
+            emu::block_dim = block;
             emu::groups.clear();
             emu::open_group.clear();
             emu::warp_parity = 0;
             emu::barriers_passed = 0;
-            emu::copy_rng.seed(emu::copy_config().seed ^ (0x9E3779B97F4A7C15ull * (1 + t + 128 * (x + 65536ull * (y + 65536ull * z)))));
+            emu::copy_rng.seed(emu::copy_config().seed ^ (0x9E3779B97F4A7C15ull * (1 + t + n * (x + 65536ull * (y + 65536ull * z)))));
             body();
             emu::arrive_count();  // an ended thread counts as arrived for a lagging warp
           });
@@ -445,13 +456,20 @@ using Partial = void (*)(const void*, const void* const*, const void* const*, co
 inline const std::map<std::string, Partial> kPartials = {ENTRIES(f32), ENTRIES(f16), ENTRIES(bf16), TC_ENTRIES(f16),
                                                          TC_ENTRIES(bf16)};
 
-// The plain forward kernel (flash_forward.cu): grid (ceil(Tq / 4), H, B).
+// Decode's partial and combine kernels run kThreads (flash_decode.cu) threads per block.
+constexpr int kDecodeThreads = kThreads;
+
+// The plain forward kernel (flash_forward.cu): grid (ceil(Tq / 4), H, B), one warp per row.
 using Forward = void (*)(const void*, const void*, const void*, const long long*, const long long*, float*, float*,
                          int, int, int, int, int, float, float, int, long long);
-#define FORWARD(NAME) {#NAME, reinterpret_cast<Forward>(&fwd::NAME)}
-// The tensor-core forward (flash_forward_tc.cu), same parameters: grid (ceil(Tq / 64), H, B).
-#define FORWARD_TC(NAME) {#NAME, reinterpret_cast<Forward>(&tc::NAME)}
-inline const std::map<std::string, Forward> kForwards = {
+struct ForwardKernel {
+  Forward fn;
+  int threads;  // the block size the kernel's code assumes; a launch with another one is an error
+};
+#define FORWARD(NAME) {#NAME, {reinterpret_cast<Forward>(&fwd::NAME), fwd::kWarps * 32}}
+// The tensor-core forward (flash_forward_tc.cu), same parameters: grid (ceil(Tq / kRows), H, B).
+#define FORWARD_TC(NAME) {#NAME, {reinterpret_cast<Forward>(&tc::NAME), tc::kThreads}}
+inline const std::map<std::string, ForwardKernel> kForwards = {
     FORWARD(longctx_forward_f32),         FORWARD(longctx_forward_f16),         FORWARD(longctx_forward_bf16),
     FORWARD_TC(longctx_forward_tc_f16_d64), FORWARD_TC(longctx_forward_tc_f16_d128),
     FORWARD_TC(longctx_forward_tc_bf16_d64), FORWARD_TC(longctx_forward_tc_bf16_d128)};

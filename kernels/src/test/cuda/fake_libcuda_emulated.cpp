@@ -90,14 +90,18 @@ int cuGetErrorString(int, const char** text) { *text = "fake libcuda (host emula
 int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                    unsigned smem, void*, void** p, void**) {
   const std::string& name = static_cast<Function*>(fn)->name;
-  if (bx != 128 || by != 1 || bz != 1) return 1;  // CUDA_ERROR_INVALID_VALUE: the kernels need 128 threads
   if (smem > sizeof(emu::smem)) return 1;
+  // A block size other than the one the kernel's code assumes is CUDA_ERROR_INVALID_VALUE here (on a
+  // GPU it would run, wrongly, or fail past __launch_bounds__).
+  auto threads_ok = [&](int threads) { return (int)bx == threads && by == 1 && bz == 1; };
+  const dim3 block(bx, by, bz);
   auto ptr = [&](int i) { return *static_cast<void**>(p[i]); };
   auto i32 = [&](int i) { return *static_cast<int*>(p[i]); };
   auto i64 = [&](int i) { return *static_cast<long long*>(p[i]); };
   auto f32 = [&](int i) { return *static_cast<float*>(p[i]); };
   if (name == "longctx_decode_combine") {
-    emu::launch(dim3(gx, gy, gz), [&] {
+    if (!threads_ok(emu::kDecodeThreads)) return 1;
+    emu::launch(dim3(gx, gy, gz), block, [&] {
       longctx_decode_combine(static_cast<const float*>(ptr(0)), static_cast<const double*>(ptr(1)), i32(2), i32(3),
                              i64(4), static_cast<float*>(ptr(5)), static_cast<float*>(ptr(6)));
     });
@@ -108,8 +112,9 @@ int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
     const char* rc = std::getenv("LONGCTX_FAKE_FORWARD_RC");
     auto fwd = emu::kForwards.find(name);
     if (rc == nullptr && fwd != emu::kForwards.end()) {
-      emu::launch(dim3(gx, gy, gz), [&] {
-        fwd->second(ptr(0), ptr(1), ptr(2), static_cast<const long long*>(ptr(3)), static_cast<const long long*>(ptr(4)),
+      if (!threads_ok(fwd->second.threads)) return 1;
+      emu::launch(dim3(gx, gy, gz), block, [&] {
+        fwd->second.fn(ptr(0), ptr(1), ptr(2), static_cast<const long long*>(ptr(3)), static_cast<const long long*>(ptr(4)),
                     static_cast<float*>(ptr(5)), static_cast<float*>(ptr(6)), i32(7), i32(8), i32(9), i32(10), i32(11),
                     f32(12), f32(13), i32(14), i64(15));
       });
@@ -119,8 +124,9 @@ int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
     if (code == 700 || (code >= 714 && code <= 719)) lost_context_rc = code;
     return code;
   }
+  if (!threads_ok(emu::kDecodeThreads)) return 1;
   emu::Partial f = it->second;
-  emu::launch(dim3(gx, gy, gz), [&] {
+  emu::launch(dim3(gx, gy, gz), block, [&] {
     f(ptr(0), static_cast<const void* const*>(ptr(1)), static_cast<const void* const*>(ptr(2)),
       static_cast<const long long*>(ptr(3)), i32(4), static_cast<const long long*>(ptr(5)),
       static_cast<const long long*>(ptr(6)), static_cast<float*>(ptr(7)), static_cast<double*>(ptr(8)),

@@ -1,7 +1,7 @@
 // Unit test of the emulated tensor-core warp operations of emulation.h (ldmatrix x4 [.trans], mma.sync
-// m16n8k16 with fp16 and bf16 inputs), run by CudaTensorCoreEmulationTest. Each of the 4 warps of one
-// emulated CTA takes its own random 16x16 matrices from a shared buffer and checks:
-//   1. ldmatrix with flash_forward_tc.cu's three addressings (Q; K; V with .trans) gives, lane by
+// m16n8k16 with fp16 and bf16 inputs), run by CudaTensorCoreEmulationTest. Each of the 8 warps of one
+// emulated CTA (256 threads, as the tensor-core forward launches) takes its own random 16x16 matrices from a shared buffer and checks:
+//   1. ldmatrix with the tensor-core kernels' three addressings (Q; K; V with .trans) gives, lane by
 //      lane, the registers of the PTX ISA's mma.m16n8k16 A and B fragment tables (so the ldmatrix
 //      table and the mma table are checked against each other, not each against itself);
 //   2. mma on fragments built by hand from those tables equals C + A B computed in double;
@@ -28,7 +28,8 @@ struct WarpData {
   float c[16][8];                                   // accumulator input for check 2
   uint16_t a2[16][16], b2[16][8];                   // A and B of check 2 (bits of T)
 };
-alignas(16) WarpData data[4];
+constexpr int kTestWarps = 8;  // as the tensor-core forward launches
+alignas(16) WarpData data[kTestWarps];
 
 std::atomic<int> failures{0};
 std::mutex print_mutex;
@@ -150,7 +151,7 @@ void trial(std::mt19937_64& rng, const char* type) {
     for (auto& row : d.a2) for (uint16_t& x : row) x = bits_of<T>(u(rng));
     for (auto& row : d.b2) for (uint16_t& x : row) x = bits_of<T>(u(rng));
   }
-  emu::launch(dim3(1, 1, 1), [&] { warp_checks<T>(type); });
+  emu::launch(dim3(1, 1, 1), dim3(32 * kTestWarps), [&] { warp_checks<T>(type); });
 }
 
 }  // namespace
@@ -167,6 +168,6 @@ int main(int argc, char** argv) {
     trial<__half>(rng, "f16");
     trial<__nv_bfloat16>(rng, "bf16");
   }
-  std::printf("%d trials x 2 types x 4 warps, seed %llu: %d failures\n", trials, seed, failures.load());
+  std::printf("%d trials x 2 types x %d warps, seed %llu: %d failures\n", trials, kTestWarps, seed, failures.load());
   return failures == 0 ? 0 : 1;
 }

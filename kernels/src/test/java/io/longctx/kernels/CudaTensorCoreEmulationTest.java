@@ -37,7 +37,7 @@ class CudaTensorCoreEmulationTest {
     long seed = Accuracy.seed();
     Child run = Child.run(new ProcessBuilder(exe.toString(), Long.toUnsignedString(seed), "16"), 60);
     assertEquals(0, run.exit(), "seed " + seed + " (replay: -Dlongctx.seed=" + seed + "):\n" + run.output());
-    assertTrue(run.output().contains("16 trials x 2 types x 4 warps, seed " + Long.toUnsignedString(seed) + ": 0 failures"),
+    assertTrue(run.output().contains("16 trials x 2 types x 8 warps, seed " + Long.toUnsignedString(seed) + ": 0 failures"),
         run.output());
   }
 
