@@ -3,8 +3,10 @@
 // flash_forward.cu (layouts, masks by absolute positions, GQA, softcap, natural-log lse, -inf for
 // rows that see no key); other dims and float32 inputs use that kernel.
 //
-// Block: 4 warps, 64 query rows (16 per warp); key tiles of 64 in shared memory (rows padded by 8
-// elements so ldmatrix is free of bank conflicts). Per tile and warp:
+// Block: 8 warps, 128 query rows (16 per warp); key tiles of 64 in shared memory (rows padded by 8
+// elements so ldmatrix is free of bank conflicts), one K and one V tile shared by all 8 warps, so each
+// tile is copied once per 128 query rows. Q fragments are read straight from global memory into
+// registers. Per tile and warp:
 //   S (16 x 64)  = Q (16 x D) K^T           mma.sync m16n8k16, Q fragments kept in registers
 //   online softmax in base 2 (scale * log2 e folded in), rows reduced across the 4-thread quad
 //   O (16 x D)  += P (16 x 64) V            P reused from S's accumulators as A fragments,
@@ -25,19 +27,22 @@
 
 namespace {
 
-constexpr int kRows = 64;     // query rows per block
-constexpr int kKeys = 64;     // keys per tile
-constexpr int kThreads = 128;
+// An A/B against the earlier 64-row blocks needs only kThreads 128 and kRows 64 here and the same in
+// CudaAttention's TC_THREADS / TC_ROWS_PER_BLOCK (a scratch build; docs/CUDA.md).
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kRows = 128;     // query rows per block: one m16 row block per warp
+constexpr int kKeys = 64;      // keys per tile
 constexpr int kScanTiles = 4;  // key tiles whose positions one step of find_tile loads at once
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+static_assert(kRows == kThreads / 32 * 16, "each warp owns 16 query rows");
 
-// Copies rows [row0, row0 + 64) of a [rows, D] matrix into shared memory (row stride D + 8);
+// Copies key rows [row0, row0 + kKeys) of a [rows, D] matrix into shared memory (row stride D + 8);
 // rows at or past `valid` are zero.
 template <typename T, int D>
 __device__ __forceinline__ void load_tile(T* smem, const T* g, int row0, int valid) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < kKeys * kChunks; idx += kThreads) {
     int r = idx / kChunks, c = idx % kChunks;
     T* dst = smem + r * (D + 8) + c * 8;
     if (row0 + r < valid) {
@@ -108,7 +113,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
                                  int tk, float scale, float softcap, int causal, long long window) {
   constexpr int kStride = D + 8;
   __shared__ __align__(16) T ks[kKeys * kStride];
-  __shared__ __align__(16) T vs[kKeys * kStride];  // holds the Q tile first
+  __shared__ __align__(16) T vs[kKeys * kStride];
   __shared__ long long kp_s[kKeys];  // key positions of a partial tile
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -125,11 +130,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   const T* kg = k + ((long long)b * kv_heads + kvh) * tk * D;
   const T* vg = v + ((long long)b * kv_heads + kvh) * tk * D;
 
-  // Q tile -> registers (this warp's 16 rows, D/16 fragments). Q lands in V's buffer so that the
-  // first visible K tile can be in flight at the same time; each warp reduces the block's query
-  // position range itself meanwhile.
-  load_tile<T, D>(vs, qg, q0, tq);
-  cp_async_commit();  // group: Q
+  // Each warp reduces the block's query position range itself (no shared memory, no barrier).
   long long qlo = LLONG_MAX, qhi = LLONG_MIN;
   for (int i = lane; i < kRows && q0 + i < tq; i += 32) {
     qlo = min(qlo, q_pos[q0 + i]);
@@ -146,16 +147,23 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   Tile tile = find_tile(0, k_pos, tk, qlo, qhi, causal, window);
   if (tile.j0 < tk) load_kp<T, D>(ks, kp_s, kg, k_pos, tile, tk);
   cp_async_commit();  // group: K (empty when no tile is visible)
-  cp_async_wait_1();  // Q landed
-  __syncthreads();
+  if (tile.j0 < tk) load_tile<T, D>(vs, vg, tile.j0, tk);
+  cp_async_commit();  // group: V
+
+  // Q -> registers while the first K and V fly: this warp's 16 rows as D/16 mma A fragments,
+  // register j holding row g + 8 (j % 2), columns 16 kc + 2 t4 + 8 (j / 2) and the next (one 4-byte
+  // read); rows past tq are zero. Straight from global memory: a 128-row Q tile would not fit the V
+  // buffer that staged the 64-row one, and Q is read once per block.
   uint32_t qf[D / 16][4];
 #pragma unroll
   for (int kc = 0; kc < D / 16; kc++) {
-    ldmatrix_x4(qf[kc], &vs[(warp * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride + kc * 16 + lane / 16 * 8]);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int r = row0 + 8 * (j % 2);
+      qf[kc][j] = r < tq ? *reinterpret_cast<const uint32_t*>(qg + (long long)r * D + kc * 16 + 2 * t4 + 8 * (j / 2))
+                         : 0u;
+    }
   }
-  __syncthreads();  // every warp holds its Q fragments: vs can take V
-  if (tile.j0 < tk) load_tile<T, D>(vs, vg, tile.j0, tk);
-  cp_async_commit();  // group: V
 
   float acc[D / 8][4];
 #pragma unroll
@@ -272,9 +280,10 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
 
 }  // namespace
 
-// Entry points: grid (ceil(Tq / 64), H, B), block 128 threads, static shared memory only.
+// Entry points: grid (ceil(Tq / kRows), H, B), block kThreads threads, static shared memory only.
+// One block per SM at ~200 registers (D 128): 8 warps, as 2 blocks of 4 were before.
 #define LONGCTX_FORWARD_TC(NAME, T, D)                                                                   \
-  extern "C" __global__ void __launch_bounds__(kThreads)                                                 \
+  extern "C" __global__ void __launch_bounds__(kThreads, 1)                                              \
   NAME(const T* q, const T* k, const T* v, const long long* q_pos, const long long* k_pos, float* o,      \
        float* lse, int heads, int kv_heads, int tq, int tk, int dim, float scale, float softcap,         \
        int causal, long long window) {                                                                   \

@@ -31,8 +31,9 @@ public final class CudaAttention implements AttentionBackend {
   /** Head dims with a tensor-core kernel (flash_forward_tc.cu), for fp16 and bf16 inputs. */
   public static final Set<Integer> TENSOR_CORE_DIMS = Set.of(64, 128);
   static final int PLAIN_ROWS_PER_BLOCK = 4; // kWarps in flash_forward.cu (LaunchGeometryTest)
-  static final int TC_ROWS_PER_BLOCK = 64; // kRows in flash_forward_tc.cu (LaunchGeometryTest)
-  static final int THREADS = 128; // both forward kernels (LaunchGeometryTest)
+  static final int TC_ROWS_PER_BLOCK = 128; // kRows in flash_forward_tc.cu (LaunchGeometryTest)
+  static final int THREADS = 128; // the plain forward kernel: one warp per row (LaunchGeometryTest)
+  static final int TC_THREADS = 256; // kThreads in flash_forward_tc.cu: 8 warps of 16 rows (LaunchGeometryTest)
 
   private static final Map<Integer, CudaAttention> INSTANCES = new ConcurrentHashMap<>();
 
@@ -300,10 +301,12 @@ public final class CudaAttention implements AttentionBackend {
         Pointer.to(new float[] {(float) scale}), Pointer.to(new float[] {opt.softcap()}),
         Pointer.to(new int[] {opt.causal() ? 1 : 0}), Pointer.to(new long[] {opt.window()}));
     String name = kernelFor(q.type(), q.dim());
-    int rowsPerBlock = name.contains("_tc_") ? TC_ROWS_PER_BLOCK : PLAIN_ROWS_PER_BLOCK;
+    boolean tc = name.contains("_tc_");
+    int rowsPerBlock = tc ? TC_ROWS_PER_BLOCK : PLAIN_ROWS_PER_BLOCK;
     check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
     check("cuLaunchKernel(" + name + ")", JCudaDriver.cuLaunchKernel(kernels.get(name),
-        (q.tokens() + rowsPerBlock - 1) / rowsPerBlock, q.heads(), q.batch(), THREADS, 1, 1, 0, stream, params, null));
+        (q.tokens() + rowsPerBlock - 1) / rowsPerBlock, q.heads(), q.batch(), tc ? TC_THREADS : THREADS, 1, 1, 0,
+        stream, params, null));
   }
 
   /**

@@ -64,7 +64,7 @@ class CudaTensorCoreEmulationTest {
           + c.output();
       assertEquals(0, c.exit(), text);
       List<String> cases = c.output().lines().filter(l -> l.startsWith("longctx_forward_tc_")).toList();
-      assertEquals(8, cases.size(), text);
+      assertEquals(10, cases.size(), text);
       assertTrue(cases.stream().allMatch(l -> l.contains("=pass ")), text);
       assertTrue(c.output().contains("fp16-overflow=pass"), text);
       if (copyMode.equals("random")) {

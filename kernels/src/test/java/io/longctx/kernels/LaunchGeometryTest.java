@@ -37,7 +37,8 @@ class LaunchGeometryTest {
     assertEquals(plain.get("kMaxDim"), CudaAttention.MAX_DIM);
     Map<String, Integer> tc = constants("flash_forward_tc.cu");
     assertEquals(tc.get("kRows"), CudaAttention.TC_ROWS_PER_BLOCK, "rows per block of the tensor-core kernel");
-    assertEquals(tc.get("kThreads"), CudaAttention.THREADS);
+    assertEquals(tc.get("kThreads"), CudaAttention.TC_THREADS, "threads of the tensor-core kernel");
+    assertEquals(CudaAttention.TC_THREADS / 32 * 16, CudaAttention.TC_ROWS_PER_BLOCK, "16 query rows per warp");
   }
 
   @Test

@@ -14,7 +14,10 @@ import java.util.SplittableRandom;
 public final class TensorCoreFakeDeviceMain {
   private TensorCoreFakeDeviceMain() {}
 
-  /** Type, [B, H, Hkv, Tq, Tk, D], mask: Tq/Tk 1, 7, 65 and 130 (one, two and three 64-row blocks). */
+  /**
+   * Type, [B, H, Hkv, Tq, Tk, D], mask: Tq 1, 7, 65, 100 (one partial 128-row block; 100: warp 7's rows all
+   * past Tq), 130 and 200 (a whole and a partial block); Tk 1 to 600 (up to ten 64-key tiles).
+   */
   private record Case(CudaAttention.DType type, int[] shape, AttentionOptions opt) {
     String name() {
       return String.format(Locale.ROOT, "%s[%d,%d/%d,%d,%d,%d]%s", CudaAttention.kernelFor(type, shape[5]), shape[0],
@@ -42,6 +45,11 @@ public final class TensorCoreFakeDeviceMain {
         // Query positions 420..439 over keys 0..599 under a window of 40: key tiles 0-4 and 7-9 are
         // skipped, the first visible one (5) is the second of find_tile's second batch of 4.
         new Case(f16, new int[] {1, 1, 1, 20, 600, 64}, causal.withWindow(40)),
+        // Two 128-row blocks, the second partial, causal: the heavier second block runs first and its
+        // diagonal tiles are partial for rows of several warps.
+        new Case(bf16, new int[] {1, 2, 1, 200, 200, 128}, causal),
+        // One partial 128-row block whose last warp has no row below Tq, over 5 key tiles.
+        new Case(f16, new int[] {1, 2, 2, 100, 260, 64}, causal),
     };
     for (Case c : cases) {
       String bad;
