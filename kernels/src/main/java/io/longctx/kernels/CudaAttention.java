@@ -234,6 +234,16 @@ public final class CudaAttention implements AttentionBackend {
    */
   public AttentionState forward(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt,
       DType type) {
+    float[][] out = forwardArrays(q, k, v, qPos, kPos, opt, type);
+    return AttentionState.of(out[0], out[1], q.batch() * q.tokens(), q.heads(), q.dim());
+  }
+
+  /**
+   * The work of {@link #forward(Tensor, Tensor, Tensor, long[], long[], AttentionOptions, DType)}, returning
+   * {o, lse} as copied back, unchecked: an entry the kernel did not write is NaN, which the GPU check
+   * reports as a failed row rather than an exception.
+   */
+  float[][] forwardArrays(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt, DType type) {
     CpuAttention.Problem p = new CpuAttention.Problem(q, k, v, qPos, kPos, opt);
     requireDim(p.dim);
     Objects.requireNonNull(type, "type");
@@ -262,7 +272,7 @@ public final class CudaAttention implements AttentionBackend {
     } finally {
       JCudaDriver.cuStreamDestroy(stream);
     }
-    return AttentionState.of(o, lse, p.rows, p.heads, p.dim);
+    return new float[][] {o, lse};
   }
 
   /**

@@ -171,41 +171,16 @@ public final class GpuCheck {
 
   static AttentionState run(CudaAttention cuda, CudaAttention.DType type, Tensor q, Tensor k, Tensor v, long[] qPos,
       AttentionOptions opt) {
+    float[][] out = cuda.forwardArrays(q, k, v, qPos, null, opt, type);
     int rows = q.batch() * q.tokens();
-    float[] o = new float[rows * q.heads() * q.dim()];
-    float[] lse = new float[rows * q.heads()];
-    Arrays.fill(o, Float.NaN); // poisoned: anything the kernel fails to write shows
-    Arrays.fill(lse, Float.NaN);
-    long[] kPos = ReferenceAttention.iota(k.tokens());
-    CUstream stream = new CUstream();
-    CudaAttention.check("cuStreamCreate", JCudaDriver.cuStreamCreate(stream, 0));
-    try (CudaAttention.DeviceBuffer dq = upload(q, type, stream);
-         CudaAttention.DeviceBuffer dk = upload(k, type, stream);
-         CudaAttention.DeviceBuffer dv = upload(v, type, stream);
-         CudaAttention.DeviceBuffer dqp = CudaAttention.upload(qPos, stream);
-         CudaAttention.DeviceBuffer dkp = CudaAttention.upload(kPos, stream);
-         CudaAttention.DeviceBuffer dout = new CudaAttention.DeviceBuffer(4L * o.length);
-         CudaAttention.DeviceBuffer dlse = new CudaAttention.DeviceBuffer(4L * lse.length)) {
-      CudaAttention.check("cuMemcpyHtoDAsync(poison o)", JCudaDriver.cuMemcpyHtoDAsync(dout.ptr, Pointer.to(o), dout.bytes, stream));
-      CudaAttention.check("cuMemcpyHtoDAsync(poison lse)", JCudaDriver.cuMemcpyHtoDAsync(dlse.ptr, Pointer.to(lse), dlse.bytes, stream));
-      cuda.forwardOnDevice(new CudaAttention.DeviceTensor(dq, type, q.batch(), q.heads(), q.tokens(), q.dim()),
-          new CudaAttention.DeviceTensor(dk, type, k.batch(), k.heads(), k.tokens(), k.dim()),
-          new CudaAttention.DeviceTensor(dv, type, v.batch(), v.heads(), v.tokens(), v.dim()), dqp, dkp, opt, dout, dlse,
-          stream);
-      CudaAttention.check("cuMemcpyDtoHAsync", JCudaDriver.cuMemcpyDtoHAsync(Pointer.to(o), dout.ptr, dout.bytes, stream));
-      CudaAttention.check("cuMemcpyDtoHAsync", JCudaDriver.cuMemcpyDtoHAsync(Pointer.to(lse), dlse.ptr, dlse.bytes, stream));
-      CudaAttention.check("cuStreamSynchronize", JCudaDriver.cuStreamSynchronize(stream));
-    } finally {
-      JCudaDriver.cuStreamDestroy(stream);
-    }
-    // Not AttentionState.of: a NaN left by the kernel must show as a failed check, not an exception.
-    float[] oo = o, ll = lse;
-    for (float x : ll) {
+    // Not AttentionState.of on NaN (the device's poison where the kernel wrote nothing): that must
+    // show as a failed check, not an exception.
+    for (float x : out[1]) {
       if (Float.isNaN(x)) {
         return AttentionState.empty(rows, q.heads(), q.dim()); // errors() reports the mismatch
       }
     }
-    return AttentionState.of(oo, ll, rows, q.heads(), q.dim());
+    return AttentionState.of(out[0], out[1], rows, q.heads(), q.dim());
   }
 
   /** Median kernel time in ms over 10 launches after 3 warm-up launches, by CUDA events. */

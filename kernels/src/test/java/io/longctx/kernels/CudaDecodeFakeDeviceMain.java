@@ -163,7 +163,8 @@ public final class CudaDecodeFakeDeviceMain {
           ReferenceAttention.computeFloat32(q, kRest, vRest, qp, kPosRest, causal));
     });
 
-    // The tensor-core forward (bf16, D 64) from host arrays, judged by the rounded-P rule.
+    // The tensor-core forward (bf16, D 64) from host arrays through the public DType overload, judged
+    // by the rounded-P rule.
     run("forward-tc-bf16", () -> {
       CudaAttention.DType t = CudaAttention.DType.BF16;
       Tensor q = GpuCheck.rounded(Accuracy.random(rng, 1, 4, 37, 64, 1), t);
@@ -171,7 +172,7 @@ public final class CudaDecodeFakeDeviceMain {
       Tensor v = GpuCheck.rounded(Accuracy.random(rng, 1, 2, 70, 64, 1), t);
       long[] qp = GpuCheck.lastPositions(37, 70);
       AttentionOptions opt = causal.withWindow(40);
-      AttentionState got = GpuCheck.run(cuda, t, q, k, v, qp, opt);
+      AttentionState got = cuda.forward(q, k, v, qp, null, opt, t);
       return Tolerance.violationRoundedP(got.o(), got.lse(), ReferenceAttention.compute(q, k, v, qp, null, opt),
           ReferenceAttention.computeRoundedP(q, k, v, qp, null, opt, t));
     });

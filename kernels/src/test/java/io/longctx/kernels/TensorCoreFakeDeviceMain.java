@@ -69,13 +69,6 @@ public final class TensorCoreFakeDeviceMain {
         bad = Tolerance.violationRoundedP(got.o(), got.lse(), ref,
             ReferenceAttention.computeRoundedP(q, k, v, qp, null, c.opt(), c.type()));
         if (bad == null) {
-          // The host-array overload converts, uploads and launches the same kernel: the same bits.
-          AttentionState host = cuda.forward(q, k, v, qp, null, c.opt(), c.type());
-          if (!Arrays.equals(host.o(), got.o()) || !Arrays.equals(host.lse(), got.lse())) {
-            bad = "forward(..., " + c.type() + ") on host arrays differs from the device-buffer launch";
-          }
-        }
-        if (bad == null) {
           // The output's bits, to compare runs whose cp.async copies land at different times.
           bad = "pass " + Tolerance.errors(got.o(), got.lse(), ref) + " bits "
               + Integer.toHexString(31 * Arrays.hashCode(got.o()) + Arrays.hashCode(got.lse()));
