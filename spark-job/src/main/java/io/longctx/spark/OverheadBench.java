@@ -59,16 +59,18 @@ final class OverheadBench {
       double cpu0 = cpuSeconds();
       double before = pairs.run();
       double cpu1 = cpuSeconds();
-      double[] wall = new double[runs], cpu = new double[runs];
+      double[] wall = new double[runs], cpu = new double[runs], jit = new double[runs], gc = new double[runs];
       ScoreJob.Summary s = null;
       List<StageTimes> stages = new java.util.ArrayList<>();
       for (int r = 0; r < runs; r++) {
         StageTimes st = new StageTimes();
         stages.add(st);
         spark.sparkContext().addSparkListener(st);
-        double c = cpuSeconds();
+        double c = cpuSeconds(), j = jitSeconds(), p = gcPauseSeconds();
         s = ScoreJob.run(spark, o);
         cpu[r] = cpuSeconds() - c;
+        jit[r] = jitSeconds() - j;
+        gc[r] = gcPauseSeconds() - p;
         wall[r] = s.wallSeconds();
         spark.sparkContext().listenerBus().waitUntilEmpty();
         spark.sparkContext().removeSparkListener(st);
@@ -88,9 +90,10 @@ final class OverheadBench {
       out.printf(Locale.ROOT, "  kernel-only time   %.2f s (before the jobs %.2f s, after %.2f s; %d pairs, %.1f GFLOP/s"
           + " causal), %.1f CPU s%n", kernel, before, after, pairs.count, flops / kernel / 1e9, kernelCpu);
       for (int r = 0; r < runs; r++) {
-        out.printf(Locale.ROOT, "  job run %d (%s)%s wall %.2f s, overhead %.2fx; CPU %.1f s, %.2fx%n", r + 1,
+        out.printf(Locale.ROOT, "  job run %d (%s)%s wall %.2f s, overhead %.2fx; CPU %.1f s, %.2fx (JIT compiler"
+            + " threads %.1f s, GC pauses %.1f s)%n", r + 1,
             r == 0 ? "cold" : "warm", " ".repeat(Math.max(0, 3 - String.valueOf(r + 1).length())), wall[r],
-            wall[r] / kernel, cpu[r], cpu[r] / kernelCpu);
+            wall[r] / kernel, cpu[r], cpu[r] / kernelCpu, jit[r], gc[r]);
       }
       out.printf(Locale.ROOT, "  (%d pairs computed, %d skipped; overhead = job / kernel-only. CPU is this JVM's CPU"
           + " seconds, JIT and GC included, and hardly moved by other processes)%n", s.pairsComputed(), s.pairsSkipped());
@@ -106,14 +109,19 @@ final class OverheadBench {
     });
   }
 
-  /** Per stage of a job: tasks, task wall and CPU time, shuffle bytes (Spark's task metrics). */
+  /** Per stage of a job: its wall span, tasks, task wall and CPU time, shuffle bytes (Spark's task metrics). */
   private static final class StageTimes extends org.apache.spark.scheduler.SparkListener {
     private final java.util.Map<Integer, String> names = new java.util.concurrent.ConcurrentHashMap<>();
+    private final java.util.Map<Integer, Double> spans = new java.util.concurrent.ConcurrentHashMap<>();
     private final java.util.Map<Integer, double[]> sums = new java.util.concurrent.ConcurrentSkipListMap<>();
 
     @Override
     public void onStageCompleted(org.apache.spark.scheduler.SparkListenerStageCompleted e) {
       names.put(e.stageInfo().stageId(), e.stageInfo().name());
+      if (e.stageInfo().submissionTime().isDefined() && e.stageInfo().completionTime().isDefined()) {
+        spans.put(e.stageInfo().stageId(),
+            ((Long) e.stageInfo().completionTime().get() - (Long) e.stageInfo().submissionTime().get()) / 1e3);
+      }
     }
 
     @Override
@@ -138,17 +146,35 @@ final class OverheadBench {
         all[0] += x[1];
         all[1] += x[2];
       });
-      out.printf(Locale.ROOT, "    %-6s %6s %10s %9s %12s %13s  %s%n", "stage", "tasks", "task wall", "task CPU",
-          "shuffle read", "shuffle write", "operation");
-      sums.forEach((id, x) -> out.printf(Locale.ROOT, "    %-6d %6d %9.1fs %8.1fs %10.0f MiB %11.0f MiB  %s%n", id,
-          (long) x[0], x[1], x[2], x[3], x[4], names.getOrDefault(id, "?")));
-      out.printf(Locale.ROOT, "    %-6s %6s %9.1fs %8.1fs%n", "all", "", all[0], all[1]);
+      out.printf(Locale.ROOT, "    %-6s %6s %7s %10s %9s %12s %13s  %s%n", "stage", "tasks", "wall", "task wall",
+          "task CPU", "shuffle read", "shuffle write", "operation");
+      sums.forEach((id, x) -> out.printf(Locale.ROOT, "    %-6d %6d %6.1fs %9.1fs %8.1fs %10.0f MiB %11.0f MiB  %s%n", id,
+          (long) x[0], spans.getOrDefault(id, Double.NaN), x[1], x[2], x[3], x[4], names.getOrDefault(id, "?")));
+      out.printf(Locale.ROOT, "    %-6s %6s %7s %9.1fs %8.1fs%n", "all", "", "", all[0], all[1]);
     }
   }
 
   private static double cpuSeconds() {
     return ((com.sun.management.OperatingSystemMXBean) java.lang.management.ManagementFactory
         .getOperatingSystemMXBean()).getProcessCpuTime() / 1e9;
+  }
+
+  /** Time the JIT compiler threads spent compiling (JVM-wide; 0 where the JVM does not say). */
+  private static double jitSeconds() {
+    java.lang.management.CompilationMXBean c = java.lang.management.ManagementFactory.getCompilationMXBean();
+    return c != null && c.isCompilationTimeMonitoringSupported() ? c.getTotalCompilationTime() / 1e3 : 0;
+  }
+
+  /** Wall time of stop-the-world collections (newer JVMs also list G1's concurrent cycles: left out). */
+  private static double gcPauseSeconds() {
+    long ms = 0;
+    for (java.lang.management.GarbageCollectorMXBean b : java.lang.management.ManagementFactory
+        .getGarbageCollectorMXBeans()) {
+      if (!b.getName().contains("Concurrent")) {
+        ms += Math.max(0, b.getCollectionTime());
+      }
+    }
+    return ms / 1e3;
   }
 
   private static double loadAverage() {
