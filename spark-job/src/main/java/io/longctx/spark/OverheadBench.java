@@ -27,6 +27,8 @@ final class OverheadBench {
     if (a.help) {
       out.println("usage: longctx spark-bench [--tokens 65536] [--heads 8] [--kv-heads 2] [--dim 64] [--chunk-len 8192]"
           + " [--runs 2] [--dir DIR] [--master URL] [--conf k=v]");
+      out.println("  --dir DIR: where the generated document and the job's output go (default: a temporary folder,"
+          + " deleted at the end).");
       out.println("  Runs the job --runs times in one JVM: the first run pays Spark's and the JIT's warm-up (a fresh"
           + " driver and executors), later runs show a warm, long-lived cluster.");
       return 0;
@@ -40,7 +42,20 @@ final class OverheadBench {
     g.queriesPerDoc = 0;
     g.prefill = true;
     int chunkLen = a.intValue("--chunk-len", 8192);
-    Path dir = a.get("--dir") != null ? Path.of(a.get("--dir")) : Files.createTempDirectory("longctx-bench-");
+    // Without --dir the generated document and the job's output (a few hundred MB) go to a temporary
+    // folder made here and deleted at the end; a --dir of the caller's is left as it is.
+    boolean ownDir = a.get("--dir") == null;
+    Path dir = ownDir ? Files.createTempDirectory("longctx-bench-") : Path.of(a.get("--dir"));
+    try {
+      return measure(a, g, chunkLen, dir, out);
+    } finally {
+      if (ownDir) {
+        deleteTree(dir);
+      }
+    }
+  }
+
+  private static int measure(Args a, Generator g, int chunkLen, Path dir, PrintStream out) throws Exception {
     return Sessions.run("longctx spark-bench", a.get("--master"), a.confs, spark -> {
       g.write(spark, dir.toString(), true);
       ScoreOptions o = new ScoreOptions();
@@ -105,6 +120,8 @@ final class OverheadBench {
       out.printf(Locale.ROOT, "  load average       %.2f at the start, %.2f at the end (%d cores; above that, other"
           + " processes shared the machine)%n", load0, load1,
           Runtime.getRuntime().availableProcessors());
+      out.printf(Locale.ROOT, "  data               %s%s%n", dir, a.get("--dir") == null ? " (made for this run, deleted"
+          + " at its end)" : "");
       return 0;
     });
   }
@@ -157,6 +174,15 @@ final class OverheadBench {
   private static double cpuSeconds() {
     return ((com.sun.management.OperatingSystemMXBean) java.lang.management.ManagementFactory
         .getOperatingSystemMXBean()).getProcessCpuTime() / 1e9;
+  }
+
+  /** Deletes a folder this command made, with everything in it. */
+  private static void deleteTree(Path dir) throws java.io.IOException {
+    try (java.util.stream.Stream<Path> all = Files.walk(dir)) {
+      for (Path p : all.sorted(java.util.Comparator.reverseOrder()).toList()) {
+        Files.deleteIfExists(p);
+      }
+    }
   }
 
   /** Time the JIT compiler threads spent compiling (JVM-wide; 0 where the JVM does not say). */

@@ -11,7 +11,8 @@ import org.apache.spark.SparkConf;
 import org.apache.spark.sql.SparkSession;
 
 /**
- * Builds the SparkSession. Precedence, lowest first: built-in defaults (console progress bar), the file named by system property {@code longctx.conf} or env {@code LONGCTX_CONF}
+ * Builds the SparkSession. Precedence, lowest first: built-in defaults (console progress bar, Parquet reader
+ * batch size), the file named by system property {@code longctx.conf} or env {@code LONGCTX_CONF}
  * (spark-defaults.conf syntax; bin/longctx passes conf/spark-defaults.conf), Spark properties
  * already set (SparkSubmit's --conf), then --master / --conf on the command line.
  * Master: --master, else spark.master if set (SparkSubmit), else local[*]. With a local master
@@ -55,6 +56,10 @@ public final class Sessions {
     // longctx writes no tables: keep Spark's (empty) warehouse directory out of the user's working directory
     conf.put("spark.sql.warehouse.dir", Path.of(System.getProperty("java.io.tmpdir"), "longctx-spark-warehouse-"
         + System.getProperty("user.name", "user")).toUri().toString());
+    // A row of ours holds whole vectors (heads x dim floats): Parquet's default 4096-row batches made the reader
+    // grow 8-16 MiB column vectors in every file it opened, 1.2 GB of garbage for a 200 MB input, and a cold
+    // read stage paid for it in page faults and GC (docs/BENCHMARKS.md, Spark overhead).
+    conf.put("spark.sql.parquet.columnarReaderBatchSize", "256");
     String file = System.getProperty("longctx.conf", System.getenv("LONGCTX_CONF"));
     if (file != null && !file.isEmpty()) {
       conf.putAll(readDefaults(Path.of(file)));

@@ -24,4 +24,11 @@ class SessionsTest {
     assertEquals("10.1.1.1", Sessions.settings(null, List.of("spark.master=local[1]", "spark.driver.host=10.1.1.1"))
         .get("spark.driver.host"), "an explicit driver host wins over the local default");
   }
+
+  @Test
+  void parquetBatchSizeIsADefaultTheCallerCanChange() {
+    assertEquals("256", Sessions.settings(null, List.of()).get("spark.sql.parquet.columnarReaderBatchSize"));
+    assertEquals("4096", Sessions.settings(null, List.of("spark.sql.parquet.columnarReaderBatchSize=4096"))
+        .get("spark.sql.parquet.columnarReaderBatchSize"));
+  }
 }
