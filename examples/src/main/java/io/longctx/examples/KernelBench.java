@@ -140,7 +140,10 @@ public final class KernelBench {
           }
         }
       } catch (NumberFormatException | ArrayIndexOutOfBoundsException e) {
-        System.err.println("bench: " + a + " needs a number, got " + (i < args.length ? "'" + args[i] + "'" : "nothing"));
+        // --op, --only and --impls take a word, the rest a number
+        String what = List.of("--op", "--only", "--impls").contains(a) ? "a value" : "a number";
+        System.err.println("bench: " + a + " needs " + what + ", got " + (i < args.length ? "'" + args[i] + "'"
+            : "nothing"));
         System.exit(2);
       }
     }

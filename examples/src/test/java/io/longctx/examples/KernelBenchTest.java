@@ -77,9 +77,9 @@ class KernelBenchTest {
   void badOptionsAreExit2NamingTheOption() throws Exception {
     String javaBin = Path.of(System.getProperty("java.home"), "bin", "java").toString();
     String[][] cases = {
-        {"--sweep", "0"}, {"--t", "x"}, {"--t"}, {"--block-q", "5"}, {"--frobnicate"}};
+        {"--sweep", "0"}, {"--t", "x"}, {"--t"}, {"--block-q", "5"}, {"--frobnicate"}, {"--op"}};
     String[] expect = {"maxBlocksPerSweep must be >= 1", "--t needs a number, got 'x'", "--t needs a number, got nothing",
-        "blockQ must be a positive multiple", "unknown option --frobnicate"};
+        "blockQ must be a positive multiple", "unknown option --frobnicate", "--op needs a value, got nothing"};
     for (int c = 0; c < cases.length; c++) {
       List<String> cmd = new ArrayList<>(List.of(javaBin, "--add-modules=jdk.incubator.vector", "-cp",
           System.getProperty("java.class.path"), KernelBench.class.getName()));
