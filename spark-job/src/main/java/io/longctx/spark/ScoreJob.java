@@ -148,22 +148,9 @@ public final class ScoreJob {
     Dataset<Token> queryRows = prefill ? null : read(spark, fmt, opt.queries, false, true);
     Shape shape = resolveShape(opt, keyRows, queryRows, prefill);
 
-    // Validate before the shuffle (the file name is known here), then chunk.
     final String keysPath = opt.keys;
     final int chunkLen = opt.chunkLen;
     final Shape sh = shape;
-    Dataset<Token> validKeys = keyRows.map((MapFunction<Token, Token>) t -> validateKey(t, sh, prefill),
-        Encoders.bean(Token.class));
-    Dataset<Chunk> chunks = validKeys
-        .groupByKey((MapFunction<Token, Tuple2<String, Long>>) t -> new Tuple2<>(t.getDocId(),
-            Chunking.index(t.getPos(), chunkLen)), KEY)
-        .mapGroups((MapGroupsFunction<Tuple2<String, Long>, Token, Chunk>) (key, it) -> buildChunk(it, sh, chunkLen,
-            prefill, keysPath),
-            Encoders.bean(Chunk.class));
-    // Not persisted: Spark caches a Dataset as columnar batches built whole in the heap, and with rows
-    // of one chunk each (32 MiB at 4096 tokens x 8 kv heads x 128) that held a whole shuffle partition
-    // per task and ran a 2 GiB executor out of memory on a 1M-token document. The pair stage reads the
-    // chunks from the shuffle once more instead; the plan below needs only each chunk's position range.
 
     Dataset<QueryBlock> blocks = null; // decode only: a prefill block is its chunk's own tokens
     if (!prefill) {
@@ -187,34 +174,42 @@ public final class ScoreJob {
 
       Dataset<Row> result;
       if (prefill) {
-        // Prefill: the work is keyed by query block. Each block receives the K/V of the chunks it sees, in
-        // chunk order, and merges its partial states there (the tree lse_merge would build), so one state per
-        // token leaves the task. K/V per pair is smaller than the q per pair plus a partial state per (token,
-        // chunk) that keying by chunk ships (2 * kv-heads <= 2 * heads), and a task holds one block, not
-        // every block that sees chunk 0.
-        // One pass over the chunks: each sends its q to its own block and its K/V to the blocks that see it. A
-        // block's group sorts its q first, then the K/V in chunk order.
-        Dataset<Chunk> routed = chunks.flatMap((FlatMapFunction<Chunk, Chunk>) c -> {
-          long[] bs = planB.value().blocksOf(c.getDocId(), c.getChunk());
-          List<Chunk> r = new ArrayList<>(bs.length + 1);
-          r.add(c.qForOwnBlock());
-          for (long b : bs) {
-            r.add(c.kvFor(b));
-          }
-          return r.iterator();
-        }, Encoders.bean(Chunk.class));
+        // Prefill: the work is keyed by query block, and a block is its chunk's own tokens. Each key token,
+        // validated where its file is known, goes in one shuffle to the blocks that see its chunk (its K/V)
+        // and to its own block (its q); a block's task assembles the chunks from those rows, in chunk order,
+        // and merges its partial states there (the tree lse_merge would build), so one state per token leaves
+        // the task. K/V per pair is smaller than the q per pair plus a partial state per (token, chunk) that
+        // keying by chunk ships (2 * kv-heads <= 2 * heads), and a task holds one block, not every block that
+        // sees chunk 0. (Building whole chunks first cost a shuffle and a stage of its own: 1.4-2.6 s of a
+        // 65,536-token job.)
+        Dataset<BlockToken> routed = keyRows.flatMap((FlatMapFunction<Token, BlockToken>) t -> route(
+            validateKey(t, sh, true), planB.value(), chunkLen), Encoders.bean(BlockToken.class));
         // A token's states are all merged in its block's task: its one state is final, written from there (an
-        // lse_merge of single states would only add a shuffle).
+        // lse_merge of single states would only add a shuffle). A group sorts its own chunk's rows (the q)
+        // first, then the other chunks in order, each by position.
         result = routed
-            .groupByKey((MapFunction<Chunk, Tuple2<String, Long>>) c -> new Tuple2<>(c.getDocId(), c.getBlock()), KEY)
-            .flatMapSortedGroups(new Column[] {col("q").isNull(), col("chunk")},
-                (FlatMapGroupsFunction<Tuple2<String, Long>, Chunk, Partial>) (key, it) -> computeBlock(it,
-                    planB.value().chunksOf(key._1(), key._2()), sh, attn, task(backend, used)),
+            .groupByKey((MapFunction<BlockToken, Tuple2<String, Long>>) r -> new Tuple2<>(r.getDocId(), r.getBlock()),
+                KEY)
+            .flatMapSortedGroups(new Column[] {col("chunk").notEqual(col("block")), col("chunk"), col("pos")},
+                (FlatMapGroupsFunction<Tuple2<String, Long>, BlockToken, Partial>) (key, it) -> computeBlock(it,
+                    key._2(), planB.value().chunksOf(key._1(), key._2()), sh, attn, task(backend, used), chunkLen,
+                    keysPath),
                 Encoders.bean(Partial.class))
             .toDF()
             .select(col("docId").as("doc_id"), col("pos"), col("o"), col("lse"), col("keyCount").as("n_keys"));
       } else {
         // Decode: few query blocks, many chunks: each chunk receives the (small) query blocks that see it.
+        // The keys are validated before their shuffle (the file name is known there), then chunked.
+        Dataset<Chunk> chunks = keyRows
+            .map((MapFunction<Token, Token>) t -> validateKey(t, sh, false), Encoders.bean(Token.class))
+            .groupByKey((MapFunction<Token, Tuple2<String, Long>>) t -> new Tuple2<>(t.getDocId(),
+                Chunking.index(t.getPos(), chunkLen)), KEY)
+            .mapGroups((MapGroupsFunction<Tuple2<String, Long>, Token, Chunk>) (key, it) -> buildChunk(it, sh, chunkLen,
+                keysPath), Encoders.bean(Chunk.class));
+        // Not persisted: Spark caches a Dataset as columnar batches built whole in the heap, and with rows
+        // of one chunk each (32 MiB at 4096 tokens x 8 kv heads x 128) that held a whole shuffle partition
+        // per task and ran a 2 GiB executor out of memory on a 1M-token document. The pair stage reads the
+        // chunks from the shuffle; the plan needs only each chunk's position range.
         Dataset<QueryBlock> pairs = blocks.flatMap((FlatMapFunction<QueryBlock, QueryBlock>) b -> {
           long[] cs = planB.value().chunksOf(b.getDocId(), b.getBlock());
           List<QueryBlock> r = new ArrayList<>(cs.length);
@@ -555,27 +550,39 @@ public final class ScoreJob {
 
   // ---------------------------------------------------------------- chunks and blocks
 
-  static Chunk buildChunk(Iterator<Token> it, Shape s, int chunkLen, boolean prefill, String keysPath) {
+  /** Decode: the chunk of one group of key tokens, in any order. */
+  static Chunk buildChunk(Iterator<Token> it, Shape s, int chunkLen, String keysPath) {
     List<Token> toks = new ArrayList<>();
     it.forEachRemaining(toks::add);
     toks.sort(Comparator.comparingLong(Token::getPos));
+    return chunkOf(toks, s, chunkLen, keysPath);
+  }
+
+  /**
+   * The chunk of key tokens sorted by position: their K/V (none if the first token carries none) and
+   * their q (none likewise). Two tokens at one position are bad input.
+   */
+  static Chunk chunkOf(List<? extends KeyVectors> toks, Shape s, int chunkLen, String keysPath) {
     int n = toks.size(), d = s.dim();
+    boolean withKv = toks.get(0).getK() != null, withQ = toks.get(0).getQ() != null;
     long[] pos = new long[n];
-    float[] k = new float[s.kvHeads() * n * d];
-    float[] v = new float[k.length];
-    float[] q = prefill ? new float[s.heads() * n * d] : null;
+    float[] k = withKv ? new float[s.kvHeads() * n * d] : null;
+    float[] v = withKv ? new float[k.length] : null;
+    float[] q = withQ ? new float[s.heads() * n * d] : null;
     for (int t = 0; t < n; t++) {
-      Token x = toks.get(t);
+      KeyVectors x = toks.get(t);
       pos[t] = x.getPos();
       if (t > 0 && pos[t] == pos[t - 1]) {
         throw new InputError("KEYS " + keysPath + ": duplicate key for doc '" + x.getDocId() + "' at pos " + pos[t]
             + " ((doc_id, pos) must be unique)");
       }
-      for (int h = 0; h < s.kvHeads(); h++) {
-        System.arraycopy(x.getK(), h * d, k, (h * n + t) * d, d);
-        System.arraycopy(x.getV(), h * d, v, (h * n + t) * d, d);
+      if (withKv) {
+        for (int h = 0; h < s.kvHeads(); h++) {
+          System.arraycopy(x.getK(), h * d, k, (h * n + t) * d, d);
+          System.arraycopy(x.getV(), h * d, v, (h * n + t) * d, d);
+        }
       }
-      if (prefill) {
+      if (withQ) {
         for (int h = 0; h < s.heads(); h++) {
           System.arraycopy(x.getQ(), h * d, q, (h * n + t) * d, d);
         }
@@ -589,6 +596,25 @@ public final class ScoreJob {
     c.setV(v);
     c.setQ(q);
     return c;
+  }
+
+  /**
+   * Prefill: a validated key token's rows, one per block that sees its chunk (with its K/V) and one
+   * for its own block (with its q; one row when that block sees its own chunk, as causal blocks do).
+   */
+  static Iterator<BlockToken> route(Token t, PairPlan plan, int chunkLen) {
+    long c = Chunking.index(t.getPos(), chunkLen);
+    long[] bs = plan.blocksOf(t.getDocId(), c);
+    List<BlockToken> r = new ArrayList<>(bs.length + 1);
+    boolean ownSees = false;
+    for (long b : bs) {
+      r.add(BlockToken.of(t, b, c, true));
+      ownSees |= b == c;
+    }
+    if (!ownSees) {
+      r.add(BlockToken.of(t, c, c, false));
+    }
+    return r.iterator();
   }
 
   static QueryBlock prefillBlock(Chunk c) {
@@ -650,7 +676,7 @@ public final class ScoreJob {
   /**
    * (doc, chunk index, min pos, max pos, key count) of every chunk, by an aggregation over the key
    * positions alone (the vectors are pruned from the scan). Rows without doc_id or pos are left to
-   * the validation in the chunk stage, which names them.
+   * the validation before the keys' shuffle, which names them.
    */
   static List<RangeMeta> chunkRanges(Dataset<Token> keys, int chunkLen) {
     Column pos = col("pos");
@@ -722,20 +748,24 @@ public final class ScoreJob {
   }
 
   /**
-   * Prefill: one query block (the first row: its chunk's q) over the chunks it sees ({@code visible},
-   * ascending), whose K/V rows follow in that order. Each chunk's state is computed when the merge
-   * takes it, and the states merge as {@link AttentionState#mergeAll} merges them (the tree
-   * {@link LseMerge} would build from the same partial states), so a task holds the block, one chunk
-   * and about log2(chunks) states. Yields each token's final state.
+   * Prefill: query block {@code block} over the chunks it sees ({@code visible}, ascending), from its
+   * rows ({@link #route}) sorted as the job sorts them: its own chunk's tokens (with the q) first,
+   * then the other chunks in order, each by position. Each chunk is assembled and its state computed
+   * when the merge takes it, and the states merge as {@link AttentionState#mergeAll} merges them (the
+   * tree {@link LseMerge} would build from the same partial states), so a task holds the block, one
+   * chunk and about log2(chunks) states. Yields each token's final state.
    */
-  static Iterator<Partial> computeBlock(Iterator<Chunk> chunks, long[] visible, Shape s, AttentionOptions attn,
-      AttentionBackend backend) {
+  static Iterator<Partial> computeBlock(Iterator<BlockToken> rows, long block, long[] visible, Shape s,
+      AttentionOptions attn, AttentionBackend backend, int chunkLen, String keysPath) {
     FaultHooks.at(FaultHooks.MAP); // test-only fault injection, off by default
-    Chunk own = chunks.next(); // a group exists because its block's q row does: it sorts first
-    if (own.getQ() == null) {
-      throw new IllegalStateException("query block " + own.getBlock() + " of doc '" + own.getDocId()
-          + "': K/V arrived without the block's q");
+    ChunkRows in = new ChunkRows(rows);
+    List<BlockToken> ownRows = in.take(block);
+    String doc = ownRows.isEmpty() ? null : ownRows.get(0).getDocId();
+    if (ownRows.isEmpty() || ownRows.get(0).getQ() == null) { // the q rows make the group: they sort first
+      throw new IllegalStateException("query block " + block + ": K/V arrived without the block's q");
     }
+    Chunk own = chunkOf(ownRows, s, chunkLen, keysPath);
+    ownRows = null; // the chunk holds their data now
     QueryBlock b = prefillBlock(own);
     int n = b.getQPos().length, h = s.heads(), d = s.dim();
     long[] keys = new long[n];
@@ -753,16 +783,23 @@ public final class ScoreJob {
 
         @Override
         public AttentionState next() {
-          if (!chunks.hasNext()) { // the plan's chunk is lost: an error, never an empty state
-            throw new IllegalStateException("query block " + b.getBlock() + " of doc '" + b.getDocId()
-                + "': the planned key chunk " + visible[i] + " did not arrive");
+          long want = visible[i++];
+          Chunk c;
+          if (want == block) {
+            if (own.getK() == null) {
+              throw new IllegalStateException("query block " + block + " of doc '" + doc
+                  + "': its own chunk is planned but its K/V did not arrive");
+            }
+            c = own;
+          } else {
+            List<BlockToken> part = in.take(want);
+            if (part.isEmpty()) { // the plan's chunk is lost: an error, never an empty state
+              throw new IllegalStateException("query block " + block + " of doc '" + doc + "': the planned key chunk "
+                  + want + (in.hasNext() ? " did not arrive (chunk " + in.nextChunk() + " came instead)"
+                  : " did not arrive"));
+            }
+            c = chunkOf(part, s, chunkLen, keysPath);
           }
-          Chunk c = chunks.next();
-          if (c.getChunk() != visible[i]) {
-            throw new IllegalStateException("query block " + b.getBlock() + " of doc '" + b.getDocId() + "': chunk "
-                + c.getChunk() + " arrived where the plan has chunk " + visible[i]);
-          }
-          i++;
           for (int t = 0; t < n; t++) {
             keys[t] += attn.visibleCount(c.getKPos(), b.getQPos()[t]);
           }
@@ -770,12 +807,41 @@ public final class ScoreJob {
         }
       };
       st = AttentionState.mergeAll(visible.length, states);
-      if (chunks.hasNext()) {
-        throw new IllegalStateException("query block " + b.getBlock() + " of doc '" + b.getDocId()
-            + "': more chunks arrived than the plan's " + visible.length);
-      }
+    }
+    if (in.hasNext()) {
+      throw new IllegalStateException("query block " + block + " of doc '" + doc + "': chunk " + in.nextChunk()
+          + " arrived, which the plan does not pair with it");
     }
     return rows(b, st, t -> keys[t]);
+  }
+
+  /** A block's sorted rows, taken a chunk at a time. */
+  private static final class ChunkRows {
+    private final Iterator<BlockToken> it;
+    private BlockToken next;
+
+    ChunkRows(Iterator<BlockToken> it) {
+      this.it = it;
+      next = it.hasNext() ? it.next() : null;
+    }
+
+    boolean hasNext() {
+      return next != null;
+    }
+
+    long nextChunk() {
+      return next.getChunk();
+    }
+
+    /** The rows of chunk c if they come next, else none. */
+    List<BlockToken> take(long c) {
+      List<BlockToken> r = new ArrayList<>();
+      while (next != null && next.getChunk() == c) {
+        r.add(next);
+        next = it.hasNext() ? it.next() : null;
+      }
+      return r;
+    }
   }
 
   /** One pair's partial states, a row per query. */

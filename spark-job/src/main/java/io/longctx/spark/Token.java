@@ -7,7 +7,7 @@ import java.io.Serializable;
  * docId, optional pos, q). {@code file} is the input file, kept only until the row is validated; {@code bad} a
  * problem found while reading ({@link ScoreJob#readProblem}).
  */
-public class Token implements Serializable {
+public class Token implements Serializable, KeyVectors {
   private static final long serialVersionUID = 1L;
   private String queryId;
   private String docId;
