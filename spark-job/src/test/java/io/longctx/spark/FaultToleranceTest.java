@@ -57,7 +57,9 @@ import org.junit.jupiter.api.io.TempDir;
  *       directory; the Worker ends the orphaned executors;
  *   <li>split {@code ppl} (a 3-layer model, every document split over 4 tasks per layer): an
  *       executor SIGKILLed while it runs layer 1, and injected failures of every layer-1 task:
- *       the same bits as the fault-free cluster run (which matches the in-process one-task path).
+ *       the same bits as the fault-free cluster run (which matches the in-process one-task path);
+ *   <li>prefill (every key token its document's causal query): an executor SIGKILLed in a query
+ *       block's task: the bits of the same job run in this process.
  * </ul>
  *
  * Tasks are paused for a kill by the marker protocol of {@link FaultHooks} (the paused task writes
@@ -309,6 +311,40 @@ class FaultToleranceTest {
     assertEquals(0, r.exitCode(), r.tail());
     assertTrue(r.log().contains("in the " + FaultHooks.layerStage(1, FaultHooks.REDUCE) + " stage"), r.tail());
     assertEquals(ref, pplSums(r.out), "every layer-1 task failed once (seed " + seed + ")");
+  }
+
+  @Test
+  @Order(9)
+  @Timeout(value = 200, unit = TimeUnit.SECONDS)
+  void prefillExecutorKilledInABlockTask() throws Exception {
+    // Prefill sends every key token to its query blocks in one shuffle; a block's task assembles the chunks it
+    // sees and merges their states (the MAP hook). An executor SIGKILLed there loses that task and the shuffle
+    // output it held: the job recovers, with the bits of the same job run in this process.
+    Path dir = Files.createDirectories(tmp.resolve("prefill-data"));
+    Path keys = new TestData(seed, 4, 2, 16).doc("x", 300, 0, 1).doc("y", 120, 30, 2)
+        .writeKeys(spark, dir, "parquet", true);
+    ScoreOptions o = new ScoreOptions();
+    o.mode = ScoreOptions.Mode.PREFILL;
+    o.keys = keys.toString();
+    o.output = dir.resolve("in-process").toString();
+    o.heads = 4;
+    o.chunkLen = 50;
+    ScoreJob.run(spark, o);
+    Map<String, Outputs.Result> ref = Outputs.read(spark, Path.of(o.output), "parquet", true);
+    assertEquals(420, ref.size(), "one row per token");
+    Path out = tmp.resolve("runs").resolve("prefill-kill").resolve("out");
+    Run r = submit("prefill-kill", Map.of(FaultHooks.PAUSE_STAGE, FaultHooks.MAP), true, List.of("score", "--mode",
+        "prefill", "--keys", keys.toString(), "--output", out.toString(), "--heads", "4", "--chunk-len", "50"));
+    long pid = r.awaitPause(FaultHooks.MAP);
+    assertTrue(daemons.stream().anyMatch(d -> d.children().anyMatch(c -> c.pid() == pid)),
+        "pid " + pid + " is not an executor started by a Worker of this test");
+    ProcessHandle victim = ProcessHandle.of(pid).orElseThrow(() -> new AssertionError("no process " + pid));
+    assertTrue(victim.destroyForcibly(), "SIGKILL " + pid);
+    victim.onExit().get(30, TimeUnit.SECONDS);
+    r.await(150);
+    assertEquals(0, r.exitCode(), r.tail());
+    assertTrue(Pattern.compile("Lost executor \\d+ on 127\\.0\\.0\\.1").matcher(r.log()).find(), r.tail());
+    assertSameBits(ref, Outputs.read(spark, out, "parquet", true), "prefill, an executor SIGKILLed in a block task");
   }
 
   // ---------------------------------------------------------------- runs
