@@ -180,7 +180,7 @@ public final class ScoreJob {
         // and merges its partial states there (the tree lse_merge would build), so one state per token leaves
         // the task. K/V per pair is smaller than the q per pair plus a partial state per (token, chunk) that
         // keying by chunk ships (2 * kv-heads <= 2 * heads), and a task holds one block, not every block that
-        // sees chunk 0. (Building whole chunks first cost a shuffle and a stage of its own: 1.4-2.6 s of a
+        // sees chunk 0. (Building whole chunks first cost a shuffle and a stage of its own: 0.9-2.9 s of a
         // 65,536-token job.)
         Dataset<BlockToken> routed = keyRows.flatMap((FlatMapFunction<Token, BlockToken>) t -> route(
             validateKey(t, sh, true), planB.value(), chunkLen), Encoders.bean(BlockToken.class));
@@ -752,8 +752,8 @@ public final class ScoreJob {
    * rows ({@link #route}) sorted as the job sorts them: its own chunk's tokens (with the q) first,
    * then the other chunks in order, each by position. Each chunk is assembled and its state computed
    * when the merge takes it, and the states merge as {@link AttentionState#mergeAll} merges them (the
-   * tree {@link LseMerge} would build from the same partial states), so a task holds the block, one
-   * chunk and about log2(chunks) states. Yields each token's final state.
+   * tree {@link LseMerge} would build from the same partial states), so a task holds the block (with
+   * its own chunk's K/V), one other chunk and about log2(chunks) states. Yields each token's final state.
    */
   static Iterator<Partial> computeBlock(Iterator<BlockToken> rows, long block, long[] visible, Shape s,
       AttentionOptions attn, AttentionBackend backend, int chunkLen, String keysPath) {
