@@ -73,7 +73,7 @@ class ScoreJobTest {
     // ranges (2 under adaptive execution: the aggregation's shuffle stage, then the collect), the output write
     // (2: the shuffle of the tokens to their query blocks, the write; chunks built in a shuffle of their own
     // before routing were a job and a stage more). The sample stays a job of its own on purpose:
-    // riding on the chunk-range aggregation (6 jobs) made that scan decode every vector, which cost more CPU, cold
+    // riding on the chunk-range aggregation (one job less) made that scan decode every vector, which cost more CPU, cold
     // and warm, than the job it saved (docs/BENCHMARKS-HISTORY.md, cold start).
     TestData data = new TestData(7, 4, 2, 16).doc("a", 150, 0, 1).doc("b", 40, 3, 2);
     Path keys = data.writeKeys(spark, tmp, "parquet", true);
