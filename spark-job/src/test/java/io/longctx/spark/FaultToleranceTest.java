@@ -191,14 +191,7 @@ class FaultToleranceTest {
     Map<String, Outputs.Result> ref = reference();
     Run r = submit("kill-executors", Map.of(FaultHooks.PAUSE_STAGE, FaultHooks.MAP + "," + FaultHooks.REDUCE));
     for (String stage : List.of(FaultHooks.MAP, FaultHooks.REDUCE)) {
-      long pid = r.awaitPause(stage);
-      ProcessHandle victim = ProcessHandle.of(pid).orElseThrow(() -> new AssertionError("no process " + pid));
-      assertNotEquals(r.process.pid(), pid, "the hook ran in the driver");
-      // Executors are children of the Worker JVMs.
-      assertTrue(daemons.stream().anyMatch(d -> d.children().anyMatch(c -> c.pid() == pid)),
-          "pid " + pid + " is not an executor started by a Worker of this test");
-      assertTrue(victim.destroyForcibly(), "SIGKILL " + pid); // SIGKILL on Linux
-      victim.onExit().get(30, TimeUnit.SECONDS);
+      killPausedExecutor(r, stage);
     }
     r.await(120);
     assertEquals(0, r.exitCode(), r.tail());
@@ -287,12 +280,7 @@ class FaultToleranceTest {
     Map<String, Double> ref = pplReference();
     String stage = FaultHooks.layerStage(1, FaultHooks.REDUCE);
     Run r = submitPpl("ppl-kill", Map.of(FaultHooks.PAUSE_STAGE, stage));
-    long pid = r.awaitPause(stage);
-    assertTrue(daemons.stream().anyMatch(d -> d.children().anyMatch(c -> c.pid() == pid)),
-        "pid " + pid + " is not an executor started by a Worker of this test");
-    ProcessHandle victim = ProcessHandle.of(pid).orElseThrow(() -> new AssertionError("no process " + pid));
-    assertTrue(victim.destroyForcibly(), "SIGKILL " + pid);
-    victim.onExit().get(30, TimeUnit.SECONDS);
+    killPausedExecutor(r, stage);
     r.await(180);
     assertEquals(0, r.exitCode(), r.tail());
     assertTrue(Pattern.compile("Lost executor \\d+ on 127\\.0\\.0\\.1").matcher(r.log()).find(), r.tail());
@@ -335,12 +323,7 @@ class FaultToleranceTest {
     Path out = tmp.resolve("runs").resolve("prefill-kill").resolve("out");
     Run r = submit("prefill-kill", Map.of(FaultHooks.PAUSE_STAGE, FaultHooks.MAP), true, List.of("score", "--mode",
         "prefill", "--keys", keys.toString(), "--output", out.toString(), "--heads", "4", "--chunk-len", "50"));
-    long pid = r.awaitPause(FaultHooks.MAP);
-    assertTrue(daemons.stream().anyMatch(d -> d.children().anyMatch(c -> c.pid() == pid)),
-        "pid " + pid + " is not an executor started by a Worker of this test");
-    ProcessHandle victim = ProcessHandle.of(pid).orElseThrow(() -> new AssertionError("no process " + pid));
-    assertTrue(victim.destroyForcibly(), "SIGKILL " + pid);
-    victim.onExit().get(30, TimeUnit.SECONDS);
+    killPausedExecutor(r, FaultHooks.MAP);
     r.await(150);
     assertEquals(0, r.exitCode(), r.tail());
     assertTrue(Pattern.compile("Lost executor \\d+ on 127\\.0\\.0\\.1").matcher(r.log()).find(), r.tail());
@@ -403,6 +386,18 @@ class FaultToleranceTest {
     return submit(name, conf, true, List.of("ppl", "--model", pplModel.toString(), "--input", pplInput.toString(),
         "--output", tmp.resolve("runs").resolve(name).resolve("out").toString(), "--chunk-len", "20",
         "--split-above", "0", "--split-partitions", "4"));
+  }
+
+  /** Waits until a task of run r pauses in {@code stage}, then SIGKILLs the executor JVM it runs in. */
+  void killPausedExecutor(Run r, String stage) throws Exception {
+    long pid = r.awaitPause(stage);
+    ProcessHandle victim = ProcessHandle.of(pid).orElseThrow(() -> new AssertionError("no process " + pid));
+    assertNotEquals(r.process.pid(), pid, "the hook ran in the driver");
+    // Executors are children of the Worker JVMs.
+    assertTrue(daemons.stream().anyMatch(d -> d.children().anyMatch(c -> c.pid() == pid)),
+        "pid " + pid + " is not an executor started by a Worker of this test");
+    assertTrue(victim.destroyForcibly(), "SIGKILL " + pid); // SIGKILL on Linux
+    victim.onExit().get(30, TimeUnit.SECONDS);
   }
 
   void assertNoCompleteOutput(Run r, boolean hiddenTempAllowed) throws IOException {
