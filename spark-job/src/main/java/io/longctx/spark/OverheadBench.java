@@ -50,7 +50,7 @@ final class OverheadBench {
       return measure(a, g, chunkLen, dir, out);
     } finally {
       if (ownDir) {
-        deleteTree(dir);
+        LongctxMain.deleteMadeFolder(dir);
       }
     }
   }
@@ -174,15 +174,6 @@ final class OverheadBench {
   private static double cpuSeconds() {
     return ((com.sun.management.OperatingSystemMXBean) java.lang.management.ManagementFactory
         .getOperatingSystemMXBean()).getProcessCpuTime() / 1e9;
-  }
-
-  /** Deletes a folder this command made, with everything in it. */
-  private static void deleteTree(Path dir) throws java.io.IOException {
-    try (java.util.stream.Stream<Path> all = Files.walk(dir)) {
-      for (Path p : all.sorted(java.util.Comparator.reverseOrder()).toList()) {
-        Files.deleteIfExists(p);
-      }
-    }
   }
 
   /** Time the JIT compiler threads spent compiling (JVM-wide; 0 where the JVM does not say). */
