@@ -74,7 +74,8 @@ public final class KernelBench {
       "  --causal                  forward: causal only (default: non-causal, then causal); decode is causal",
       "  --iters N                 timed rounds, the median is reported (default 7)",
       "  --warmup N                untimed rounds first, so the JIT has compiled the kernels (default 5)",
-      "  --block-q BQ, --block-k BK  Java kernel tile: query rows x keys (default 32 x 128)",
+      "  --block-q BQ, --block-k BK  Java kernel tile: query rows x keys (default " + CpuAttention.DEFAULT_BLOCK_Q
+          + " x 128: 64 rows where the vectors are 512-bit, else 32)",
       "  --sweep N                 forward: at most N query blocks of a head sweep the keys together, tile by",
       "                            tile (default " + CpuAttention.DEFAULT_MAX_BLOCKS_PER_SWEEP + "; fewer where L2 or the task count says so;"
           + " 1: each block alone)",
@@ -100,7 +101,7 @@ public final class KernelBench {
   public static void main(String[] args) {
     String op = "all";
     int t = 4096, tk = -1, heads = -1, kvHeads = -1, dim = 128, iters = 7, warmup = 5;
-    int blockQ = 32, blockK = 128, sweep = CpuAttention.DEFAULT_MAX_BLOCKS_PER_SWEEP, split = CpuAttention.DEFAULT_SPLIT_LEN, callers = 1;
+    int blockQ = CpuAttention.DEFAULT_BLOCK_Q, blockK = 128, sweep = CpuAttention.DEFAULT_MAX_BLOCKS_PER_SWEEP, split = CpuAttention.DEFAULT_SPLIT_LEN, callers = 1;
     Boolean causal = null;
     boolean anchor = true;
     boolean plain = false; // djl-plain is slow (seconds a call) and memory-hungry: only when asked

@@ -37,8 +37,14 @@ public final class CpuAttention implements AttentionBackend {
   /** Upper bound of query blocks per key sweep (docs/BENCHMARKS.md, "Loop order"). */
   public static final int DEFAULT_MAX_BLOCKS_PER_SWEEP = 8;
 
+  /**
+   * Query rows per block by default: 32, or enough lanes for the four-vector inner loops where they
+   * run (64 with 512-bit vectors). Measured, docs/BENCHMARKS.md.
+   */
+  public static final int DEFAULT_BLOCK_Q = Math.max(32, (TileMath.WIDE ? 2 : 1) * TileMath.GROUP);
+
   /** Tile sizes chosen by measurement (docs/BENCHMARKS.md). */
-  public static final CpuAttention DEFAULT = new CpuAttention(32, 128);
+  public static final CpuAttention DEFAULT = new CpuAttention(DEFAULT_BLOCK_Q, 128);
 
   /**
    * The kernels' worker pool, one thread per core, shared by every caller. Not the common pool: with
