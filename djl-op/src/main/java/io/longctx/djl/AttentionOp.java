@@ -12,6 +12,9 @@ import io.longctx.kernels.AttentionState;
 import io.longctx.kernels.CpuAttention;
 import io.longctx.kernels.CudaAttention;
 import io.longctx.kernels.Tensor;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.FloatBuffer;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Objects;
@@ -598,22 +601,47 @@ public final class AttentionOp {
     return out;
   }
 
-  /** The kernel's state (rows b*T+t, [rows, H, D]) as NDList(o, lse) in the layout, on the manager. */
+  /**
+   * The kernel's state (rows b*T+t, [rows, H, D]) as NDList(o, lse) in the layout, on the manager,
+   * in one pass each: new (uninitialized) libtorch arrays, written through their direct buffers, and
+   * for BHTD transposed on the way. Before, a create(float[]) copy and a transpose-and-duplicate took
+   * two passes over o (docs/BENCHMARKS.md, "Four-vector register blocks"). The memory is libtorch's
+   * own, so views of the outputs stay valid after the outputs are closed (a create(float[]) array's
+   * memory lives only as long as that array).
+   */
   private static NDList stateToNd(NDManager m, AttentionState st, int batch, int t, int heads, int dim,
       Layout layout) {
-    NDArray o = m.create(st.o(), new Shape(batch, t, heads, dim));
-    NDArray lse = m.create(st.lse(), new Shape(batch, t, heads));
-    if (layout == Layout.BHTD) {
-      // Copies, not views: create(float[]) wraps a direct buffer that only the base array keeps alive,
-      // so a view outliving a closed base would read freed memory (seen as rare wrong merges).
-      NDArray o2 = o.transpose(0, 2, 1, 3).duplicate();
-      NDArray l2 = lse.transpose(0, 2, 1).duplicate();
-      o.close();
-      lse.close();
-      o = o2;
-      lse = l2;
+    float[] o = st.o(), lse = st.lse();
+    boolean bthd = layout == Layout.BTHD;
+    NDArray on = m.create(bthd ? new Shape(batch, t, heads, dim) : new Shape(batch, heads, t, dim), DataType.FLOAT32);
+    NDArray ln = m.create(bthd ? new Shape(batch, t, heads) : new Shape(batch, heads, t), DataType.FLOAT32);
+    if (o.length > 0) {
+      FloatBuffer of = directFloats(on), lf = directFloats(ln);
+      if (bthd) {
+        of.put(o);
+        lf.put(lse);
+      } else {
+        for (int b = 0; b < batch; b++) {
+          for (int h = 0; h < heads; h++) {
+            for (int tt = 0; tt < t; tt++) {
+              int from = (b * t + tt) * heads + h, to = (b * heads + h) * t + tt;
+              of.put(to * dim, o, from * dim, dim);
+              lf.put(to, lse[from]);
+            }
+          }
+        }
+      }
     }
-    return new NDList(o, lse);
+    return new NDList(on, ln);
+  }
+
+  /** The memory of a new contiguous CPU float32 array, writable in place. */
+  private static FloatBuffer directFloats(NDArray a) {
+    ByteBuffer b = a.toByteBuffer(true);
+    if (!b.isDirect()) {
+      throw new IllegalStateException("expected a direct view of a new CPU array's memory, got a copy");
+    }
+    return b.order(ByteOrder.nativeOrder()).asFloatBuffer();
   }
 
   private LibtorchSdpa sdpa() {
