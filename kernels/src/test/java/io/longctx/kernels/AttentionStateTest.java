@@ -222,6 +222,48 @@ class AttentionStateTest {
     assertThrows(IllegalArgumentException.class, () -> AttentionState.of(new float[3], new float[1], 1, 1, 2));
   }
 
+  /**
+   * The o loop of the merge runs in vectors where the machine has them, with a scalar tail: every
+   * element must still be the scalar formula's bits, and a NaN is named by its dim in either part.
+   */
+  @Test
+  void mergeOfOIsTheScalarFormulaBitForBitAndNamesTheDimOfANaN() {
+    long seed = 20261124;
+    SplittableRandom rng = new SplittableRandom(seed);
+    int pairs = 7;
+    for (int dim : new int[] {1, 3, 4, 7, 8, 13, 64, 67}) {
+      float[] aO = new float[pairs * dim], bO = new float[pairs * dim], aL = new float[pairs], bL = new float[pairs];
+      for (int i = 0; i < aO.length; i++) {
+        aO[i] = (float) rng.nextGaussian();
+        bO[i] = (float) (rng.nextGaussian() * 100);
+      }
+      for (int p = 0; p < pairs; p++) {
+        aL[p] = (float) (rng.nextGaussian() * 10);
+        bL[p] = (float) (rng.nextGaussian() * 10);
+      }
+      float[] outO = new float[pairs * dim], outL = new float[pairs];
+      AttentionState.mergeInto(aO, aL, 0, bO, bL, 0, outO, outL, 0, pairs, dim);
+      for (int p = 0; p < pairs; p++) {
+        double m = Math.max(aL[p], bL[p]);
+        double wa = StrictMath.exp(aL[p] - m), wb = StrictMath.exp(bL[p] - m);
+        double inv = 1.0 / (wa + wb);
+        wa *= inv;
+        wb *= inv;
+        for (int d = 0; d < dim; d++) {
+          int i = p * dim + d;
+          float want = (float) (wa * aO[i] + wb * bO[i]);
+          assertEquals(Float.floatToIntBits(want), Float.floatToIntBits(outO[i]),
+              "dim " + dim + ", entry " + p + ", element " + d + " (seed " + seed + ")");
+        }
+      }
+      int at = rng.nextInt(dim);
+      bO[2 * dim + at] = Float.NaN;
+      IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+          () -> AttentionState.mergeInto(aO, aL, 0, bO, bL, 0, outO, outL, 0, pairs, dim));
+      assertTrue(e.getMessage().contains("entry 2: NaN in o at dim " + at), e.getMessage() + " (seed " + seed + ")");
+    }
+  }
+
   @Test
   void foreignStatesAreConverted() {
     // FlashInfer: base-2 lse. FlashAttention-2: +inf for rows with no key.
