@@ -100,7 +100,7 @@ final class TileMath {
   static void scores(float[] k, int kOff, int kStride, int nx, int nk,
       float[] qt, int qtStride, float[] s, int sStride, int lanes, float scale, float[] hi, float[] sum) {
     int end = sixRowsEnd(nx);
-    int wide = WIDE ? lanes / (2 * GROUP) * (2 * GROUP) : 0;
+    int wide = wideLanes(lanes);
     for (int g = 0; g < wide; g += 2 * GROUP) {
       scores6x4(k, kOff, kStride, end, nk, qt, g, qtStride, s, g, sStride, scale);
       fold(s, g, sStride, end, g, 4, hi, sum);
@@ -121,6 +121,11 @@ final class TileMath {
         scores1(k, kOff + x * kStride, nk, qt, g, qtStride, s, x * sStride + g, scale, hi, sum);
       }
     }
+  }
+
+  /** The lanes, from 0, that the four-vector blocks take: whole pairs of groups, none unless {@link #WIDE}. */
+  private static int wideLanes(int lanes) {
+    return WIDE ? lanes / (2 * GROUP) * (2 * GROUP) : 0;
   }
 
   /**
@@ -424,7 +429,7 @@ final class TileMath {
   static void accumulate(float[] v, int vOff, int vStride, int nx, int nk,
       float[] p, int pStride, float[] ot, int otStride, int lanes) {
     int end = sixRowsEnd(nx);
-    int wide = WIDE ? lanes / (2 * GROUP) * (2 * GROUP) : 0;
+    int wide = wideLanes(lanes);
     for (int g = 0; g < wide; g += 2 * GROUP) {
       accumulate6x4(v, vOff, vStride, end, nk, p, g, pStride, ot, g, otStride);
     }
