@@ -317,11 +317,6 @@ public final class AttentionOp {
         o = temp(o.transpose(0, 2, 1, 3), q, scope);
         lse = temp(lse.transpose(0, 2, 1), q, scope);
       }
-      // The TorchScript module runs in libtorch's inference mode: its outputs are inference tensors,
-      // which a later op recording gradients (a Block's Linear on a thread with grad mode on) refuses.
-      // A copy made here, outside that mode, is a normal tensor (O(T x D); ThreadsTest).
-      o = o.duplicate();
-      lse = lse.duplicate();
       o.attach(out);
       lse.attach(out);
       return new NDList(o, lse);

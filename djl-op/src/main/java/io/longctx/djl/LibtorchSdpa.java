@@ -105,7 +105,10 @@ public final class LibtorchSdpa implements AutoCloseable {
    */
   public NDList forward(NDArray q, NDArray k, NDArray v, boolean causal) {
     Block block = (causal ? causalModel : fullModel).getBlock();
-    return block.forward(params, new NDList(q, k, v), false);
+    // training = true runs the module outside libtorch's inference mode (the module has no training-only
+    // behavior): inference-mode outputs would be inference tensors, which a later op recording gradients
+    // (a Block's Linear on a thread with grad mode on) refuses, and copying them cost a pass over o (ThreadsTest).
+    return block.forward(params, new NDList(q, k, v), true);
   }
 
   /**
