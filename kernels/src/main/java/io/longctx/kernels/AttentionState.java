@@ -58,6 +58,14 @@ public final class AttentionState {
     return s;
   }
 
+  /**
+   * Wraps the output of a kernel that wrote every entry itself and checked each one as it did
+   * ({@link TileWorker}: finite o, finite or -inf lse): no second scan.
+   */
+  static AttentionState ofWritten(float[] o, float[] lse, int rows, int heads, int dim) {
+    return wrap(o, lse, rows, heads, dim);
+  }
+
   /** Base of the lse a foreign producer wrote. */
   public enum LseBase {
     /** natural log: ours, PyTorch, FlashAttention. */

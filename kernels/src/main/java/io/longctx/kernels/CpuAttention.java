@@ -153,12 +153,16 @@ public final class CpuAttention implements AttentionBackend {
   @Override
   public AttentionState forward(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
     Problem p = new Problem(q, k, v, qPos, kPos, opt);
-    float[] o = poisoned(p.rows * p.heads * p.dim);
-    float[] lse = poisoned(p.rows * p.heads);
+    // Not poisoned and scanned afterwards, as decode's partials are: TileWorker.finish writes every entry of
+    // each row it holds and refuses a non-finite one, and the tasks' rows are counted below. (The poison fill
+    // and the scan ran on one thread after the parallel part: 5% of a call at T = 1024, docs/BENCHMARKS.md.)
+    float[] o = new float[p.rows * p.heads * p.dim];
+    float[] lse = new float[p.rows * p.heads];
     int qBlocks = (p.tq + blockQ - 1) / blockQ;
     int perSweep = blocksPerSweep(qBlocks, p.batch * p.heads, p.dim);
     int sweeps = (qBlocks + perSweep - 1) / perSweep;
     int tasks = p.batch * p.heads * sweeps;
+    int[] written = new int[tasks];
     parallelFor(tasks, task -> {
       int sw = task % sweeps;
       int bh = task / sweeps;
@@ -184,14 +188,22 @@ public final class CpuAttention implements AttentionBackend {
       }
       for (int i = 0; i < qb1 - qb0; i++) {
         ws[i].finish(p, o, lse, null);
+        written[task] += ws[i].rows();
       }
     });
-    return AttentionState.of(o, lse, p.rows, p.heads, p.dim);
+    long total = 0;
+    for (int w : written) {
+      total += w;
+    }
+    if (total != (long) p.rows * p.heads) { // a bug of the task split, never the caller's input
+      throw new IllegalStateException("forward wrote " + total + " (row, head) entries of " + (long) p.rows * p.heads);
+    }
+    return AttentionState.ofWritten(o, lse, p.rows, p.heads, p.dim);
   }
 
   /**
-   * Output buffers start as NaN so that an entry the kernel failed to write cannot pass for a
-   * result: {@link AttentionState#of} rejects NaN.
+   * Split-K partials start as NaN so that an entry the kernel failed to write (a row the unified
+   * max left for its second pass) cannot pass for a result: {@link AttentionState#of} rejects NaN.
    */
   private static float[] poisoned(int n) {
     float[] x = new float[n];

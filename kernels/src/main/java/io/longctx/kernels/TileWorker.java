@@ -93,6 +93,11 @@ final class TileWorker {
     rowPosMax = i == 0 ? pos : Math.max(rowPosMax, pos);
   }
 
+  /** Query rows in the block. */
+  int rows() {
+    return rows;
+  }
+
   boolean flagged(int lane) {
     return flags[lane];
   }
@@ -391,6 +396,11 @@ final class TileWorker {
         o[out * d + c] = x;
       }
       double rowLse = max[i] + StrictMath.log(l); // StrictMath: same bits on every JVM
+      if (!Float.isFinite((float) rowLse)) { // unreachable while scores are finite; forward relies on the check
+        int row = out / p.heads;
+        throw new IllegalArgumentException("non-finite lse " + rowLse + " at batch " + row / p.tq + ", head "
+            + out % p.heads + ", query token " + row % p.tq);
+      }
       if (lse64 != null) {
         lse64[out] = rowLse;
       } else {
