@@ -41,7 +41,8 @@ import java.util.Objects;
  *
  * <p><b>Paths.</b> On CPU each forward call goes to one of two implementations, both exact and both
  * returning lse ({@link #choose}): libtorch's fused CPU flash attention (through
- * {@link LibtorchSdpa}; zero-copy, the arrays are passed as they are) or our Java kernel
+ * {@link LibtorchSdpa}; zero-copy both ways: the arrays go in as they are, and libtorch's outputs
+ * come back as they are, in BHTD strided views of its [B, T, H, *] storage) or our Java kernel
  * ({@link CpuAttention}; the kernel reads {@code float[]}, so q, k, v are copied once into the JVM
  * and o, lse once out, O(T*D) each). Memory is O(T*D) on both paths; no T x T matrix is formed.
  * Decoding and merging always use the Java kernels. Where the one backend selector
