@@ -332,7 +332,7 @@ public final class PplJob {
       Row totals = result.agg(functions.count(functions.lit(1)), functions.sum("n_tokens")).first();
       long docCount = totals.getLong(0);
       long tokens = totals.isNullAt(1) ? 0 : totals.getLong(1);
-      commit.write(spark, result.write().format(opt.resolvedOutputFormat()));
+      commit.write(spark, Formats.output(result.write(), opt.resolvedOutputFormat()));
       double wall = (System.nanoTime() - t0) / 1e9;
       return new Summary(docCount, tokens, wall, opt.model, opt.output, splitAbove, split == null ? null : split.stats);
     } finally {

@@ -245,9 +245,7 @@ public final class ScoreJob {
         result = result.union(unseen);
       }
 
-      // Dictionary encoding is wasted on o/lse (float arrays with hardly a repeated value): the
-      // writer builds a hash map per page, then falls back to plain (a few percent of the job's CPU in a JFR profile).
-      commit.write(spark, result.write().format(opt.resolvedOutputFormat()).option("parquet.enable.dictionary", "false"));
+      commit.write(spark, Formats.output(result.write(), opt.resolvedOutputFormat()));
       double wall = (System.nanoTime() - t0) / 1e9;
       java.util.TreeSet<String> ran = new java.util.TreeSet<>(used.value());
       String backendUsed = backend.name + (ran.isEmpty() ? " (no pair computed)" : " (tasks ran on " + String.join(", ",
