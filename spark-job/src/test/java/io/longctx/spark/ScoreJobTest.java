@@ -90,6 +90,40 @@ class ScoreJobTest {
         + "change here changes the fixed cost every run pays; update this figure only on purpose: " + jobs);
   }
 
+  @Test
+  void outputArraysAreTwoLevelParquetListsThatReadBackAsFloatArrays() throws Exception {
+    // Formats.output: two-level lists cost a third less to write than three-level ones (docs/BENCHMARKS.md,
+    // "Parquet output"); a Spark upgrade that stopped honoring the per-write option would show here.
+    TestData data = new TestData(5, 2, 1, 8).doc("a", 40, 0, 1);
+    ScoreOptions o = new ScoreOptions();
+    o.mode = ScoreOptions.Mode.PREFILL;
+    o.keys = data.writeKeys(spark, tmp, "parquet", true).toString();
+    o.output = tmp.resolve("two-level").toString();
+    o.heads = 2;
+    o.chunkLen = 16;
+    ScoreJob.run(spark, o);
+    Path part;
+    try (var files = java.nio.file.Files.list(Path.of(o.output))) {
+      part = files.filter(f -> f.getFileName().toString().endsWith(".parquet")).findFirst().orElseThrow();
+    }
+    org.apache.parquet.schema.MessageType schema;
+    try (var reader = org.apache.parquet.hadoop.ParquetFileReader.open(org.apache.parquet.hadoop.util.HadoopInputFile
+        .fromPath(new org.apache.hadoop.fs.Path(part.toUri()), new org.apache.hadoop.conf.Configuration()))) {
+      schema = reader.getFooter().getFileMetaData().getSchema();
+    }
+    for (String column : List.of("o", "lse")) {
+      org.apache.parquet.schema.GroupType list = schema.getType(column).asGroupType();
+      org.apache.parquet.schema.Type element = list.getType(0);
+      assertTrue(element.isPrimitive() && element.isRepetition(org.apache.parquet.schema.Type.Repetition.REPEATED),
+          column + " is not a two-level list: " + schema);
+    }
+    org.apache.spark.sql.types.StructType read = spark.read().parquet(o.output).schema();
+    // Spark reads back the schema it wrote (file columns are written nullable): the same as three-level lists give.
+    assertEquals(org.apache.spark.sql.types.DataTypes.createArrayType(org.apache.spark.sql.types.DataTypes.FloatType),
+        read.apply("o").dataType(), read.treeString());
+    assertEquals(40, spark.read().parquet(o.output).count());
+  }
+
   static List<Row> rows(TestData d) {
     return new ArrayList<>(d.keyRows(true));
   }
