@@ -2,10 +2,6 @@ package io.longctx.kernels;
 
 import java.util.List;
 import java.util.Objects;
-import jdk.incubator.vector.DoubleVector;
-import jdk.incubator.vector.FloatVector;
-import jdk.incubator.vector.VectorOperators;
-import jdk.incubator.vector.VectorSpecies;
 
 /**
  * The partial result of attention over some set of keys: for each (row, head) a normalized output
@@ -244,13 +240,6 @@ public final class AttentionState {
   }
 
   /**
-   * Whether the merge's o loop runs in vectors ({@link VectorO}): only where the Vector API module
-   * is present (the merge itself does not need it: a caller that never runs a CPU kernel may leave
-   * it out), and checked before {@link VectorO} is loaded.
-   */
-  private static final boolean VECTOR_MERGE = VectorSupport.present() && VectorO.worthIt();
-
-  /**
    * The merge of one (row, head) entry, the only copy of the merge arithmetic: o of a at
    * {@code ao} with lse {@code la}, o of b at {@code bo} with lse {@code lb}, into out at
    * {@code oo}; returns the merged lse in float64 (callers round or keep it). Reads both inputs
@@ -274,8 +263,10 @@ public final class AttentionState {
     double inv = 1.0 / (wa + wb);
     wa *= inv;
     wb *= inv;
-    int d = VECTOR_MERGE ? VectorO.merge(aO, ao, bO, bo, wa, wb, outO, oo, dim) : 0;
-    for (; d < dim; d++) {
+    // Scalar on purpose (docs/BENCHMARKS.md, "Vector API profile pollution"): a Vector API form of this
+    // loop (float-to-double shape changes) made C2 compile the kernel's exp without its intrinsics in a
+    // JVM where merges ran before the kernel was compiled: the kernel ran 18x slower there.
+    for (int d = 0; d < dim; d++) {
       float x = aO[ao + d];
       float y = bO[bo + d];
       if (x != x || y != y) {
@@ -285,39 +276,6 @@ public final class AttentionState {
     }
     // One weight is exactly 1, so log(wa + wb) = log1p(the other one).
     return m + StrictMath.log1p(Math.min(wa, wb) / Math.max(wa, wb));
-  }
-
-  /**
-   * The merge's o loop in vectors of 4 doubles and 4 floats: the same float64 mul, mul, add and
-   * rounding to float32 per element as the scalar loop of {@link #mergeEntry}, so the same bits
-   * (AttentionStateTest). 2.4x (dim 64) and 3x (dim 128) faster than scalar on a Xeon 6/207; 8 lanes
-   * (512-bit doubles) gained less there (1.9x, 2.8x). Only where the machine has 256-bit vectors: on
-   * 128-bit ones the Vector API's 64-bit float vectors fall back to plain Java (3.7x slower than
-   * scalar, measured with -XX:MaxVectorSize=16).
-   */
-  private static final class VectorO {
-    private static final VectorSpecies<Double> D = DoubleVector.SPECIES_256;
-    private static final VectorSpecies<Float> F = FloatVector.SPECIES_128;
-
-    static boolean worthIt() {
-      return DoubleVector.SPECIES_PREFERRED.vectorBitSize() >= 256;
-    }
-
-    /** Merges dims [0, k) and returns k: where the vectors stop, or the block holding a NaN. */
-    static int merge(float[] aO, int ao, float[] bO, int bo, double wa, double wb, float[] outO, int oo, int dim) {
-      int d = 0;
-      for (int end = F.loopBound(dim); d < end; d += F.length()) {
-        FloatVector x = FloatVector.fromArray(F, aO, ao + d);
-        FloatVector y = FloatVector.fromArray(F, bO, bo + d);
-        if (x.compare(VectorOperators.NE, x).or(y.compare(VectorOperators.NE, y)).anyTrue()) {
-          break; // the scalar loop names the dim
-        }
-        DoubleVector r = ((DoubleVector) x.convertShape(VectorOperators.F2D, D, 0)).mul(wa)
-            .add(((DoubleVector) y.convertShape(VectorOperators.F2D, D, 0)).mul(wb));
-        r.convertShape(VectorOperators.D2F, F, 0).reinterpretAsFloats().intoArray(outO, oo + d);
-      }
-      return d;
-    }
   }
 
   private void requireSameShape(AttentionState other) {

@@ -7,10 +7,6 @@ final class VectorSupport {
 
   private VectorSupport() {}
 
-  static boolean present() {
-    return PRESENT;
-  }
-
   static void require() {
     if (!PRESENT) {
       throw new IllegalStateException("longctx CPU kernels need the JDK Vector API: start java with "

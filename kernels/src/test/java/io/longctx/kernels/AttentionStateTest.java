@@ -265,6 +265,21 @@ class AttentionStateTest {
   }
 
   @Test
+  void theMergeStaysOffTheVectorApi() throws Exception {
+    // A Vector API merge (float-to-double shape changes) shared the library's conversion code with the
+    // kernel's exp, and in a JVM where merges ran first C2 compiled the kernel without its intrinsics:
+    // 8.7 against 155-163 GFLOP/s (docs/BENCHMARKS.md, "Vector API profile pollution"). Keep the merge
+    // scalar unless a new form is measured in that order.
+    for (Class<?> c : AttentionState.class.getNestMembers()) { // nested classes have class files of their own
+      String file = c.getName().substring(c.getPackageName().length() + 1) + ".class";
+      try (var in = AttentionState.class.getResourceAsStream(file)) {
+        String bytes = new String(in.readAllBytes(), java.nio.charset.StandardCharsets.ISO_8859_1);
+        assertTrue(!bytes.contains("jdk/incubator/vector"), file + " uses the Vector API");
+      }
+    }
+  }
+
+  @Test
   void foreignStatesAreConverted() {
     // FlashInfer: base-2 lse. FlashAttention-2: +inf for rows with no key.
     float[] o = {1, 2, 3, 4, 5, 6};
