@@ -223,8 +223,8 @@ class AttentionStateTest {
   }
 
   /**
-   * The o loop of the merge runs in vectors where the machine has them, with a scalar tail: every
-   * element must still be the scalar formula's bits, and a NaN is named by its dim in either part.
+   * The merge's o loop is the scalar formula, bit for bit, at dims around vector widths, and a NaN
+   * is named by its dim: any faster form of the loop must keep both.
    */
   @Test
   void mergeOfOIsTheScalarFormulaBitForBitAndNamesTheDimOfANaN() {
