@@ -105,28 +105,65 @@ public final class AttentionOp {
 
   /** Runs two ways of computing one call and says which was faster. */
   interface Calibrator {
-    Path faster(ShapeClass shape, Runnable java, Runnable libtorch);
+    Measured faster(ShapeClass shape, Runnable java, Runnable libtorch);
+  }
+
+  /** A calibration's answer, and the best times behind it (NaN where not timed) for the log. */
+  record Measured(Path faster, double javaMs, double libtorchMs, int rounds) {
+    static Measured untimed(Path faster) {
+      return new Measured(faster, Double.NaN, Double.NaN, 0);
+    }
   }
 
   /**
-   * The measurement: each path once untimed (JIT, lazy set-up), then twice each, alternating; the
-   * faster best time wins. Costs five extra runs of the first call of each shape class.
+   * The measurement: each path once untimed (JIT, lazy set-up), then rounds that time each path once
+   * after a pause, the order swapping every round; the faster best time wins.
+   *
+   * <p>Why so many calls: single calls on a shared 2-core machine have a slow tail of 1.5-2x on both
+   * paths (libtorch's allocations fault in fresh pages, compiles and other processes take a core), and
+   * the paths are often within 25% of each other, so two rounds picked the slower path now and then
+   * (docs/BENCHMARKS.md). Rounds go on while they are cheap: at least {@code minRounds}, then until
+   * {@code budgetNanos} of wall time (pauses included) or {@code maxRounds}, so a 20 ms call gets
+   * many and a second-long one two. The pause lets libtorch's OpenMP workers, which spin for a while
+   * after each op, stop before the Java path is timed (they cost it up to 30% at 20 ms calls); it is
+   * {@code maxPauseMillis}, or twice the untimed libtorch call where that is shorter, so that tiny
+   * calls are not measured mostly asleep.
    */
-  static final Calibrator TIMED = (shape, java, libtorch) -> {
-    java.run();
-    libtorch.run();
-    long j = Long.MAX_VALUE, l = Long.MAX_VALUE;
-    for (int i = 0; i < 2; i++) {
-      long t0 = System.nanoTime();
+  static Calibrator timed(int minRounds, int maxRounds, long budgetNanos, long maxPauseMillis) {
+    return (shape, java, libtorch) -> {
       java.run();
-      long t1 = System.nanoTime();
+      long t = System.nanoTime();
       libtorch.run();
-      long t2 = System.nanoTime();
-      j = Math.min(j, t1 - t0);
-      l = Math.min(l, t2 - t1);
+      long pauseMillis = Math.min(maxPauseMillis, Math.max(1, 2 * (System.nanoTime() - t) / 1_000_000));
+      Runnable[] paths = {java, libtorch};
+      long[] best = {Long.MAX_VALUE, Long.MAX_VALUE};
+      long start = System.nanoTime();
+      int rounds = 0;
+      while (rounds < maxRounds && (rounds < minRounds || System.nanoTime() - start < budgetNanos)) {
+        for (int i = 0; i < 2; i++) {
+          int p = (rounds + i) % 2;
+          pause(pauseMillis);
+          long t0 = System.nanoTime();
+          paths[p].run();
+          best[p] = Math.min(best[p], System.nanoTime() - t0);
+        }
+        rounds++;
+      }
+      return new Measured(best[0] < best[1] ? Path.JAVA : Path.LIBTORCH, best[0] / 1e6, best[1] / 1e6, rounds);
+    };
+  }
+
+  /** The operator's calibration: 2 to 8 rounds within 1 s, pauses up to 50 ms (the bench's). */
+  static final Calibrator TIMED = timed(2, 8, 1_000_000_000L, 50);
+
+  private static void pause(long millis) {
+    try {
+      Thread.sleep(millis);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IllegalStateException("interrupted while measuring the attention paths", e);
     }
-    return j < l ? Path.JAVA : Path.LIBTORCH;
-  };
+  }
 
   /** At or below this many query rows the Java path uses split-K ({@link CpuAttention#decode}). */
   static final int SPLIT_K_MAX_QUERY_ROWS = 16;
@@ -246,11 +283,14 @@ public final class AttentionOp {
         throw new IllegalArgumentException("-D" + PATH_PROPERTY + " must be auto, java or libtorch, got '" + forced + "'");
     }
     return calibrated.computeIfAbsent(ShapeClass.of(d, opt, layout), shape -> {
-      Path p = calibrator.faster(shape,
+      Measured m = calibrator.faster(shape,
           () -> javaForward(q, k, v, d, qPos, kPos, opt, layout).close(),
           () -> libtorchForward(s, q, k, v, d, opt, layout).close());
-      LOG.log(System.Logger.Level.INFO, "attention path for {0}: {1} (measured on this machine)", shape, p);
-      return p;
+      LOG.log(System.Logger.Level.INFO, () -> m.rounds() == 0
+          ? String.format("attention path for %s: %s", shape, m.faster())
+          : String.format("attention path for %s: %s (measured on this machine: best java %.2f ms, libtorch %.2f ms,"
+              + " %d rounds)", shape, m.faster(), m.javaMs(), m.libtorchMs(), m.rounds()));
+      return m.faster();
     });
   }
 

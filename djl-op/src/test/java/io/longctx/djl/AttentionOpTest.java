@@ -12,6 +12,7 @@ import ai.djl.ndarray.NDManager;
 import ai.djl.ndarray.types.DataType;
 import ai.djl.ndarray.types.Shape;
 import io.longctx.djl.AttentionOp.Layout;
+import io.longctx.djl.AttentionOp.Measured;
 import io.longctx.djl.AttentionOp.Path;
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.CpuAttention;
@@ -109,7 +110,7 @@ class AttentionOpTest {
     org.junit.jupiter.api.Assumptions.assumeFalse(io.longctx.kernels.CudaProbe.status().available(),
         "a GPU is present: AUTO takes the CUDA path");
     // Where both paths compute the call, the calibration decides: here a stand-in that says libtorch.
-    AttentionOp op = new AttentionOp(CpuAttention.DEFAULT, (shape, java, libtorch) -> Path.LIBTORCH);
+    AttentionOp op = new AttentionOp(CpuAttention.DEFAULT, (shape, java, libtorch) -> Measured.untimed(Path.LIBTORCH));
     try (NDManager m = manager.newSubManager()) {
       NDArray big = m.randomNormal(new Shape(1, 4, 256, 64));
       NDArray one = m.randomNormal(new Shape(1, 4, 1, 64));
@@ -293,7 +294,7 @@ class AttentionOpTest {
       calls.incrementAndGet();
       java.run();
       libtorch.run();
-      return shape.causal() ? Path.JAVA : Path.LIBTORCH;
+      return Measured.untimed(shape.causal() ? Path.JAVA : Path.LIBTORCH);
     });
     try (NDManager m = manager.newSubManager()) {
       NDArray a = m.randomNormal(new Shape(1, 2, 100, 32));
@@ -323,6 +324,46 @@ class AttentionOpTest {
         }
       }
       assertEquals(2, calls.get());
+    }
+  }
+
+  @Test
+  void theTimedCalibrationOutlastsASlowStartAndAlternatesOrder() {
+    // libtorch's first two timed calls hit the slow tail (30 ms), then it runs 5 ms; Java always 20 ms.
+    // Two rounds alone would pick Java; the budget buys more rounds. Sleeps only overshoot, so a
+    // loaded machine cannot turn the answer around (5 ms would have to take 20 in every later round).
+    StringBuilder order = new StringBuilder();
+    int[] libtorchCalls = {0};
+    Measured m = AttentionOp.timed(2, 8, 250_000_000L, 0).faster(null,
+        () -> {
+          order.append('J');
+          sleep(20);
+        },
+        () -> {
+          order.append('L');
+          int n = libtorchCalls[0]++;
+          sleep(n >= 1 && n <= 2 ? 30 : 5); // call 0 is the untimed one
+        });
+    assertEquals(Path.LIBTORCH, m.faster(), m.toString());
+    assertTrue(m.rounds() >= 3 && m.rounds() <= 8, m.toString());
+    assertTrue(m.javaMs() >= 20 && m.libtorchMs() >= 5 && m.libtorchMs() < m.javaMs(), m.toString());
+    StringBuilder expected = new StringBuilder("JL");
+    for (int r = 0; r < m.rounds(); r++) {
+      expected.append(r % 2 == 0 ? "JL" : "LJ");
+    }
+    assertEquals(expected.toString(), order.toString(), "untimed pair, then the order swaps every round");
+
+    // A call longer than the budget gets the minimum of rounds, no more.
+    Measured slow = AttentionOp.timed(2, 8, 100_000_000L, 0).faster(null, () -> sleep(30), () -> sleep(40));
+    assertEquals(2, slow.rounds(), slow.toString());
+    assertEquals(Path.JAVA, slow.faster(), slow.toString());
+  }
+
+  private static void sleep(long ms) {
+    try {
+      Thread.sleep(ms);
+    } catch (InterruptedException e) {
+      throw new IllegalStateException(e);
     }
   }
 }
