@@ -374,7 +374,8 @@ public final class AttentionOp {
 
   private NDList javaForward(NDArray q, NDArray k, NDArray v, Dims d, long[] qPos, long[] kPos,
       AttentionOptions opt, Layout layout) {
-    Tensor qt = toTensor(q, layout), kt = toTensor(k, layout), vt = toTensor(v, layout);
+    float[][] scratch = inputCopies();
+    Tensor qt = toTensor(q, layout, scratch, 0), kt = toTensor(k, layout, scratch, 1), vt = toTensor(v, layout, scratch, 2);
     // Few query rows: the forward kernel would have only B*H*ceil(Tq/blockQ) tasks; split-K also
     // splits the keys (the same exact attention, splits merged in a fixed order).
     AttentionState st = d.tq <= SPLIT_K_MAX_QUERY_ROWS
@@ -606,6 +607,29 @@ public final class AttentionOp {
 
   /** One copy of a CPU array into a float[] in our [B, H, T, D] layout (widening float16). */
   static Tensor toTensor(NDArray a, Layout layout) {
+    return toTensor(a, layout, null, 0);
+  }
+
+  /**
+   * The calling thread's reusable float[] copies of q, k and v for the Java path, which reads them
+   * only during the call. New arrays on every call cost the fresh heap pages they land on: at
+   * [1,8,2048,128] the three copies took 7-10 ms that way and 4-4.5 ms reused (docs/BENCHMARKS.md).
+   * Softly held, so that memory pressure can take them back.
+   */
+  private static final ThreadLocal<java.lang.ref.SoftReference<float[][]>> INPUT_COPIES = new ThreadLocal<>();
+
+  private static float[][] inputCopies() {
+    java.lang.ref.SoftReference<float[][]> ref = INPUT_COPIES.get();
+    float[][] c = ref == null ? null : ref.get();
+    if (c == null) {
+      c = new float[3][];
+      INPUT_COPIES.set(new java.lang.ref.SoftReference<>(c));
+    }
+    return c;
+  }
+
+  /** As {@link #toTensor(NDArray, Layout)}, copying into {@code reuse[slot]} ({@link #toFloats(NDArray, float[][], int)}). */
+  private static Tensor toTensor(NDArray a, Layout layout, float[][] reuse, int slot) {
     Shape s = a.getShape();
     NDArray x = a;
     try (NDManager scope = a.getManager().newSubManager()) {
@@ -617,22 +641,31 @@ public final class AttentionOp {
         x = x.transpose(0, 2, 1, 3);
         x.attach(scope);
       }
-      float[] data = toFloats(x);
+      float[] data = toFloats(x, reuse, slot);
       int hAxis = layout == Layout.BHTD ? 1 : 2, tAxis = layout == Layout.BHTD ? 2 : 1;
       return new Tensor(data, (int) s.get(0), (int) s.get(hAxis), (int) s.get(tAxis), (int) s.get(3));
     }
   }
 
-  /**
-   * One copy into a float[]: for float32, {@code toByteBuffer(true)} is a direct view of the tensor's
-   * memory (DJL first makes a strided array contiguous, into a temporary attached to the array's
-   * manager) and the bulk get is a memcpy; {@code toFloatArray()} would copy twice.
-   */
   private static float[] toFloats(NDArray a) {
+    return toFloats(a, null, 0);
+  }
+
+  /**
+   * One copy into a float[] ({@code reuse[slot]} where it has the size; a new array, kept there when
+   * reuse is given, otherwise): for float32, {@code toByteBuffer(true)} is a direct view of the
+   * tensor's memory (DJL first makes a strided array contiguous, into a temporary attached to the
+   * array's manager) and the bulk get is a memcpy; {@code toFloatArray()} would copy twice.
+   */
+  private static float[] toFloats(NDArray a, float[][] reuse, int slot) {
     if (a.getDataType() != DataType.FLOAT32) {
       return a.toFloatArray();
     }
-    float[] out = new float[Math.toIntExact(a.size())];
+    int n = Math.toIntExact(a.size());
+    float[] out = reuse != null && reuse[slot] != null && reuse[slot].length == n ? reuse[slot] : new float[n];
+    if (reuse != null) {
+      reuse[slot] = out;
+    }
     a.toByteBuffer(true).order(java.nio.ByteOrder.nativeOrder()).asFloatBuffer().get(out);
     return out;
   }

@@ -15,6 +15,7 @@ import io.longctx.djl.AttentionOp.Layout;
 import io.longctx.djl.AttentionOp.Measured;
 import io.longctx.djl.AttentionOp.Path;
 import io.longctx.kernels.AttentionOptions;
+import io.longctx.kernels.AttentionState;
 import io.longctx.kernels.CpuAttention;
 import io.longctx.kernels.Tensor;
 import java.util.ArrayList;
@@ -177,6 +178,29 @@ class AttentionOpTest {
         float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), Layout.BHTD);
         String err = OpChecks.check(st[0], st[1], q16, k16, v16, null, null, opt);
         assertNull(err, "fp16 path " + p + ", seed " + seed + ": " + err);
+      }
+    }
+  }
+
+  @Test
+  void theJavaPathsReusedInputCopiesNeverCarryOneCallIntoTheNext() {
+    // The Java path copies q, k and v into arrays it keeps per thread; calls of one shape with
+    // different inputs (and q, k, v of another shape in between) must each give the kernel's own
+    // bits for their own inputs.
+    long seed = OpChecks.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+    try (NDManager m = manager.newSubManager()) {
+      for (int call = 0; call < 4; call++) {
+        int t = call == 2 ? 40 : 72;
+        Tensor q = OpChecks.random(rng, 1, 4, t, 64, 1), k = OpChecks.random(rng, 1, 2, t, 64, 1);
+        Tensor v = OpChecks.random(rng, 1, 2, t, 64, 1);
+        NDList r = OP.forward(OpChecks.nd(m, q, Layout.BHTD), OpChecks.nd(m, k, Layout.BHTD),
+            OpChecks.nd(m, v, Layout.BHTD), null, null, opt, Layout.BHTD, Path.JAVA);
+        float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), Layout.BHTD);
+        AttentionState want = CpuAttention.DEFAULT.forward(q, k, v, null, null, opt);
+        assertTrue(java.util.Arrays.equals(want.o(), st[0]) && java.util.Arrays.equals(want.lse(), st[1]),
+            "call " + call + " (T = " + t + "), seed " + seed + ": not the kernel's bits for these inputs");
       }
     }
   }
