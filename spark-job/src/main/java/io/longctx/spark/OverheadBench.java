@@ -15,7 +15,7 @@ import org.apache.spark.sql.SparkSession;
  * tokens (Parquet, not timed), runs {@code score --mode prefill} (timed: the job's wall time, reading
  * to renamed output), and in the same JVM, before and after the job, runs {@link CpuAttention#forward}
  * on exactly the same visible (query chunk, key chunk) pairs from in-memory arrays (kernel-only
- * time, the mean of the two). The job runs --runs times (cold, then warm). Prints the times, the
+ * time, the mean of the two, after a few untimed pairs have compiled the kernel). The job runs --runs times (cold, then warm). Prints the times, the
  * ratios job / kernel-only in wall and CPU time, and the load average.
  */
 final class OverheadBench {
@@ -69,6 +69,10 @@ final class OverheadBench {
       // Kernel-only time is taken before and after the job and averaged: the machine's speed drifts
       // (other work, thermal), and one side-by-side pass would charge the drift to one side.
       Pairs pairs = new Pairs(g, chunkLen);
+      // The first pass of a JVM also compiled the kernel (and ran it below C2 until then): its pairs
+      // took 0.4-5 s longer than the pass after the jobs, which biased kernel-only time up and the
+      // ratios down. A few untimed diagonal pairs warm it first.
+      pairs.warmUp(3);
       int runs = Math.max(1, a.intValue("--runs", 2));
       double load0 = loadAverage();
       double cpu0 = cpuSeconds();
@@ -234,6 +238,16 @@ final class OverheadBench {
             System.arraycopy(x.getV(), h * d, v[c], (h * len + t) * d, d);
           }
         }
+      }
+    }
+
+    /** Runs the first chunk's diagonal pair {@code times} times, untimed. */
+    void warmUp(int times) {
+      AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
+      for (int r = 0; r < times; r++) {
+        CpuAttention.DEFAULT.forward(new Tensor(q[0], 1, g.heads, pos[0].length, g.dim),
+            new Tensor(k[0], 1, g.kvHeads, pos[0].length, g.dim), new Tensor(v[0], 1, g.kvHeads, pos[0].length, g.dim),
+            pos[0], pos[0], causal);
       }
     }
 
