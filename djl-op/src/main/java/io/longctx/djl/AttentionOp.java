@@ -121,7 +121,7 @@ public final class AttentionOp {
    *
    * <p>Why so many calls: single calls on a shared 2-core machine have a slow tail of 1.5-2x on both
    * paths (libtorch's allocations fault in fresh pages, compiles and other processes take a core), and
-   * the paths are often within 25% of each other, so two rounds picked the slower path now and then
+   * the paths are often only 10-50% apart, so two rounds picked the slower path now and then
    * (docs/BENCHMARKS.md). Rounds go on while they are cheap: at least {@code minRounds}, then until
    * {@code budgetNanos} of wall time (pauses included) or {@code maxRounds}, so a 20 ms call gets
    * many and a second-long one two. The pause lets libtorch's OpenMP workers, which spin for a while
@@ -613,7 +613,7 @@ public final class AttentionOp {
   /**
    * The calling thread's reusable float[] copies of q, k and v for the Java path, which reads them
    * only during the call. New arrays on every call cost the fresh heap pages they land on: at
-   * [1,8,2048,128] the three copies took 7-10 ms that way and 4-4.5 ms reused (docs/BENCHMARKS.md).
+   * [1,8,2048,128] the three copies took 7-10 ms that way and 4-6 ms reused (docs/BENCHMARKS.md).
    * Softly held, so that memory pressure can take them back.
    */
   private static final ThreadLocal<java.lang.ref.SoftReference<float[][]>> INPUT_COPIES = new ThreadLocal<>();

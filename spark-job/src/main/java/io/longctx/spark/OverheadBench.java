@@ -15,8 +15,9 @@ import org.apache.spark.sql.SparkSession;
  * tokens (Parquet, not timed), runs {@code score --mode prefill} (timed: the job's wall time, reading
  * to renamed output), and in the same JVM, before and after the job, runs {@link CpuAttention#forward}
  * on exactly the same visible (query chunk, key chunk) pairs from in-memory arrays (kernel-only
- * time, the mean of the two, after a few untimed pairs have compiled the kernel). The job runs --runs times (cold, then warm). Prints the times, the
- * ratios job / kernel-only in wall and CPU time, and the load average.
+ * time, the mean of the two, after a few untimed pairs have compiled the kernel). The job runs
+ * --runs times (cold, then warm). Prints the times, the ratios job / kernel-only in wall and CPU
+ * time, and the load average.
  */
 final class OverheadBench {
   private OverheadBench() {}
@@ -70,7 +71,7 @@ final class OverheadBench {
       // (other work, thermal), and one side-by-side pass would charge the drift to one side.
       Pairs pairs = new Pairs(g, chunkLen);
       // The first pass of a JVM also compiled the kernel (and ran it below C2 until then): its pairs
-      // took 0.4-5 s longer than the pass after the jobs, which biased kernel-only time up and the
+      // took 0.4-5.7 s longer than the pass after the jobs, which biased kernel-only time up and the
       // ratios down. A few untimed diagonal pairs warm it first.
       pairs.warmUp(3);
       int runs = Math.max(1, a.intValue("--runs", 2));
