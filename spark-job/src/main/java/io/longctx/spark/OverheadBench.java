@@ -208,6 +208,7 @@ final class OverheadBench {
    * another as tasks would run them, each forward using the whole fork-join pool.
    */
   private static final class Pairs {
+    static final AttentionOptions CAUSAL = AttentionOptions.DEFAULT.withCausal(true);
     final Generator g;
     final float[][] q, k, v;
     final long[][] pos;
@@ -244,29 +245,30 @@ final class OverheadBench {
 
     /** Runs the first chunk's diagonal pair {@code times} times, untimed. */
     void warmUp(int times) {
-      AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
       for (int r = 0; r < times; r++) {
-        CpuAttention.DEFAULT.forward(new Tensor(q[0], 1, g.heads, pos[0].length, g.dim),
-            new Tensor(k[0], 1, g.kvHeads, pos[0].length, g.dim), new Tensor(v[0], 1, g.kvHeads, pos[0].length, g.dim),
-            pos[0], pos[0], causal);
+        pair(0, 0);
       }
     }
 
     /** Seconds for all pairs. */
     double run() {
-      AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
-      int d = g.dim;
       count = 0;
       long t0 = System.nanoTime();
       for (int i = 0; i < chunks; i++) {
         for (int j = 0; j <= i; j++) {
-          CpuAttention.DEFAULT.forward(new Tensor(q[i], 1, g.heads, pos[i].length, d),
-              new Tensor(k[j], 1, g.kvHeads, pos[j].length, d), new Tensor(v[j], 1, g.kvHeads, pos[j].length, d),
-              pos[i], pos[j], causal);
+          pair(i, j);
           count++;
         }
       }
       return (System.nanoTime() - t0) / 1e9;
+    }
+
+    /** Query chunk i over key chunk j, causal by position, as the job computes it. */
+    private void pair(int i, int j) {
+      int d = g.dim;
+      CpuAttention.DEFAULT.forward(new Tensor(q[i], 1, g.heads, pos[i].length, d),
+          new Tensor(k[j], 1, g.kvHeads, pos[j].length, d), new Tensor(v[j], 1, g.kvHeads, pos[j].length, d),
+          pos[i], pos[j], CAUSAL);
     }
   }
 }
