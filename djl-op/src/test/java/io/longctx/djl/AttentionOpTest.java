@@ -354,11 +354,13 @@ class AttentionOpTest {
   @Test
   void theTimedCalibrationOutlastsASlowStartAndAlternatesOrder() {
     // libtorch's first two timed calls hit the slow tail (30 ms), then it runs 5 ms; Java always 20 ms.
-    // Two rounds alone would pick Java; the budget buys more rounds. Sleeps only overshoot, so a
-    // loaded machine cannot turn the answer around (5 ms would have to take 20 in every later round).
+    // Two rounds alone would pick Java; the budget buys more rounds (2 s, so that even sleeps badly
+    // overshot on a loaded machine leave room for a third round; unloaded, 8 rounds take ~0.3 s).
+    // Sleeps only overshoot, so load cannot turn the answer around (5 ms would have to take 20 in
+    // every later round).
     StringBuilder order = new StringBuilder();
     int[] libtorchCalls = {0};
-    Measured m = AttentionOp.timed(2, 8, 250_000_000L, 0).faster(null,
+    Measured m = AttentionOp.timed(2, 8, 2_000_000_000L, 0).faster(null,
         () -> {
           order.append('J');
           sleep(20);
