@@ -9,7 +9,8 @@
 #   OUTDIR/memory-sweep.jsonl    the same shapes with --memory: each impl alone in a fresh JVM, its peak
 #                                resident memory beyond its inputs
 # Every line gets "load1" (the 1-minute load average when its run started), "date" and "cpu".
-# Set TS="1024 2048" to run fewer lengths, SKIP_MEMORY=1 or SKIP_TIME=1 to run one half; the plain
+# Set TS="1024 2048" to run fewer lengths, SKIP_MEMORY=1 or SKIP_TIME=1 to run one half, SKIP_PLAIN=1
+# to leave djl-plain out (it takes most of the sweep's time and is never the anchor); the plain
 # (materialized) path needs 2 x H x T^2 x 4 B (16 GiB at T = 16384): skipped unless MemAvailable allows.
 # Takes ~25 minutes on 2 cores. Then: bin/longctx plots.
 set -euo pipefail
@@ -49,7 +50,8 @@ if [ -z "${SKIP_TIME:-}" ]; then
     # without --causal the bench runs non-causal, then causal, in one JVM
     echo "== time T=$t (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
     plain="--plain" # djl-plain is off by default in bench; the sweep wants it where it fits
-    plain_fits "$t" || { plain=""; echo "   (djl-plain skipped: not enough free memory)" >&2; }
+    if [ -n "${SKIP_PLAIN:-}" ]; then plain=""
+    else plain_fits "$t" || { plain=""; echo "   (djl-plain skipped: not enough free memory)" >&2; }; fi
     # shellcheck disable=SC2046
     "$longctx" bench --op forward --t "$t" --heads 8 --kv-heads 8 --dim 128 $plain $(iters_for "$t") | tag \
       | tee -a "$out/forward-sweep.jsonl"

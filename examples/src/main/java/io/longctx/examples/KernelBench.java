@@ -230,6 +230,10 @@ public final class KernelBench {
         for (int i = 0; i < impls.size(); i++) {
           String name = impls.get(i).name();
           String extra = name.equals("libtorch-sdpa") ? "" : ratio(ms, i, anchorAt);
+          if (name.equals("java")) { // what the detected L2 size chose (docs/KERNELS.md, "Loop order")
+            extra += String.format(Locale.ROOT, ", \"sweep\": %d, \"l2_kib\": %d", kernels.blocksPerSweep(1, h, t, dim),
+                CpuAttention.l2CacheBytes() / 1024);
+          }
           if (name.equals("op")) {
             extra += ", \"path\": \"" + path + "\"";
           }

@@ -317,6 +317,19 @@ public final class CpuAttention implements AttentionBackend {
   }
 
   /**
+   * How many query blocks {@link #forward} lets sweep the keys together for q [batch, heads, tq, dim],
+   * and so what the detected L2 size ({@link #l2CacheBytes()}) chose; for benchmarks and logs.
+   */
+  public int blocksPerSweep(int batch, int heads, int tq, int dim) {
+    return blocksPerSweep((tq + blockQ - 1) / blockQ, batch * heads, dim);
+  }
+
+  /** The per-core L2 cache size the tile counts follow (sysfs, else getconf, else 512 KiB). */
+  public static long l2CacheBytes() {
+    return CacheSizes.L2_BYTES;
+  }
+
+  /**
    * Query blocks that sweep the keys together in one task ({@link #forward}): as many as keep their
    * workspaces and one K/V tile within half the L2 cache, capped at {@link #maxBlocksPerSweep}, and
    * few enough to leave every pool thread several tasks. Any count gives the same bits: a row's

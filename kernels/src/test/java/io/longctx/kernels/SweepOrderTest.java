@@ -64,7 +64,7 @@ class SweepOrderTest {
     Files.writeString(l1.resolve("level"), "1\n");
     Files.writeString(l1.resolve("type"), "Data\n");
     Files.writeString(l1.resolve("size"), "48K\n");
-    assertEquals(CacheSizes.FALLBACK_L2_BYTES, CacheSizes.readL2(dir));
+    assertEquals(-1, CacheSizes.readL2(dir));
     Path l2 = Files.createDirectories(dir.resolve("index2"));
     Files.writeString(l2.resolve("level"), "2\n");
     Files.writeString(l2.resolve("type"), "Unified\n");
@@ -73,7 +73,12 @@ class SweepOrderTest {
     Files.writeString(l2.resolve("size"), "1M\n");
     assertEquals(1024L * 1024, CacheSizes.readL2(dir));
     Files.writeString(l2.resolve("size"), "lots\n");
-    assertEquals(CacheSizes.FALLBACK_L2_BYTES, CacheSizes.readL2(dir));
-    assertEquals(CacheSizes.FALLBACK_L2_BYTES, CacheSizes.readL2(dir.resolve("absent")));
+    assertEquals(-1, CacheSizes.readL2(dir));
+    assertEquals(-1, CacheSizes.readL2(dir.resolve("absent")));
+    // getconf's forms: bytes, and 0 where glibc does not know
+    assertEquals(1048576, CacheSizes.parseSize("1048576\n"));
+    assertEquals(-1, CacheSizes.parseSize("0"));
+    assertEquals(-1, CacheSizes.parseSize(""));
+    assertTrue(CacheSizes.L2_BYTES >= 64 * 1024, "detected L2 " + CacheSizes.L2_BYTES);
   }
 }
