@@ -153,8 +153,21 @@ public final class AttentionOp {
     };
   }
 
-  /** The operator's calibration: 2 to 8 rounds within 1 s, pauses up to 50 ms (the bench's). */
-  static final Calibrator TIMED = timed(2, 8, 1_000_000_000L, 50);
+  /**
+   * The operator's calibration: the Java kernel first brought to its compiled speed (once per JVM,
+   * at most 5 s: {@link CpuAttention#warmUpJit}), then 2 to 8 rounds within 1 s, pauses up to 50 ms
+   * (the bench's). Without the warm-up the first classes of a fresh JVM timed the kernel at 2-3x its
+   * compiled time and picked libtorch where the Java path ran 1.6-1.9x faster (docs/BENCHMARKS.md).
+   */
+  static final Calibrator TIMED = warmedUp(timed(2, 8, 1_000_000_000L, 50), 5_000_000_000L);
+
+  /** {@code c} after {@link CpuAttention#warmUpJit} with the given budget. */
+  static Calibrator warmedUp(Calibrator c, long budgetNanos) {
+    return (shape, java, libtorch) -> {
+      CpuAttention.warmUpJit(budgetNanos);
+      return c.faster(shape, java, libtorch);
+    };
+  }
 
   private static void pause(long millis) {
     try {

@@ -100,6 +100,58 @@ public final class CpuAttention implements AttentionBackend {
     }
   }
 
+  private static final java.util.concurrent.atomic.LongAdder TILE_STEPS = new java.util.concurrent.atomic.LongAdder();
+
+  /**
+   * (Query block, key tile) steps with visible keys that the kernels have run in this JVM, all
+   * instances together. The JIT compiles the kernels' inner loops after counts of calls, so this says
+   * how far a JVM's kernels can have come towards their compiled speed (AttentionOp's calibration
+   * waits for it before it times the Java path).
+   */
+  public static long tileSteps() {
+    return TILE_STEPS.sum();
+  }
+
+  /**
+   * Tile steps after which a JVM's forward kernel runs at its compiled speed: on a Zen 5 (2026-11-25)
+   * [1,8,T,128] calls reached it after 7,500 steps (T = 1024 causal) to 33,000 (T = 2048), and ran at
+   * 2-3x their final time before (docs/BENCHMARKS.md, "Calibration on a cold JIT").
+   */
+  public static final long JIT_WARM_TILE_STEPS = 40_000;
+
+  /**
+   * Brings the forward kernel to its compiled speed before someone times it: runs it on a fixed
+   * synthetic problem ([1, 8, 1024, 128], causal and not, seeded inputs) until this JVM's kernels have
+   * run {@link #JIT_WARM_TILE_STEPS} tile steps or {@code budgetNanos} have passed. Returns at once in a
+   * JVM that is already there; otherwise costs a few hundred milliseconds beyond the compilation the
+   * first real call would have paid anyway.
+   *
+   * @return whether the JVM has run the steps
+   */
+  public static boolean warmUpJit(long budgetNanos) {
+    if (tileSteps() >= JIT_WARM_TILE_STEPS) {
+      return true;
+    }
+    int h = 8, t = 1024, d = 128;
+    java.util.SplittableRandom rng = new java.util.SplittableRandom(20261125);
+    Tensor[] qkv = new Tensor[3];
+    for (int i = 0; i < 3; i++) {
+      float[] x = new float[h * t * d];
+      for (int j = 0; j < x.length; j++) {
+        x[j] = (float) (rng.nextDouble() * 2 - 1);
+      }
+      qkv[i] = new Tensor(x, 1, h, t, d);
+    }
+    long start = System.nanoTime();
+    for (int call = 0; tileSteps() < JIT_WARM_TILE_STEPS; call++) {
+      if (System.nanoTime() - start > budgetNanos) {
+        return false;
+      }
+      DEFAULT.forward(qkv[0], qkv[1], qkv[2], null, null, AttentionOptions.DEFAULT.withCausal(call % 2 == 1));
+    }
+    return true;
+  }
+
   private final int blockQ;
   private final int blockK;
   private final int maxBlocksPerSweep;
@@ -186,10 +238,13 @@ public final class CpuAttention implements AttentionBackend {
           ws[i].tile(p, b, kvh, jt, n, kRange, null);
         }
       }
+      int steps = 0;
       for (int i = 0; i < qb1 - qb0; i++) {
         ws[i].finish(p, o, lse, null);
         written[task] += ws[i].rows();
+        steps += ws[i].takeSteps();
       }
+      TILE_STEPS.add(steps);
     });
     long total = 0;
     for (int w : written) {
@@ -287,6 +342,7 @@ public final class CpuAttention implements AttentionBackend {
         w.run(p, b, kvh, j0, j1, null);
         w.finish(p, partO.get(s), partL.get(s), null);
       }
+      TILE_STEPS.add(w.takeSteps());
     });
     long total = 0;
     for (long r : recomputed) {

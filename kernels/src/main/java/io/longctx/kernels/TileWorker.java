@@ -49,6 +49,7 @@ final class TileWorker {
   private final int[] rowOut; // (row * heads + head) index into the output state
   private final long[] rowPos;
   private int rows;
+  private int steps; // visible (block, key tile) steps since the last takeSteps()
   private long rowPosMin;
   private long rowPosMax;
 
@@ -96,6 +97,13 @@ final class TileWorker {
   /** Query rows in the block. */
   int rows() {
     return rows;
+  }
+
+  /** Visible tile steps run since the last call (for {@link CpuAttention#tileSteps()}), then zero. */
+  int takeSteps() {
+    int n = steps;
+    steps = 0;
+    return n;
   }
 
   boolean flagged(int lane) {
@@ -168,6 +176,7 @@ final class TileWorker {
     if (vis == Visibility.NONE) {
       return;
     }
+    steps++;
     int d = p.dim;
     int lanes = (rows + GROUP - 1) / GROUP * GROUP;
     int kOff = p.k.offset(b, kvh, 0) + jt * d;

@@ -59,6 +59,21 @@ class SweepOrderTest {
   }
 
   @Test
+  void tileStepsCountVisibleStepsAndWarmUpReachesTheJitThreshold() {
+    Tensor q = Accuracy.random(new SplittableRandom(7), 1, 2, 200, 64, 1);
+    long before = CpuAttention.tileSteps();
+    new CpuAttention(32, 128, 1).forward(q, q, q, null, null, AttentionOptions.DEFAULT.withCausal(true));
+    // 2 heads x 7 query blocks of 32; causal: blocks 0-3 see key tile 0 only, blocks 4-6 both tiles
+    long steps = CpuAttention.tileSteps() - before;
+    assertTrue(steps >= 2 * 10, "counted " + steps + " tile steps"); // other tests may run kernels meanwhile
+    assertTrue(CpuAttention.warmUpJit(60_000_000_000L));
+    assertTrue(CpuAttention.tileSteps() >= CpuAttention.JIT_WARM_TILE_STEPS);
+    long t0 = System.nanoTime();
+    assertTrue(CpuAttention.warmUpJit(0), "a warm JVM answers at once, whatever the budget");
+    assertTrue(System.nanoTime() - t0 < 1_000_000_000L);
+  }
+
+  @Test
   void cacheSizesReadSysfsAndFallBack(@TempDir Path dir) throws Exception {
     Path l1 = Files.createDirectories(dir.resolve("index0"));
     Files.writeString(l1.resolve("level"), "1\n");
