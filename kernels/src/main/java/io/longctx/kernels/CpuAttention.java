@@ -120,16 +120,34 @@ public final class CpuAttention implements AttentionBackend {
   public static final long JIT_WARM_TILE_STEPS = 40_000;
 
   /**
+   * {@link #JIT_WARM_TILE_STEPS} scaled as the JVM scales its compile thresholds
+   * ({@code -XX:CompileThresholdScaling}); unscaled where the JVM does not say (no java.management).
+   */
+  static long jitWarmTileSteps() {
+    double scaling = 1;
+    try {
+      String v = java.lang.management.ManagementFactory.getPlatformMXBean(com.sun.management.HotSpotDiagnosticMXBean.class)
+          .getVMOption("CompileThresholdScaling").getValue();
+      scaling = Double.parseDouble(v);
+    } catch (LinkageError | RuntimeException e) {
+      // not a HotSpot JVM, or a runtime without java.management: the unscaled count
+    }
+    return (long) Math.ceil(JIT_WARM_TILE_STEPS * Math.max(scaling, 0.01));
+  }
+
+  /**
    * Brings the forward kernel to its compiled speed before someone times it: runs it on a fixed
    * synthetic problem ([1, 8, 1024, 128], causal and not, seeded inputs) until this JVM's kernels have
-   * run {@link #JIT_WARM_TILE_STEPS} tile steps or {@code budgetNanos} have passed. Returns at once in a
+   * run {@link #JIT_WARM_TILE_STEPS} tile steps (scaled by {@code -XX:CompileThresholdScaling}) or
+   * {@code budgetNanos} have passed. Returns at once in a
    * JVM that is already there; otherwise costs a few hundred milliseconds beyond the compilation the
    * first real call would have paid anyway.
    *
    * @return whether the JVM has run the steps
    */
   public static boolean warmUpJit(long budgetNanos) {
-    if (tileSteps() >= JIT_WARM_TILE_STEPS) {
+    long need = jitWarmTileSteps();
+    if (tileSteps() >= need) {
       return true;
     }
     int h = 8, t = 1024, d = 128;
@@ -143,7 +161,7 @@ public final class CpuAttention implements AttentionBackend {
       qkv[i] = new Tensor(x, 1, h, t, d);
     }
     long start = System.nanoTime();
-    for (int call = 0; tileSteps() < JIT_WARM_TILE_STEPS; call++) {
+    for (int call = 0; tileSteps() < need; call++) {
       if (System.nanoTime() - start > budgetNanos) {
         return false;
       }

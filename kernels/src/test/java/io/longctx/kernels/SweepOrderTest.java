@@ -67,6 +67,7 @@ class SweepOrderTest {
     long steps = CpuAttention.tileSteps() - before;
     assertTrue(steps >= 2 * 10, "counted " + steps + " tile steps"); // other tests may run kernels meanwhile
     assertTrue(CpuAttention.warmUpJit(60_000_000_000L));
+    assertEquals(CpuAttention.JIT_WARM_TILE_STEPS, CpuAttention.jitWarmTileSteps(), "this JVM scales no thresholds");
     assertTrue(CpuAttention.tileSteps() >= CpuAttention.JIT_WARM_TILE_STEPS);
     long t0 = System.nanoTime();
     assertTrue(CpuAttention.warmUpJit(0), "a warm JVM answers at once, whatever the budget");
