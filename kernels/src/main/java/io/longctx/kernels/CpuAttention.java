@@ -115,7 +115,7 @@ public final class CpuAttention implements AttentionBackend {
   /**
    * Tile steps after which a JVM's forward kernel runs at its compiled speed: on a Zen 5 (2026-11-25)
    * [1,8,T,128] calls reached it after 7,500 steps (T = 1024 causal) to 33,000 (T = 2048), and ran at
-   * 2-3x their final time before (docs/BENCHMARKS.md, "Calibration on a cold JIT").
+   * 2-3x their final time before (docs/BENCHMARKS.md, "Zen 5: forward sweep, calibration on a cold JIT").
    */
   public static final long JIT_WARM_TILE_STEPS = 40_000;
 
