@@ -124,7 +124,8 @@ public final class AttentionOp {
    * the paths are often only 10-50% apart, so two rounds picked the slower path now and then
    * (docs/BENCHMARKS.md). Rounds go on while they are cheap: at least {@code minRounds}, then until
    * {@code budgetNanos} of wall time (pauses included) or {@code maxRounds}, so a 20 ms call gets
-   * many and a second-long one two. The pause lets libtorch's OpenMP workers, which spin for a while
+   * many and a second-long one two; a close call ({@link #close}) gets at least
+   * {@link #CLOSE_MIN_ROUNDS} within {@code maxRounds}. The pause lets libtorch's OpenMP workers, which spin for a while
    * after each op, stop before the Java path is timed (they cost it up to 30% at 20 ms calls); it is
    * {@code maxPauseMillis}, or twice the untimed libtorch call where that is shorter, so that tiny
    * calls are not measured mostly asleep.
@@ -139,7 +140,8 @@ public final class AttentionOp {
       long[] best = {Long.MAX_VALUE, Long.MAX_VALUE};
       long start = System.nanoTime();
       int rounds = 0;
-      while (rounds < maxRounds && (rounds < minRounds || System.nanoTime() - start < budgetNanos)) {
+      while (rounds < maxRounds && (rounds < minRounds || System.nanoTime() - start < budgetNanos
+          || rounds < CLOSE_MIN_ROUNDS && close(best[0], best[1]))) {
         for (int i = 0; i < 2; i++) {
           int p = (rounds + i) % 2;
           pause(pauseMillis);
@@ -154,9 +156,27 @@ public final class AttentionOp {
   }
 
   /**
+   * Best times this near (the faster at least {@code CLOSE} of the slower) are a close call: the
+   * calibration then takes at least {@link #CLOSE_MIN_ROUNDS} rounds even past its time budget. With
+   * one-second calls the budget allowed 2 rounds, and 2 rounds picked the slower path 2.6-9.1% of
+   * the time where the paths were 8-51% apart (docs/BENCHMARKS.md, "Operator calibration"); on a
+   * Zen 5 it kept libtorch at a shape where Java ran 12% faster.
+   */
+  static final double CLOSE = 0.85;
+
+  /** Rounds a close call gets at least (see {@link #CLOSE}); calls far apart keep the budget's rule. */
+  static final int CLOSE_MIN_ROUNDS = 4;
+
+  /** Whether two best times (nanoseconds; Long.MAX_VALUE = not timed yet) make a close call. */
+  static boolean close(long a, long b) {
+    long lo = Math.min(a, b), hi = Math.max(a, b);
+    return hi != Long.MAX_VALUE && lo >= CLOSE * hi;
+  }
+
+  /**
    * The operator's calibration: the Java kernel first brought to its compiled speed (once per JVM,
-   * at most 5 s: {@link CpuAttention#warmUpJit}), then 2 to 8 rounds within 1 s, pauses up to 50 ms
-   * (the bench's). Without the warm-up the first classes of a fresh JVM timed the kernel at 2-3x its
+   * at most 5 s: {@link CpuAttention#warmUpJit}), then 2 to 8 rounds within 1 s (at least 4 on a
+   * close call), pauses up to 50 ms (the bench's). Without the warm-up the first classes of a fresh JVM timed the kernel at 2-3x its
    * compiled time and picked libtorch where the Java path ran 1.6-1.9x faster (docs/BENCHMARKS.md).
    */
   static final Calibrator TIMED = warmedUp(timed(2, 8, 1_000_000_000L, 50), 5_000_000_000L);

@@ -1,6 +1,7 @@
 package io.longctx.djl;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -379,10 +380,33 @@ class AttentionOpTest {
     }
     assertEquals(expected.toString(), order.toString(), "untimed pair, then the order swaps every round");
 
-    // A call longer than the budget gets the minimum of rounds, no more.
-    Measured slow = AttentionOp.timed(2, 8, 100_000_000L, 0).faster(null, () -> sleep(30), () -> sleep(40));
+    // A call longer than the budget gets the minimum of rounds, no more, where the paths are far apart
+    // (3x: a sleep would have to overshoot by 40 ms in both rounds to make it close).
+    Measured slow = AttentionOp.timed(2, 8, 50_000_000L, 0).faster(null, () -> sleep(20), () -> sleep(60));
     assertEquals(2, slow.rounds(), slow.toString());
     assertEquals(Path.JAVA, slow.faster(), slow.toString());
+  }
+
+  @Test
+  void aCloseCallGetsMoreRoundsPastTheBudget() {
+    assertTrue(AttentionOp.close(100, 90) && AttentionOp.close(90, 100) && AttentionOp.close(85, 100));
+    assertFalse(AttentionOp.close(84, 100) || AttentionOp.close(100, 50));
+    assertFalse(AttentionOp.close(10, Long.MAX_VALUE), "a path not timed yet is no close call");
+    // Two paths that sleep alike are a close call (unless load overshoots one side's sleeps by 15% in every
+    // round), so the loop goes past its 1 ns budget until 4 rounds: the rule is that it never stops on a
+    // close call before CLOSE_MIN_ROUNDS, and never goes past them on the budget's account.
+    int[] calls = {0};
+    Measured m = AttentionOp.timed(2, 8, 1L, 0).faster(null, () -> {
+      calls[0]++;
+      sleep(40);
+    }, () -> sleep(40));
+    boolean closeAtEnd = AttentionOp.close(Math.round(m.javaMs() * 1e6), Math.round(m.libtorchMs() * 1e6));
+    assertTrue(m.rounds() >= 2 && m.rounds() <= AttentionOp.CLOSE_MIN_ROUNDS, m.toString());
+    assertTrue(!closeAtEnd || m.rounds() == AttentionOp.CLOSE_MIN_ROUNDS, m + " stopped on a close call");
+    assertEquals(1 + m.rounds(), calls[0], "one untimed call, then one per round");
+    // maxRounds still caps it.
+    Measured capped = AttentionOp.timed(2, 3, 1L, 0).faster(null, () -> sleep(40), () -> sleep(40));
+    assertTrue(capped.rounds() <= 3, capped.toString());
   }
 
   private static void sleep(long ms) {
