@@ -125,10 +125,10 @@ public final class AttentionOp {
    * (docs/BENCHMARKS.md). Rounds go on while they are cheap: at least {@code minRounds}, then until
    * {@code budgetNanos} of wall time (pauses included) or {@code maxRounds}, so a 20 ms call gets
    * many and a second-long one two; a close call ({@link #close}) gets at least
-   * {@link #CLOSE_MIN_ROUNDS} within {@code maxRounds}. The pause lets libtorch's OpenMP workers, which spin for a while
-   * after each op, stop before the Java path is timed (they cost it up to 30% at 20 ms calls); it is
-   * {@code maxPauseMillis}, or twice the untimed libtorch call where that is shorter, so that tiny
-   * calls are not measured mostly asleep.
+   * {@link #CLOSE_MIN_ROUNDS} within {@code maxRounds}. The pause lets libtorch's OpenMP workers, which
+   * spin for a while after each op, stop before the Java path is timed (they cost it up to 30% at
+   * 20 ms calls); it is {@code maxPauseMillis}, or twice the untimed libtorch call where that is
+   * shorter, so that tiny calls are not measured mostly asleep.
    */
   static Calibrator timed(int minRounds, int maxRounds, long budgetNanos, long maxPauseMillis) {
     return (shape, java, libtorch) -> {
@@ -176,8 +176,9 @@ public final class AttentionOp {
   /**
    * The operator's calibration: the Java kernel first brought to its compiled speed (once per JVM,
    * at most 5 s: {@link CpuAttention#warmUpJit}), then 2 to 8 rounds within 1 s (at least 4 on a
-   * close call), pauses up to 50 ms (the bench's). Without the warm-up the first classes of a fresh JVM timed the kernel at 2-3x its
-   * compiled time and picked libtorch where the Java path ran 1.6-1.9x faster (docs/BENCHMARKS.md).
+   * close call), pauses up to 50 ms (the bench's). Without the warm-up the first classes of a fresh
+   * JVM timed the kernel at 2-3x its compiled time and picked libtorch where the Java path ran 1.6-1.9x
+   * faster (docs/BENCHMARKS.md).
    */
   static final Calibrator TIMED = warmedUp(timed(2, 8, 1_000_000_000L, 50), 5_000_000_000L);
 

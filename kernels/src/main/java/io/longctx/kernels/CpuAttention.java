@@ -126,7 +126,8 @@ public final class CpuAttention implements AttentionBackend {
   static long jitWarmTileSteps() {
     double scaling = 1;
     try {
-      String v = java.lang.management.ManagementFactory.getPlatformMXBean(com.sun.management.HotSpotDiagnosticMXBean.class)
+      String v = java.lang.management.ManagementFactory
+          .getPlatformMXBean(com.sun.management.HotSpotDiagnosticMXBean.class)
           .getVMOption("CompileThresholdScaling").getValue();
       scaling = Double.parseDouble(v);
     } catch (LinkageError | RuntimeException e) {
@@ -139,9 +140,8 @@ public final class CpuAttention implements AttentionBackend {
    * Brings the forward kernel to its compiled speed before someone times it: runs it on a fixed
    * synthetic problem ([1, 8, 1024, 128], causal and not, seeded inputs) until this JVM's kernels have
    * run {@link #JIT_WARM_TILE_STEPS} tile steps (scaled by {@code -XX:CompileThresholdScaling}) or
-   * {@code budgetNanos} have passed. Returns at once in a
-   * JVM that is already there; otherwise costs a few hundred milliseconds beyond the compilation the
-   * first real call would have paid anyway.
+   * {@code budgetNanos} have passed. Returns at once in a JVM that is already there; otherwise costs
+   * a few hundred milliseconds beyond the compilation the first real call would have paid anyway.
    *
    * @return whether the JVM has run the steps
    */
@@ -150,16 +150,9 @@ public final class CpuAttention implements AttentionBackend {
     if (tileSteps() >= need) {
       return true;
     }
-    int h = 8, t = 1024, d = 128;
     java.util.SplittableRandom rng = new java.util.SplittableRandom(20261125);
-    Tensor[] qkv = new Tensor[3];
-    for (int i = 0; i < 3; i++) {
-      float[] x = new float[h * t * d];
-      for (int j = 0; j < x.length; j++) {
-        x[j] = (float) (rng.nextDouble() * 2 - 1);
-      }
-      qkv[i] = new Tensor(x, 1, h, t, d);
-    }
+    Tensor[] qkv = {Tensor.random(rng, 1, 8, 1024, 128), Tensor.random(rng, 1, 8, 1024, 128),
+        Tensor.random(rng, 1, 8, 1024, 128)};
     long start = System.nanoTime();
     for (int call = 0; tileSteps() < need; call++) {
       if (System.nanoTime() - start > budgetNanos) {

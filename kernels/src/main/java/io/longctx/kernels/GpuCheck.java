@@ -76,9 +76,9 @@ public final class GpuCheck {
           String head = String.format(Locale.ROOT, "| %s | [%d,%d/%d,%d,%d,%d] | %s | ", kernel, sh[0], sh[1], sh[2],
               sh[3], sh[4], sh[5], maskName(opt));
           try {
-            Tensor q = rounded(random(rng, sh[0], sh[1], sh[3], sh[5]), type);
-            Tensor k = rounded(random(rng, sh[0], sh[2], sh[4], sh[5]), type);
-            Tensor v = rounded(random(rng, sh[0], sh[2], sh[4], sh[5]), type);
+            Tensor q = rounded(Tensor.random(rng, sh[0], sh[1], sh[3], sh[5]), type);
+            Tensor k = rounded(Tensor.random(rng, sh[0], sh[2], sh[4], sh[5]), type);
+            Tensor v = rounded(Tensor.random(rng, sh[0], sh[2], sh[4], sh[5]), type);
             long[] qPos = lastPositions(sh[3], sh[4]);
             AttentionState got = run(cuda, type, q, k, v, qPos, opt);
             ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qPos, null, opt);
@@ -143,14 +143,6 @@ public final class GpuCheck {
     return p;
   }
 
-  static Tensor random(SplittableRandom rng, int b, int h, int t, int d) {
-    float[] x = new float[b * h * t * d];
-    for (int i = 0; i < x.length; i++) {
-      x[i] = (float) rng.nextGaussian();
-    }
-    return new Tensor(x, b, h, t, d);
-  }
-
   /** The values the kernel actually sees: each float rounded to the element type and back. */
   static Tensor rounded(Tensor x, CudaAttention.DType type) {
     float[] r = x.data().clone();
@@ -186,7 +178,7 @@ public final class GpuCheck {
   /** Median kernel time in ms over 10 launches after 3 warm-up launches, by CUDA events. */
   static double time(CudaAttention cuda, CudaAttention.DType type, int b, int h, int t, int d, AttentionOptions opt,
       SplittableRandom rng) {
-    Tensor q = random(rng, b, h, t, d);
+    Tensor q = Tensor.random(rng, b, h, t, d);
     long[] pos = ReferenceAttention.iota(t);
     CUstream stream = new CUstream();
     CudaAttention.check("cuStreamCreate", JCudaDriver.cuStreamCreate(stream, 0));

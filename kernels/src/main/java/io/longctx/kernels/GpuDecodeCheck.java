@@ -158,9 +158,9 @@ final class GpuDecodeCheck {
 
   private static void checkCase(CudaAttention cuda, SplittableRandom rng, Case c, CudaAttention.DType type,
       CheckReport report) {
-    Tensor q = GpuCheck.rounded(GpuCheck.random(rng, c.b(), c.h(), c.tq(), c.d()), type);
-    Tensor k = GpuCheck.rounded(GpuCheck.random(rng, c.b(), c.hkv(), c.tk(), c.d()), type);
-    Tensor v = GpuCheck.rounded(GpuCheck.random(rng, c.b(), c.hkv(), c.tk(), c.d()), type);
+    Tensor q = GpuCheck.rounded(Tensor.random(rng, c.b(), c.h(), c.tq(), c.d()), type);
+    Tensor k = GpuCheck.rounded(Tensor.random(rng, c.b(), c.hkv(), c.tk(), c.d()), type);
+    Tensor v = GpuCheck.rounded(Tensor.random(rng, c.b(), c.hkv(), c.tk(), c.d()), type);
     long[] qp = lastPositions(c.tq(), c.tk());
     List<Tensor> kc = c.chunks() == null ? List.of(k) : chunk(k, c.chunks());
     List<Tensor> vc = c.chunks() == null ? List.of(v) : chunk(v, c.chunks());
@@ -202,7 +202,7 @@ final class GpuDecodeCheck {
     report.line("| unified max, logits out of range | type | phi | recomputed GPU | recomputed CPU | errors | verdict |");
     report.line("| --- | --- | --- | --- | --- | --- | --- |");
     for (CudaAttention.DType type : CudaAttention.DType.values()) {
-      Tensor q = GpuCheck.random(rng, 1, heads, tq, dim);
+      Tensor q = Tensor.random(rng, 1, heads, tq, dim);
       for (int t = 0; t < tq; t++) { // head 3: logits in the hundreds, far above phi + 40
         int at = q.offset(0, 3, t);
         for (int d = 0; d < dim; d++) {
@@ -210,8 +210,8 @@ final class GpuDecodeCheck {
         }
       }
       q = GpuCheck.rounded(q, type);
-      Tensor k = GpuCheck.rounded(GpuCheck.random(rng, 1, kvHeads, tk, dim), type);
-      Tensor v = GpuCheck.rounded(GpuCheck.random(rng, 1, kvHeads, tk, dim), type);
+      Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim), type);
+      Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim), type);
       long[] qp = lastPositions(tq, tk);
       ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, opt);
       ReferenceAttention.Result naive = ReferenceAttention.computeFloat32(q, k, v, qp, null, opt);
@@ -234,9 +234,9 @@ final class GpuDecodeCheck {
   private static void checkBatchInvariance(CudaAttention cuda, SplittableRandom rng, CheckReport report,
       boolean smoke) {
     int heads = 8, kvHeads = 2, tq = 3, tk = smoke ? 250 : 2500, dim = 128;
-    Tensor q = GpuCheck.rounded(GpuCheck.random(rng, 2, heads, tq, dim), CudaAttention.DType.BF16);
-    Tensor k = GpuCheck.rounded(GpuCheck.random(rng, 2, kvHeads, tk, dim), CudaAttention.DType.BF16);
-    Tensor v = GpuCheck.rounded(GpuCheck.random(rng, 2, kvHeads, tk, dim), CudaAttention.DType.BF16);
+    Tensor q = GpuCheck.rounded(Tensor.random(rng, 2, heads, tq, dim), CudaAttention.DType.BF16);
+    Tensor k = GpuCheck.rounded(Tensor.random(rng, 2, kvHeads, tk, dim), CudaAttention.DType.BF16);
+    Tensor v = GpuCheck.rounded(Tensor.random(rng, 2, kvHeads, tk, dim), CudaAttention.DType.BF16);
     AttentionOptions opt = AttentionOptions.DEFAULT;
     AttentionState both = cuda.decodeChunks(q, List.of(k), List.of(v), null, null, opt, 700, null,
         CudaAttention.DType.BF16).state();
@@ -268,7 +268,7 @@ final class GpuDecodeCheck {
     CUstream stream = new CUstream();
     CudaAttention.check("cuStreamCreate", JCudaDriver.cuStreamCreate(stream, 0));
     // One random float tensor (1 GiB) serves as both K and V: timing does not depend on the values.
-    Tensor kvHost = GpuCheck.random(rng, b, hkv, tk, d);
+    Tensor kvHost = Tensor.random(rng, b, hkv, tk, d);
     StringBuilder tsv = new StringBuilder("what\ttq\tsplit\tms\tgbps\n");
     try (CudaAttention.DeviceBuffer dk = CudaAttention.upload(kvHost, type, "k", stream);
          CudaAttention.DeviceBuffer dv = CudaAttention.upload(kvHost, type, "v", stream);
@@ -281,7 +281,7 @@ final class GpuDecodeCheck {
           dk.bytes() >> 20, copyMs, copyGbps));
       tsv.append(String.format(Locale.ROOT, "copy\t0\t0\t%.6f\t%.3f%n", copyMs, copyGbps));
       for (int tq : smoke ? new int[] {1} : new int[] {1, 4, 16}) {
-        Tensor q = GpuCheck.random(rng, b, h, tq, d);
+        Tensor q = Tensor.random(rng, b, h, tq, d);
         long[] qp = lastPositions(tq, tk);
         UnifiedMax um = UnifiedMax.calibrate(q, kvHost, AttentionOptions.DEFAULT.withCausal(true));
         try (CudaAttention.DeviceBuffer dq = CudaAttention.upload(q, type, "q", stream);

@@ -36,9 +36,9 @@ class GpuTensorCoreRuleTest {
   }
 
   private static Case make(SplittableRandom rng, int[] sh, CudaAttention.DType type, AttentionOptions opt) {
-    Tensor q = GpuCheck.rounded(GpuCheck.random(rng, sh[0], sh[1], sh[3], sh[5]), type);
-    Tensor k = GpuCheck.rounded(GpuCheck.random(rng, sh[0], sh[2], sh[4], sh[5]), type);
-    Tensor v = GpuCheck.rounded(GpuCheck.random(rng, sh[0], sh[2], sh[4], sh[5]), type);
+    Tensor q = GpuCheck.rounded(Tensor.random(rng, sh[0], sh[1], sh[3], sh[5]), type);
+    Tensor k = GpuCheck.rounded(Tensor.random(rng, sh[0], sh[2], sh[4], sh[5]), type);
+    Tensor v = GpuCheck.rounded(Tensor.random(rng, sh[0], sh[2], sh[4], sh[5]), type);
     return new Case(sh, type, opt, q, k, v, GpuCheck.lastPositions(sh[3], sh[4]));
   }
 
