@@ -18,6 +18,7 @@ import java.nio.FloatBuffer;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Objects;
+import java.util.function.IntConsumer;
 
 /**
  * Exact attention as an operator on DJL {@link NDArray}s: forward attention, decoding over a KV
@@ -711,6 +712,10 @@ public final class AttentionOp {
    * two passes over o (docs/BENCHMARKS.md, "Four-vector register blocks"). The memory is libtorch's
    * own, so views of the outputs stay valid after the outputs are closed (a create(float[]) array's
    * memory lives only as long as that array).
+   *
+   * <p>o is written on the kernels' threads: glibc maps 32 MiB and more afresh on every call, and the
+   * first touch of each page is what that write costs (130 ms for 32 MiB on one thread of a Zen 5 VM,
+   * 70 ms on two; docs/BENCHMARKS.md, "The op's output write").
    */
   private static NDList stateToNd(NDManager m, AttentionState st, int batch, int t, int heads, int dim,
       Layout layout) {
@@ -720,23 +725,47 @@ public final class AttentionOp {
     NDArray ln = m.create(bthd ? new Shape(batch, t, heads) : new Shape(batch, heads, t), DataType.FLOAT32);
     if (o.length > 0) {
       FloatBuffer of = directFloats(on), lf = directFloats(ln);
+      boolean parallel = o.length >= OUTPUT_COPY_MIN_FLOATS;
+      // Absolute puts of disjoint ranges: safe from several threads.
       if (bthd) {
-        of.put(o);
-        lf.put(lse);
+        lf.put(0, lse);
+        int parts = parallel ? OUTPUT_COPY_TASKS : 1;
+        forEach(parts, parallel, p -> {
+          int from = (int) ((long) o.length * p / parts), to = (int) ((long) o.length * (p + 1) / parts);
+          of.put(from, o, from, to - from);
+        });
       } else {
-        for (int b = 0; b < batch; b++) {
-          for (int h = 0; h < heads; h++) {
-            for (int tt = 0; tt < t; tt++) {
-              int from = (b * t + tt) * heads + h, to = (b * heads + h) * t + tt;
-              of.put(to * dim, o, from * dim, dim);
-              lf.put(to, lse[from]);
-            }
+        // Each head's rows in enough pieces that few heads still give every thread work.
+        int pieces = parallel ? Math.max(1, Math.min(t, OUTPUT_COPY_TASKS / (batch * heads))) : 1;
+        forEach(batch * heads * pieces, parallel, task -> {
+          int bh = task / pieces, piece = task % pieces, b = bh / heads, h = bh % heads;
+          int first = (int) ((long) t * piece / pieces), end = (int) ((long) t * (piece + 1) / pieces);
+          for (int tt = first; tt < end; tt++) {
+            int from = (b * t + tt) * heads + h, to = (b * heads + h) * t + tt;
+            of.put(to * dim, o, from * dim, dim);
+            lf.put(to, lse[from]);
           }
-        }
+        });
       }
     }
     return new NDList(on, ln);
   }
+
+  private static void forEach(int tasks, boolean parallel, IntConsumer body) {
+    if (parallel) {
+      CpuAttention.parallelFor(tasks, body);
+    } else {
+      for (int i = 0; i < tasks; i++) {
+        body.accept(i);
+      }
+    }
+  }
+
+  /** Pieces of a BTHD output copy: a few per kernel thread. */
+  private static final int OUTPUT_COPY_TASKS = 4 * Runtime.getRuntime().availableProcessors();
+
+  /** Outputs smaller than this (1 MiB) copy on the calling thread: a hand-off would cost more. */
+  private static final int OUTPUT_COPY_MIN_FLOATS = 1 << 18;
 
   /** The memory of a new contiguous CPU float32 array, writable in place. */
   private static FloatBuffer directFloats(NDArray a) {

@@ -207,6 +207,28 @@ class AttentionOpTest {
   }
 
   @Test
+  void aLargeOutputWrittenOnTheKernelThreadsHoldsTheKernelsBitsInBothLayouts() {
+    // Outputs of 1 MiB and more are written in pieces on the kernels' pool: B * H = 4 heads of 2101
+    // rows, each cut in pieces where the pool has more than 4 tasks' worth of threads, and the BTHD
+    // copy in ranges that cut rows in two.
+    long seed = OpChecks.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    AttentionOptions opt = AttentionOptions.DEFAULT;
+    Tensor q = OpChecks.random(rng, 2, 2, 2101, 64, 1), k = OpChecks.random(rng, 2, 1, 40, 64, 1);
+    Tensor v = OpChecks.random(rng, 2, 1, 40, 64, 1);
+    assertTrue(q.data().length >= 1 << 18, "the shape must reach the parallel copy");
+    AttentionState want = CpuAttention.DEFAULT.forward(q, k, v, null, null, opt);
+    try (NDManager m = manager.newSubManager()) {
+      for (Layout layout : Layout.values()) {
+        NDList r = OP.forward(OpChecks.nd(m, q, layout), OpChecks.nd(m, k, layout), OpChecks.nd(m, v, layout), null,
+            null, opt, layout, Path.JAVA);
+        float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), layout);
+        assertTrue(java.util.Arrays.equals(want.o(), st[0]) && java.util.Arrays.equals(want.lse(), st[1]),
+            layout + ", seed " + seed + ": not the kernel's bits");
+      }
+    }
+  }
+  @Test
   void decodeOverArrayAndChunksMatchesReference() {
     long seed = OpChecks.seed();
     SplittableRandom rng = new SplittableRandom(seed);

@@ -61,9 +61,11 @@ public final class CpuAttention implements AttentionBackend {
 
   /**
    * body(0 .. tasks-1) on {@link #POOL}; the caller waits (or, on a pool thread, takes part). The first
-   * exception of the body reaches the caller as itself (fork-join would hand back a copy).
+   * exception of the body reaches the caller as itself (fork-join would hand back a copy). Public for
+   * callers' bulk copies around a kernel call (AttentionOp's output), which then share the kernels'
+   * threads instead of starting their own.
    */
-  static void parallelFor(int tasks, IntConsumer body) {
+  public static void parallelFor(int tasks, IntConsumer body) {
     AtomicReference<Throwable> failed = new AtomicReference<>();
     Runnable loop = () -> IntStream.range(0, tasks).parallel().forEach(i -> {
       if (failed.get() == null) {
