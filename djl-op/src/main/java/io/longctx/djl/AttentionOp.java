@@ -701,7 +701,13 @@ public final class AttentionOp {
     if (reuse != null) {
       reuse[slot] = out;
     }
-    a.toByteBuffer(true).order(java.nio.ByteOrder.nativeOrder()).asFloatBuffer().get(out);
+    FloatBuffer src = a.toByteBuffer(true).order(java.nio.ByteOrder.nativeOrder()).asFloatBuffer();
+    boolean parallel = n >= COPY_MIN_FLOATS;
+    int parts = parallel ? COPY_TASKS : 1;
+    forEach(parts, parallel, p -> {
+      int from = (int) ((long) n * p / parts), to = (int) ((long) n * (p + 1) / parts);
+      src.get(from, out, from, to - from);
+    });
     return out;
   }
 
@@ -725,18 +731,18 @@ public final class AttentionOp {
     NDArray ln = m.create(bthd ? new Shape(batch, t, heads) : new Shape(batch, heads, t), DataType.FLOAT32);
     if (o.length > 0) {
       FloatBuffer of = directFloats(on), lf = directFloats(ln);
-      boolean parallel = o.length >= OUTPUT_COPY_MIN_FLOATS;
+      boolean parallel = o.length >= COPY_MIN_FLOATS;
       // Absolute puts of disjoint ranges: safe from several threads.
       if (bthd) {
         lf.put(0, lse);
-        int parts = parallel ? OUTPUT_COPY_TASKS : 1;
+        int parts = parallel ? COPY_TASKS : 1;
         forEach(parts, parallel, p -> {
           int from = (int) ((long) o.length * p / parts), to = (int) ((long) o.length * (p + 1) / parts);
           of.put(from, o, from, to - from);
         });
       } else {
         // Each head's rows in enough pieces that few heads still give every thread work.
-        int pieces = parallel ? Math.max(1, Math.min(t, OUTPUT_COPY_TASKS / (batch * heads))) : 1;
+        int pieces = parallel ? Math.max(1, Math.min(t, COPY_TASKS / (batch * heads))) : 1;
         forEach(batch * heads * pieces, parallel, task -> {
           int bh = task / pieces, piece = task % pieces, b = bh / heads, h = bh % heads;
           int first = (int) ((long) t * piece / pieces), end = (int) ((long) t * (piece + 1) / pieces);
@@ -761,11 +767,11 @@ public final class AttentionOp {
     }
   }
 
-  /** Pieces of a BTHD output copy: a few per kernel thread. */
-  private static final int OUTPUT_COPY_TASKS = 4 * Runtime.getRuntime().availableProcessors();
+  /** Pieces of a bulk copy in or out of an NDArray: a few per kernel thread. */
+  private static final int COPY_TASKS = 4 * Runtime.getRuntime().availableProcessors();
 
-  /** Outputs smaller than this (1 MiB) copy on the calling thread: a hand-off would cost more. */
-  private static final int OUTPUT_COPY_MIN_FLOATS = 1 << 18;
+  /** Arrays smaller than this (1 MiB) copy on the calling thread: a hand-off would cost more. */
+  private static final int COPY_MIN_FLOATS = 1 << 18;
 
   /** The memory of a new contiguous CPU float32 array, writable in place. */
   private static FloatBuffer directFloats(NDArray a) {

@@ -207,8 +207,8 @@ class AttentionOpTest {
   }
 
   @Test
-  void aLargeOutputWrittenOnTheKernelThreadsHoldsTheKernelsBitsInBothLayouts() {
-    // Outputs of 1 MiB and more are written in pieces on the kernels' pool: B * H = 4 heads of 2101
+  void largeArraysCopiedOnTheKernelThreadsHoldTheKernelsBitsInBothLayouts() {
+    // Arrays of 1 MiB and more (here q and o) are copied in pieces on the kernels' pool: B * H = 4 heads of 2101
     // rows, each cut in pieces where the pool has more than 4 tasks' worth of threads, and the BTHD
     // copy in ranges that cut rows in two.
     long seed = OpChecks.seed();
