@@ -690,7 +690,8 @@ public final class AttentionOp {
    * One copy into a float[] ({@code reuse[slot]} where it has the size; a new array, kept there when
    * reuse is given, otherwise): for float32, {@code toByteBuffer(true)} is a direct view of the
    * tensor's memory (DJL first makes a strided array contiguous, into a temporary attached to the
-   * array's manager) and the bulk get is a memcpy; {@code toFloatArray()} would copy twice.
+   * array's manager) and the bulk get is a memcpy, in pieces on the kernels' threads from 1 MiB;
+   * {@code toFloatArray()} would copy twice.
    */
   private static float[] toFloats(NDArray a, float[][] reuse, int slot) {
     if (a.getDataType() != DataType.FLOAT32) {
@@ -719,9 +720,10 @@ public final class AttentionOp {
    * own, so views of the outputs stay valid after the outputs are closed (a create(float[]) array's
    * memory lives only as long as that array).
    *
-   * <p>o is written on the kernels' threads: glibc maps 32 MiB and more afresh on every call, and the
-   * first touch of each page is what that write costs (130 ms for 32 MiB on one thread of a Zen 5 VM,
-   * 70 ms on two; docs/BENCHMARKS.md, "The op's output write").
+   * <p>o is written in pieces on the kernels' threads: glibc maps 32 MiB and more afresh on every
+   * call, and the first touch of each page is most of what that write costs (128-132 ms for 32 MiB on
+   * one thread of a Zen 5 VM, 67-77 ms on two; docs/BENCHMARKS.md, "The operator's copies on the
+   * kernels' threads").
    */
   private static NDList stateToNd(NDManager m, AttentionState st, int batch, int t, int heads, int dim,
       Layout layout) {

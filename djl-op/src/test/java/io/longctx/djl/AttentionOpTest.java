@@ -208,9 +208,9 @@ class AttentionOpTest {
 
   @Test
   void largeArraysCopiedOnTheKernelThreadsHoldTheKernelsBitsInBothLayouts() {
-    // Arrays of 1 MiB and more (here q and o) are copied in pieces on the kernels' pool: B * H = 4 heads of 2101
-    // rows, each cut in pieces where the pool has more than 4 tasks' worth of threads, and the BTHD
-    // copy in ranges that cut rows in two.
+    // Arrays of 1 MiB and more (here q and o) are copied in pieces on the kernels' pool: B * H = 4
+    // heads of 2101 rows, each cut in pieces where the pool has more than 4 tasks' worth of threads,
+    // and the BTHD copy in ranges that cut rows in two.
     long seed = OpChecks.seed();
     SplittableRandom rng = new SplittableRandom(seed);
     AttentionOptions opt = AttentionOptions.DEFAULT;
@@ -228,6 +228,7 @@ class AttentionOpTest {
       }
     }
   }
+
   @Test
   void decodeOverArrayAndChunksMatchesReference() {
     long seed = OpChecks.seed();

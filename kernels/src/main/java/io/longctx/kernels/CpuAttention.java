@@ -62,8 +62,8 @@ public final class CpuAttention implements AttentionBackend {
   /**
    * body(0 .. tasks-1) on {@link #POOL}; the caller waits (or, on a pool thread, takes part). The first
    * exception of the body reaches the caller as itself (fork-join would hand back a copy). Public for
-   * callers' bulk copies around a kernel call (AttentionOp's output), which then share the kernels'
-   * threads instead of starting their own.
+   * callers' bulk copies around a kernel call (AttentionOp's input and output copies), which then
+   * share the kernels' threads instead of starting their own.
    */
   public static void parallelFor(int tasks, IntConsumer body) {
     AtomicReference<Throwable> failed = new AtomicReference<>();
