@@ -703,12 +703,7 @@ public final class AttentionOp {
       reuse[slot] = out;
     }
     FloatBuffer src = a.toByteBuffer(true).order(java.nio.ByteOrder.nativeOrder()).asFloatBuffer();
-    boolean parallel = n >= COPY_MIN_FLOATS;
-    int parts = parallel ? COPY_TASKS : 1;
-    forEach(parts, parallel, p -> {
-      int from = (int) ((long) n * p / parts), to = (int) ((long) n * (p + 1) / parts);
-      src.get(from, out, from, to - from);
-    });
+    inRanges(n, (from, to) -> src.get(from, out, from, to - from));
     return out;
   }
 
@@ -733,16 +728,12 @@ public final class AttentionOp {
     NDArray ln = m.create(bthd ? new Shape(batch, t, heads) : new Shape(batch, heads, t), DataType.FLOAT32);
     if (o.length > 0) {
       FloatBuffer of = directFloats(on), lf = directFloats(ln);
-      boolean parallel = o.length >= COPY_MIN_FLOATS;
       // Absolute puts of disjoint ranges: safe from several threads.
       if (bthd) {
         lf.put(0, lse);
-        int parts = parallel ? COPY_TASKS : 1;
-        forEach(parts, parallel, p -> {
-          int from = (int) ((long) o.length * p / parts), to = (int) ((long) o.length * (p + 1) / parts);
-          of.put(from, o, from, to - from);
-        });
+        inRanges(o.length, (from, to) -> of.put(from, o, from, to - from));
       } else {
+        boolean parallel = o.length >= COPY_MIN_FLOATS;
         // Each head's rows in enough pieces that few heads still give every thread work.
         int pieces = parallel ? Math.max(1, Math.min(t, COPY_TASKS / (batch * heads))) : 1;
         forEach(batch * heads * pieces, parallel, task -> {
@@ -757,6 +748,21 @@ public final class AttentionOp {
       }
     }
     return new NDList(on, ln);
+  }
+
+  /** A copy of range [from, to) of a flat array. */
+  private interface RangeCopy {
+    void copy(int from, int to);
+  }
+
+  /**
+   * {@code body} over [0, n): from {@link #COPY_MIN_FLOATS} on, in {@link #COPY_TASKS} pieces on the
+   * kernels' threads; below, in one piece on the calling thread.
+   */
+  private static void inRanges(int n, RangeCopy body) {
+    boolean parallel = n >= COPY_MIN_FLOATS;
+    int parts = parallel ? COPY_TASKS : 1;
+    forEach(parts, parallel, p -> body.copy((int) ((long) n * p / parts), (int) ((long) n * (p + 1) / parts)));
   }
 
   private static void forEach(int tasks, boolean parallel, IntConsumer body) {
