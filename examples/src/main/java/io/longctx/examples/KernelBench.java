@@ -194,9 +194,9 @@ public final class KernelBench {
     AttentionOp attentionOp = new AttentionOp(kernels);
     if (op.equals("forward") || op.equals("all")) {
       int h = heads > 0 ? heads : 8, hkv = kvHeads > 0 ? kvHeads : h;
-      Tensor q = random(rng, 1, h, t, dim);
-      Tensor k = random(rng, 1, hkv, tk > 0 ? tk : t, dim);
-      Tensor v = random(rng, 1, hkv, tk > 0 ? tk : t, dim);
+      Tensor q = Tensor.random(rng, 1, h, t, dim);
+      Tensor k = Tensor.random(rng, 1, hkv, tk > 0 ? tk : t, dim);
+      Tensor v = Tensor.random(rng, 1, hkv, tk > 0 ? tk : t, dim);
       NDArray[] nd = engine != null ? toNd(engine, q, k, v) : null;
       // A --memory child (--only) runs exactly one configuration: causal with --causal, else non-causal.
       boolean[] modes = causal != null ? new boolean[] {true} : only != null ? new boolean[] {false}
@@ -258,9 +258,9 @@ public final class KernelBench {
       }
       int h = heads > 0 ? heads : 32, hkv = kvHeads > 0 ? kvHeads : 8, n = tk > 0 ? tk : 65536;
       int rows = op.equals("decode") && t != 4096 ? t : 1;
-      Tensor q = random(rng, 1, h, rows, dim);
-      Tensor k = random(rng, 1, hkv, n, dim);
-      Tensor v = random(rng, 1, hkv, n, dim);
+      Tensor q = Tensor.random(rng, 1, h, rows, dim);
+      Tensor k = Tensor.random(rng, 1, hkv, n, dim);
+      Tensor v = Tensor.random(rng, 1, hkv, n, dim);
       long[] qPos = new long[rows];
       Arrays.fill(qPos, n);
       AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
@@ -532,14 +532,6 @@ public final class KernelBench {
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
     }
-  }
-
-  static Tensor random(SplittableRandom rng, int b, int h, int t, int d) {
-    float[] x = new float[b * h * t * d];
-    for (int i = 0; i < x.length; i++) {
-      x[i] = (float) rng.nextGaussian();
-    }
-    return new Tensor(x, b, h, t, d);
   }
 
   /** Median ms of each implementation; they alternate within every iteration. */

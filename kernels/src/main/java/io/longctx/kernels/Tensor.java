@@ -28,8 +28,8 @@ public record Tensor(float[] data, int batch, int heads, int tokens, int dim) {
         batch, heads, tokens, dim);
   }
 
-  /** Standard normal entries from {@code rng} (the GPU checks' inputs, the JIT warm-up's problem). */
-  static Tensor random(java.util.SplittableRandom rng, int batch, int heads, int tokens, int dim) {
+  /** Standard normal entries from {@code rng} (the GPU checks' and benchmarks' inputs, the JIT warm-up's problem). */
+  public static Tensor random(java.util.SplittableRandom rng, int batch, int heads, int tokens, int dim) {
     Tensor x = zeros(batch, heads, tokens, dim);
     for (int i = 0; i < x.data.length; i++) {
       x.data[i] = (float) rng.nextGaussian();
