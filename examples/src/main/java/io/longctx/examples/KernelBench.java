@@ -155,6 +155,11 @@ public final class KernelBench {
       System.err.println("--callers must be >= 1, got " + callers);
       System.exit(2);
     }
+    String shapeProblem = shapeProblem(op, t, tk, heads, kvHeads, dim, iters, warmup);
+    if (shapeProblem != null) {
+      System.err.println("bench: " + shapeProblem);
+      System.exit(2);
+    }
     if (memory) {
       memory(args, op, causal, plain);
       return;
@@ -182,6 +187,33 @@ public final class KernelBench {
     try (LibtorchSdpa sdpa = needEngine ? LibtorchSdpa.open() : null) {
       run(op, t, tk, heads, kvHeads, dim, iters, warmup, split, causal, kernels, sdpa, anchor, plain, only, callers);
     }
+  }
+
+  /**
+   * What is wrong with the sizes asked for, or null: checked before anything runs, so that a bad
+   * shape is exit 2 naming the option, not a kernel's stack trace. -1 = not given (the op's default).
+   */
+  static String shapeProblem(String op, int t, int tk, int heads, int kvHeads, int dim, int iters, int warmup) {
+    int[] values = {t, dim, iters, warmup, tk, heads, kvHeads};
+    String[] names = {"--t", "--dim", "--iters", "--warmup", "--tk", "--heads", "--kv-heads"};
+    for (int i = 0; i < values.length; i++) {
+      int min = names[i].equals("--warmup") ? 0 : 1;
+      boolean optional = i >= 4;
+      if (values[i] < min && !(optional && values[i] == -1)) {
+        return names[i] + " must be >= " + min + ", got " + values[i];
+      }
+    }
+    // The heads each op runs with: forward 8 over as many kv heads, decode 32 over 8, unless given.
+    for (String o : List.of("forward", "decode")) {
+      if (op.equals(o) || op.equals("all")) {
+        int h = heads > 0 ? heads : o.equals("forward") ? 8 : 32;
+        int hkv = kvHeads > 0 ? kvHeads : o.equals("forward") ? h : 8;
+        if (h % hkv != 0) {
+          return o + " runs " + h + " heads over " + hkv + " kv heads: --heads must be a multiple of --kv-heads";
+        }
+      }
+    }
+    return null;
   }
 
   /** A named implementation: {@code call} runs it once. */
