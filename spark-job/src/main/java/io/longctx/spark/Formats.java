@@ -30,12 +30,14 @@ final class Formats {
   }
 
   /**
-   * The writer of a job's output, with the options that keep Parquet's per-value work down on rows of
-   * long float arrays (o, lse, logprobs): no dictionary (float vectors hardly repeat a value, and the
-   * writer built a hash map per page before falling back to plain), and arrays as Parquet's two-level
-   * lists ({@code repeated float array}), which every Parquet reader accepts, instead of three-level
-   * ones with a group per element: 35% less time writing 65,536 rows of 512 floats (docs/BENCHMARKS.md,
-   * "Parquet output"). Spark reads both forms as the same array columns. JSON ignores the options.
+   * The writer of a job's output and of the corpus generator's files, with the options that keep
+   * Parquet's per-value work down on rows of long float arrays (o, lse, logprobs; k, v, q): no
+   * dictionary (float vectors hardly repeat a value, and the writer built a hash map per page before
+   * falling back to plain), and arrays as Parquet's two-level lists ({@code repeated float array}),
+   * which every Parquet reader accepts, instead of three-level ones with a group per element: 35% less
+   * time writing 65,536 rows of 512 floats, and {@code gen} 1.7x faster (docs/BENCHMARKS.md, "Parquet
+   * output", "Prefill in runs"). Spark reads both forms as the same array columns. JSON ignores the
+   * options.
    */
   static <T> org.apache.spark.sql.DataFrameWriter<T> output(org.apache.spark.sql.DataFrameWriter<T> w, String format) {
     return w.format(format).option("parquet.enable.dictionary", "false")

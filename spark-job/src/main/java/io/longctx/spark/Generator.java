@@ -110,13 +110,13 @@ public final class Generator implements Serializable {
     OutputCommit keysOut = OutputCommit.prepare(hconf, dir + "/" + keysName(), overwrite, "gen", Map.of());
     OutputCommit queriesOut = queriesPerDoc > 0
         ? OutputCommit.prepare(hconf, dir + "/" + queriesName(), overwrite, "gen", Map.of()) : null;
-    keysOut.write(spark, keyRows.write().format(format));
+    keysOut.write(spark, Formats.output(keyRows.write(), format));
     if (queriesOut != null) {
       int q = queriesPerDoc;
       Dataset<Row> queries = spark.range(0, (long) docs * q, 1, Math.max(1, Math.min(parts, docs)))
           .map((MapFunction<Long, Token>) id -> g.query((int) (id / q), (int) (id % q)), Encoders.bean(Token.class))
           .select(col("queryId").as("query_id"), col("docId").as("doc_id"), col("q"), col("pos"));
-      queriesOut.write(spark, queries.write().format(format));
+      queriesOut.write(spark, Formats.output(queries.write(), format));
     }
   }
 }
