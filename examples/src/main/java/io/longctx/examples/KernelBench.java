@@ -203,17 +203,25 @@ public final class KernelBench {
         return names[i] + " must be >= " + min + ", got " + values[i];
       }
     }
-    // The heads each op runs with: forward 8 over as many kv heads, decode 32 over 8, unless given.
     for (String o : List.of("forward", "decode")) {
       if (op.equals(o) || op.equals("all")) {
-        int h = heads > 0 ? heads : o.equals("forward") ? 8 : 32;
-        int hkv = kvHeads > 0 ? kvHeads : o.equals("forward") ? h : 8;
+        int h = headsFor(o, heads), hkv = kvHeadsFor(o, heads, kvHeads);
         if (h % hkv != 0) {
           return o + " runs " + h + " heads over " + hkv + " kv heads: --heads must be a multiple of --kv-heads";
         }
       }
     }
     return null;
+  }
+
+  /** The query heads {@code op} (forward or decode) runs with: --heads, else 8 for forward, 32 for decode. */
+  static int headsFor(String op, int heads) {
+    return heads > 0 ? heads : op.equals("forward") ? 8 : 32;
+  }
+
+  /** The kv heads {@code op} runs with: --kv-heads, else as many as its query heads for forward, 8 for decode. */
+  static int kvHeadsFor(String op, int heads, int kvHeads) {
+    return kvHeads > 0 ? kvHeads : op.equals("forward") ? headsFor(op, heads) : 8;
   }
 
   /** A named implementation: {@code call} runs it once. */
@@ -225,7 +233,7 @@ public final class KernelBench {
     SplittableRandom rng = new SplittableRandom(42);
     AttentionOp attentionOp = new AttentionOp(kernels);
     if (op.equals("forward") || op.equals("all")) {
-      int h = heads > 0 ? heads : 8, hkv = kvHeads > 0 ? kvHeads : h;
+      int h = headsFor("forward", heads), hkv = kvHeadsFor("forward", heads, kvHeads);
       Tensor q = Tensor.random(rng, 1, h, t, dim);
       Tensor k = Tensor.random(rng, 1, hkv, tk > 0 ? tk : t, dim);
       Tensor v = Tensor.random(rng, 1, hkv, tk > 0 ? tk : t, dim);
@@ -288,7 +296,7 @@ public final class KernelBench {
       if (only == null) {
         progress("decode: generating inputs");
       }
-      int h = heads > 0 ? heads : 32, hkv = kvHeads > 0 ? kvHeads : 8, n = tk > 0 ? tk : 65536;
+      int h = headsFor("decode", heads), hkv = kvHeadsFor("decode", heads, kvHeads), n = tk > 0 ? tk : 65536;
       int rows = op.equals("decode") && t != 4096 ? t : 1;
       Tensor q = Tensor.random(rng, 1, h, rows, dim);
       Tensor k = Tensor.random(rng, 1, hkv, n, dim);
