@@ -23,6 +23,7 @@
 // race-free kernel's output does not depend on when its copies land (docs/CUDA.md).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <chrono>
@@ -353,8 +354,32 @@ inline uint16_t half_of(uint32_t reg, int i) { return (uint16_t)(reg >> (16 * i)
 //   A: register j of lane 4g+t holds row g + 8 (j % 2), columns 2t + 8 (j / 2) + {0, 1};
 //   B: register j holds rows (k) 2t + 8 j + {0, 1} of column g;
 //   C, D: element i holds row g + 8 (i / 2), column 2t + i % 2.
-// Products of fp16/bf16 values are exact in float; each lane sums its 16 products and c in double
-// and rounds once to float (the hardware's summation order is unspecified).
+// Products of fp16/bf16 values are exact in float. The sum is not IEEE: it follows the behaviour
+// measured on A100/H100-class tensor cores (Fasi et al. 2021; Khattak and Mikaitis 2025): c and a
+// block of 8 products are aligned to the largest exponent among them, bits below 2^(emax - 23) are
+// dropped (truncation toward zero, not rounding), the aligned terms are summed exactly and the sum is
+// truncated to float, which is c for the next block of 8. Truncation is biased: an accumulator much
+// larger than the products added to it loses their low bits every time (the first GPU run, 2026-11-26,
+// showed exactly that on the decode kernel's running sum; a double sum rounded once had hidden it).
+// One block of the tensor cores' sum (above): c + p[0..7], aligned and truncated. Non-finite
+// inputs fall back to a plain sum (they propagate either way).
+inline float block_fma(float c, const double* p) {
+  double largest = std::fabs((double)c), plain = c;
+  for (int k = 0; k < 8; k++) {
+    largest = std::max(largest, std::fabs(p[k]));
+    plain += p[k];
+  }
+  if (largest == 0 || !std::isfinite(largest)) return (float)plain;
+  int e;
+  std::frexp(largest, &e);                          // largest in [2^(e-1), 2^e)
+  const double quantum = std::ldexp(1.0, e - 24);   // 24 bits below the largest term's leading bit
+  double sum = std::trunc(c / quantum) * quantum;   // exact: multiples of quantum below 2^(e+4)
+  for (int k = 0; k < 8; k++) sum += std::trunc(p[k] / quantum) * quantum;
+  float f = (float)sum;                             // round to nearest, then step back toward zero
+  if (std::fabs((double)f) > std::fabs(sum)) f = std::nextafter(f, 0.f);
+  return f;
+}
+
 template <typename T>
 inline void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   WarpOperands& x = exchange_begin();
@@ -366,13 +391,13 @@ inline void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uin
   const int g = l / 4, t = l % 4;
   for (int i = 0; i < 4; i++) {
     const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
-    double sum = c[i];
+    double p[16];
     for (int k = 0; k < 16; k++) {
       const uint32_t areg = x.a[4 * (row % 8) + (k % 8) / 2][row / 8 + 2 * (k / 8)];
       const uint32_t breg = x.b[4 * col + (k % 8) / 2][k / 8];
-      sum += (double)b16_to_float<T>(half_of(areg, k % 2)) * b16_to_float<T>(half_of(breg, k % 2));
+      p[k] = (double)b16_to_float<T>(half_of(areg, k % 2)) * b16_to_float<T>(half_of(breg, k % 2));
     }
-    c[i] = (float)sum;
+    c[i] = block_fma(block_fma(c[i], p), p + 8);
   }
 }
 }  // namespace emu

@@ -7,8 +7,9 @@
 //   2. mma on fragments built by hand from those tables equals C + A B computed in double;
 //   3. the chain the kernel runs, S = Q K^T and O = Q V through ldmatrix + mma, equals the double
 //      matmul.
-// Results must be within float rounding of the exact sums: |got - exact| <= 18 * 2^-24 * (|c| +
-// sum |a b|), any summation order. Usage: tc_emulation_test SEED TRIALS. Exit 0: all pass; 1: a
+// Results must be within the emulated tensor cores' truncation of the exact sums: |got - exact| <=
+// 40 * 2^-24 * (|c| + sum |a b|) (two blocks of 8 products, each dropping less than 2^-23 of the
+// largest term from each of its 9 terms and from its sum). Usage: tc_emulation_test SEED TRIALS. Exit 0: all pass; 1: a
 // check failed (the lines say which, lane and values); 2: usage.
 
 #include <cinttypes>
@@ -64,7 +65,7 @@ void expect_reg(const char* type, const char* what, int warp, int lane, uint32_t
 
 // got against the exact double sum; `mag` is |c| + sum |a b|.
 void expect_sum(const char* type, const char* what, int warp, int lane, float got, double exact, double mag) {
-  if (!(std::fabs(got - exact) <= 18 * std::ldexp(1.0, -24) * mag)) fail(type, what, warp, lane, got, exact);
+  if (!(std::fabs(got - exact) <= 40 * std::ldexp(1.0, -24) * mag)) fail(type, what, warp, lane, got, exact);
 }
 
 template <typename T>

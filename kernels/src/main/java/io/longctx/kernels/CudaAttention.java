@@ -60,6 +60,12 @@ public final class CudaAttention implements AttentionBackend {
         ? "longctx_forward_tc_" + type.suffix + "_d" + dim : "longctx_forward_" + type.suffix;
   }
 
+  /** The fatbin that defines a kernel, by the naming of the three .cu files. */
+  static String fatbinOf(String kernel) {
+    return kernel.startsWith("longctx_forward_tc_") ? "flash_forward_tc.fatbin"
+        : kernel.startsWith("longctx_forward_") ? "flash_forward.fatbin" : "flash_decode.fatbin";
+  }
+
   /** Every kernel in the fatbins: forward (plain, tensor-core) and decode (partials, combine). */
   public static List<String> kernelNames() {
     List<String> names = new ArrayList<>();
@@ -104,22 +110,17 @@ public final class CudaAttention implements AttentionBackend {
     check("cuDeviceGet(" + ordinal + ")", JCudaDriver.cuDeviceGet(dev, ordinal));
     check("cuDevicePrimaryCtxRetain", JCudaDriver.cuDevicePrimaryCtxRetain(context, dev));
     check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
-    List<CUmodule> modules = new ArrayList<>();
+    Map<String, CUmodule> modules = new HashMap<>();
     for (String fatbin : CudaProbe.FATBINS) {
       CUmodule module = new CUmodule();
       check("cuModuleLoadData(" + fatbin + ")", JCudaDriver.cuModuleLoadData(module, CudaProbe.fatbin(fatbin)));
-      modules.add(module);
+      modules.put(fatbin, module);
     }
     for (String name : kernelNames()) {
+      // Looked up only in the fatbin that defines it: a miss elsewhere is an API error that
+      // compute-sanitizer reports (and fails the run on).
       CUfunction f = new CUfunction();
-      int rc = CUresult.CUDA_ERROR_NOT_FOUND;
-      for (CUmodule m : modules) {
-        rc = JCudaDriver.cuModuleGetFunction(f, m, name);
-        if (rc == CUresult.CUDA_SUCCESS) {
-          break;
-        }
-      }
-      check("cuModuleGetFunction(" + name + ")", rc);
+      check("cuModuleGetFunction(" + name + ")", JCudaDriver.cuModuleGetFunction(f, modules.get(fatbinOf(name)), name));
       kernels.put(name, f);
     }
   }

@@ -29,6 +29,20 @@ class LaunchGeometryTest {
     return m;
   }
 
+  /** Each kernel is looked up only in the fatbin named for it: its .cu file must define it. */
+  @Test
+  void everyKernelIsDefinedInTheFatbinItIsLookedUpIn() throws IOException {
+    for (String name : CudaAttention.kernelNames()) {
+      String fatbin = CudaAttention.fatbinOf(name);
+      assertTrue(CudaProbe.FATBINS.contains(fatbin), fatbin);
+      String src = Files.readString(Path.of("src", "main", "cuda", fatbin.replace(".fatbin", ".cu")));
+      // Entry points are written out or built by a macro from the element type's suffix.
+      String macro = name.replaceFirst("_(f32|f16|bf16)(_|$)", "_##SUFFIX##$2");
+      assertTrue(src.contains(name + ",") || src.contains(name + "(") || src.contains(macro + ","),
+          name + " is not defined in " + fatbin);
+    }
+  }
+
   @Test
   void forwardKernels() throws IOException {
     Map<String, Integer> plain = constants("flash_forward.cu");
