@@ -18,6 +18,7 @@ import jcuda.driver.JCudaDriver;
  * ({@link CheckReport}); a case that throws is an ERROR row and the next case runs, unless the CUDA
  * context is lost (sticky error), which ends the section. Exits 0 when every row passes, 1
  * otherwise, 2 when CUDA is unavailable. {@code --smoke}: tiny shapes, for CI on a fake libcuda.
+ * {@code --timing-only}: the timing table alone (what {@code bin/gpu-check profile} runs under ncu).
  */
 public final class GpuCheck {
 
@@ -33,6 +34,7 @@ public final class GpuCheck {
 
   public static void main(String[] args) {
     boolean smoke = Arrays.asList(args).contains("--smoke");
+    boolean timingOnly = Arrays.asList(args).contains("--timing-only");
     CheckReport report = new CheckReport("forward");
     CudaProbe.Status s = CudaProbe.status();
     if (!s.available()) {
@@ -52,7 +54,9 @@ public final class GpuCheck {
     }
     if (cuda != null) {
       SplittableRandom rng = new SplittableRandom(seed);
-      correctness(cuda, rng, report, smoke);
+      if (!timingOnly) {
+        correctness(cuda, rng, report, smoke);
+      }
       if (!report.stopped()) {
         timing(cuda, rng, report, smoke);
       }

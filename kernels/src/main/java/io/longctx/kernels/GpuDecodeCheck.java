@@ -34,11 +34,13 @@ final class GpuDecodeCheck {
    * exercise this code without a GPU (CudaDecodeFakeDeviceTest runs it on the emulating fake
    * libcuda); its timings mean nothing. Without it: the full sizes. Rows go to stdout and the
    * results file as they are made ({@link CheckReport}). Exit 0 when every row passes, 1 otherwise,
-   * 2 without CUDA; {@code -Dlongctx.seed=S} replays a run.
+   * 2 without CUDA; {@code -Dlongctx.seed=S} replays a run. {@code --timing-only}: the timing table
+   * alone (what {@code bin/gpu-check profile} runs under ncu).
    */
   public static void main(String[] args) {
     boolean smoke = Arrays.asList(args).contains("--smoke");
     smokeRepeats = smoke ? 1 : 0;
+    boolean timingOnly = Arrays.asList(args).contains("--timing-only");
     CheckReport report = new CheckReport("decode");
     CudaProbe.Status s = CudaProbe.status();
     if (!s.available()) {
@@ -49,11 +51,23 @@ final class GpuDecodeCheck {
     long seed = fixed != null ? fixed : System.nanoTime();
     report.line("");
     report.line("## Decode on " + s.device() + ", " + CheckReport.driver() + (smoke ? " (smoke sizes)" : "") + ", seed " + seed);
+    CudaAttention cuda = null;
     try {
-      run(CudaAttention.instance(), new SplittableRandom(seed), report, smoke);
+      cuda = CudaAttention.instance();
     } catch (RuntimeException | LinkageError e) {
       report.errorRow("loading the kernels: " + CheckReport.errorText(e));
       report.stop("no CUDA backend");
+    }
+    if (cuda != null) {
+      try {
+        if (timingOnly) {
+          timing(cuda, new SplittableRandom(seed), report, smoke);
+        } else {
+          run(cuda, new SplittableRandom(seed), report, smoke);
+        }
+      } catch (RuntimeException | OutOfMemoryError e) { // run isolates its cases; this is what escapes
+        report.errorRow("decode" + (timingOnly ? " timing" : "") + ": " + CheckReport.errorText(e));
+      }
     }
     System.exit(report.finish());
   }
