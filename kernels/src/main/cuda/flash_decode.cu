@@ -68,12 +68,7 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kWarps = 4;
 constexpr int kTile = 32;    // keys per tile: one per lane
-// Shared-memory buffers per K and V: kStagesDeep (3 tiles in flight while one computes) when a
-// stage's K and V fit in kDeepMaxStageBytes (2-byte types up to D 128, float up to D 64), else 2, so
-// that two or more CTAs still fit an SM. The first GPU run (2026-11-26, H200) found the 2-stage
-// kernels short of bytes in flight: the tensor-core partials at 19% of DRAM bandwidth.
-constexpr int kStagesDeep = 4;
-constexpr int kDeepMaxStageBytes = 20480;
+constexpr int kStages = 2;   // shared-memory buffers per K and V
 
 
 // 8 consecutive elements from shared memory (16-byte aligned for 2-byte types, 32 for float).
@@ -115,22 +110,20 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 // the input type for ldmatrix, padded like K and V, zero rows up to a whole m16 block (qt).
 template <typename T>
 struct Smem {
-  T* ks;              // [stages][kTile][D + pad]
-  T* vs;              // [stages][kTile][D + pad]
+  T* ks;              // [kStages][kTile][D + pad]
+  T* vs;              // [kStages][kTile][D + pad]
   float* qs;          // [rows][D], unscaled (the scale multiplies the finished q.k); CUDA cores
   float* ps;          // [rows][kTile]; CUDA cores
   T* qt;              // [rows rounded up to 16][D + pad]; tensor cores
   long long* qp;      // [rows]
   int* row;           // [rows]: row of the kv head's group (g * Tq + t)
   int stride;         // elements per K/V/qt row in shared memory
-  int stages;         // K/V buffers (CudaDecode.stages)
   __device__ Smem(void* base, int dim, int rows, bool tc) {
     stride = dim + 16 / (int)sizeof(T);
-    stages = 2 * kTile * stride * (int)sizeof(T) <= kDeepMaxStageBytes ? kStagesDeep : 2;
     const int fl = tc ? 0 : rows, tr = tc ? (rows + 15) / 16 * 16 : 0;
     char* p = static_cast<char*>(base);
-    ks = reinterpret_cast<T*>(p); p += sizeof(T) * stages * kTile * stride;
-    vs = reinterpret_cast<T*>(p); p += sizeof(T) * stages * kTile * stride;
+    ks = reinterpret_cast<T*>(p); p += sizeof(T) * kStages * kTile * stride;
+    vs = reinterpret_cast<T*>(p); p += sizeof(T) * kStages * kTile * stride;
     qs = reinterpret_cast<float*>(p); p += sizeof(float) * fl * dim;
     ps = reinterpret_cast<float*>(p); p += sizeof(float) * fl * kTile;
     qt = reinterpret_cast<T*>(p); p += sizeof(T) * tr * stride;
@@ -268,36 +261,28 @@ __device__ __forceinline__ int cta_rows(const DecodeArgs& a, const Smem<T>& sm, 
 }
 
 // The tile loop both kernel families share: tiles of kTile keys from lo (on the split's grid) up to
-// hi, sm.stages buffers deep: while `body(stage, j0)` computes one tile, the next stages - 1 tiles'
-// K and V are in flight. One barrier per tile: after it, this tile has landed for every thread and
-// every thread is done with the previous tile, whose buffer the load issued next then reuses.
+// hi, double-buffered, K and V of the next tile in flight while `body(stage, j0)` computes this one.
 template <typename T, typename Body>
 __device__ __forceinline__ void for_each_tile(const DecodeArgs& a, const Smem<T>& sm, long long lo, long long hi,
                                               int b, int kvh, Body&& body) {
   const long long n_tiles = lo < hi ? (hi - lo + kTile - 1) / kTile : 0;
   int tile_chunk = n_tiles > 0 ? find_chunk(a.chunk_start, a.n_chunks, lo) : 0;
-  long long loaded = 0;  // tiles issued so far, in key order; one commit group per tile (or empty)
-  auto issue_next = [&]() {
-    if (loaded < n_tiles) {
-      const long long j = lo + loaded * kTile;
-      tile_chunk = chunk_of(a.chunk_start, tile_chunk, j);
-      load_tile<T>(a, sm, (int)(loaded % sm.stages), j, hi, tile_chunk, b, kvh);
-      loaded++;
-    }
-    cp_async_commit();
-  };
-  for (int s = 0; s < sm.stages - 1; s++) issue_next();
+  if (n_tiles > 0) load_tile<T>(a, sm, 0, lo, hi, tile_chunk, b, kvh);
+  cp_async_commit();
 
   for (long long tile = 0; tile < n_tiles; tile++) {
-    // Groups issued: stages - 1 + tile; this tile's is the oldest still open.
-    if (sm.stages == kStagesDeep) {
-      cp_async_wait<kStagesDeep - 2>();
-    } else {
-      cp_async_wait<0>();
+    const long long j0 = lo + tile * kTile;
+    const int st = (int)(tile & 1);
+    if (tile + 1 < n_tiles) {
+      tile_chunk = chunk_of(a.chunk_start, tile_chunk, j0 + kTile);
+      load_tile<T>(a, sm, st ^ 1, j0 + kTile, hi, tile_chunk, b, kvh);
     }
+    cp_async_commit();
+    cp_async_wait_1();  // this tile has landed (the next may still be in flight)
     __syncthreads();
-    issue_next();  // into the buffer of tile - 1, which every thread has finished
-    body((int)(tile % sm.stages), lo + tile * kTile);
+
+    body(st, j0);
+    __syncthreads();  // the stage is overwritten by the load issued next iteration
   }
   cp_async_wait_0();
 }

@@ -278,8 +278,6 @@ inline void cp_async_wait_n(size_t keep) {
     emu::groups.erase(emu::groups.begin());
   }
 }
-template <int N>
-inline void cp_async_wait() { cp_async_wait_n(N); }
 inline void cp_async_wait_1() { cp_async_wait_n(1); }
 inline void cp_async_wait_0() { cp_async_wait_n(0); }
 

@@ -34,9 +34,7 @@ public final class CudaDecode {
   static final int TILE = 32;
   static final int THREADS = 128;
   static final int WARPS = 4;
-  /** K/V buffers: STAGES_DEEP where one stage's K and V fit in DEEP_MAX_STAGE_BYTES, else 2 (stages). */
-  static final int STAGES_DEEP = 4;
-  static final int DEEP_MAX_STAGE_BYTES = 20480;
+  static final int STAGES = 2;
   /** Tensor-core partials: rows per CTA from which they are used, and the largest head dim. */
   static final int TC_MIN_ROWS = 16;
   static final int TC_MAX_DIM = 128;
@@ -142,13 +140,9 @@ public final class CudaDecode {
    * q as float and p per row (CUDA cores) or q in the input type, padded, in whole m16 blocks (tensor
    * cores), then positions and the row list.
    */
-  static int stages(CudaAttention.DType type, int dim) {
-    return 2 * TILE * (dim + 16 / type.bytes) * type.bytes <= DEEP_MAX_STAGE_BYTES ? STAGES_DEEP : 2;
-  }
-
   static int smemBytes(CudaAttention.DType type, int dim, int rows, boolean tensorCores) {
     int stride = dim + 16 / type.bytes;
-    long kv = 2L * stages(type, dim) * TILE * stride * type.bytes;
+    long kv = 2L * STAGES * TILE * stride * type.bytes;
     long q = tensorCores ? (long) (rows + 15) / 16 * 16 * stride * type.bytes : 4L * rows * dim + 4L * rows * TILE;
     return Math.toIntExact(kv + q + 8L * rows + 4L * rows);
   }

@@ -61,27 +61,19 @@ class LaunchGeometryTest {
     assertEquals(d.get("kTile"), CudaDecode.TILE);
     assertEquals(d.get("kThreads"), CudaDecode.THREADS);
     assertEquals(d.get("kWarps"), CudaDecode.WARPS);
-    assertEquals(d.get("kStagesDeep"), CudaDecode.STAGES_DEEP);
-    assertEquals(d.get("kDeepMaxStageBytes"), CudaDecode.DEEP_MAX_STAGE_BYTES);
+    assertEquals(d.get("kStages"), CudaDecode.STAGES);
     // CudaDecode.smemBytes sums the members of the Smem struct in this order; a change to the struct
     // must change that sum too.
     String src = Files.readString(Path.of("src", "main", "cuda", "flash_decode.cu"));
     Matcher m = Pattern.compile("struct Smem \\{(.*?)__device__ Smem", Pattern.DOTALL).matcher(src);
     assertTrue(m.find(), "the Smem struct of flash_decode.cu");
     String members = m.group(1).replaceAll("//[^\\n]*", "").replaceAll("\\s+", " ").strip();
-    assertEquals("T* ks; T* vs; float* qs; float* ps; T* qt; long long* qp; int* row; int stride; int stages;", members);
+    assertEquals("T* ks; T* vs; float* qs; float* ps; T* qt; long long* qp; int* row; int stride;", members);
     int bf16 = CudaDecode.smemBytes(CudaAttention.DType.BF16, 128, 8, false);
-    // 4 stages: K and V of one stage are 2 * 32 * 136 * 2 = 17,408 bytes <= 20,480.
-    assertEquals(2 * 4 * 32 * (128 + 8) * 2 + 4 * 8 * 128 + 4 * 8 * 32 + 8 * 8 + 4 * 8, bf16);
+    assertEquals(2 * 2 * 32 * (128 + 8) * 2 + 4 * 8 * 128 + 4 * 8 * 32 + 8 * 8 + 4 * 8, bf16);
     // Tensor cores: no float q or p; q in the input type, padded, 33 rows in 3 whole m16 blocks.
     int tc = CudaDecode.smemBytes(CudaAttention.DType.F16, 64, 33, true);
-    assertEquals(2 * 4 * 32 * (64 + 8) * 2 + 48 * (64 + 8) * 2 + 8 * 33 + 4 * 33, tc);
-    // 2 stages where one stage is larger: float at D 128 (2 * 32 * 132 * 4 = 33,792), bf16 at D 256.
-    assertEquals(2, CudaDecode.stages(CudaAttention.DType.F32, 128));
-    assertEquals(4, CudaDecode.stages(CudaAttention.DType.F32, 64));
-    assertEquals(2, CudaDecode.stages(CudaAttention.DType.BF16, 256));
-    assertEquals(2 * 2 * 32 * (256 + 8) * 2 + 4 * 8 * 256 + 4 * 8 * 32 + 8 * 8 + 4 * 8,
-        CudaDecode.smemBytes(CudaAttention.DType.BF16, 256, 8, false));
+    assertEquals(2 * 2 * 32 * (64 + 8) * 2 + 48 * (64 + 8) * 2 + 8 * 33 + 4 * 33, tc);
   }
 
   @Test
