@@ -182,9 +182,10 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Smem<T>& sm
   const bool one_chunk = j0 + kTile <= c1 && j0 + kTile <= end;
   const char* kb = static_cast<const char*>(a.k_chunks[tile_chunk]) + (head_base * (c1 - c0) + (j0 - c0)) * row_bytes;
   const char* vb = static_cast<const char*>(a.v_chunks[tile_chunk]) + (head_base * (c1 - c0) + (j0 - c0)) * row_bytes;
-  // Piece e = threadIdx.x + kThreads * it is (key jj, piece pc) of the tile; stepped without division.
+  // Piece e = threadIdx.x + blockDim.x * it is (key jj, piece pc) of the tile; stepped without
+  // division. (kThreads for the CUDA-core kernels; the tensor-core ones run one warp per m16 block.)
   int jj = threadIdx.x / per_row, pc = threadIdx.x % per_row;
-  const int step_j = kThreads / per_row, step_p = kThreads % per_row;
+  const int step_j = (int)blockDim.x / per_row, step_p = (int)blockDim.x % per_row;
   for (; jj < kTile; jj += step_j) {
     T* kd = sm.ks + ((long long)st * kTile + jj) * sm.stride + pc * (16 / (int)sizeof(T));
     T* vd = sm.vs + ((long long)st * kTile + jj) * sm.stride + pc * (16 / (int)sizeof(T));
@@ -445,8 +446,10 @@ __device__ void decode_partial(const DecodeArgs& a) {
 //
 // Same grid, rows, split grid, tiles, loads, partial layout, flags and recompute pass as above;
 // only the arithmetic per tile moves to mma.sync m16n8k16. Warp w owns CTA rows 16w .. 16w + 15
-// (one m16 block; rows past the CTA's count are zero q rows, never written); warps without rows
-// only load. Thread (g = lane / 4, t4 = lane % 4) holds rows g and g + 8 of its block.
+// (one m16 block; rows past the CTA's count are zero q rows, never written), and the CTA has one
+// warp per m16 block (CudaDecode.Plan.threads: 32 to 128 threads): with 4 warps for 16 rows, three
+// only loaded, and the first GPU run (H200) found these kernels latency-bound with one computing
+// warp per CTA. Thread (g = lane / 4, t4 = lane % 4) holds rows g and g + 8 of its block.
 //   S (16 x 32) = Q K^T   Q fragments from qt once (ldmatrix.x4), K as the col-major B operand
 //                         (ldmatrix.x4: two n8 key blocks per k16 step); products of fp16/bf16
 //                         values are exact, sums float32; the scale multiplies the finished S.
@@ -493,7 +496,7 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
   const unsigned short* q = static_cast<const unsigned short*>(a.q);
   unsigned short* qt = reinterpret_cast<unsigned short*>(sm.qt);
   const int rows16 = (n_rows + 15) / 16 * 16;
-  for (int e = threadIdx.x; e < rows16 * a.dim; e += kThreads) {
+  for (int e = threadIdx.x; e < rows16 * a.dim; e += blockDim.x) {
     const int r = e / a.dim, d = e % a.dim;
     unsigned short x = 0;
     if (r < n_rows) {

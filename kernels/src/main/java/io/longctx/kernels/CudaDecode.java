@@ -82,6 +82,20 @@ public final class CudaDecode {
       return tensorCores ? tcKernelName(true, type) : kernelName(true, type, dmax, rowsPerWarp);
     }
 
+    /**
+     * Threads per CTA of the partial kernels: {@link #THREADS} on CUDA cores; on tensor cores one warp
+     * per m16 block of rows (32 to 128), since a warp without rows would only load.
+     */
+    public int threads() {
+      return tensorCores ? 32 * ((rowsPerCta + 15) / 16) : THREADS;
+    }
+
+    /** The same call on the tensor-core partials (a GPU check's timing row; any row count). */
+    Plan onTensorCores() {
+      return new Plan(type, batch, heads, kvHeads, tq, dim, tk, chunkStart, splitLen, splits, rowsPerCta, rowBlocks,
+          dmax, 16, true, CudaDecode.smemBytes(type, dim, rowsPerCta, true));
+    }
+
     /** Bytes of K and V one decode reads: each key of each kv head once, K and V. */
     public long kvBytes() {
       return 2L * batch * kvHeads * tk * dim * type.bytes;
@@ -351,7 +365,7 @@ public final class CudaDecode {
         Pointer.to(new float[] {um != null ? um.lower() : UnifiedMax.DEFAULT_LOWER}),
         Pointer.to(new float[] {um != null ? um.upper() : UnifiedMax.DEFAULT_UPPER}));
     CudaAttention.check("cuLaunchKernel(" + name + ")", JCudaDriver.cuLaunchKernel(f,
-        plan.splits() * plan.rowBlocks(), plan.kvHeads(), plan.batch(), THREADS, 1, 1, plan.smemBytes(), stream,
+        plan.splits() * plan.rowBlocks(), plan.kvHeads(), plan.batch(), plan.threads(), 1, 1, plan.smemBytes(), stream,
         params, null));
   }
 

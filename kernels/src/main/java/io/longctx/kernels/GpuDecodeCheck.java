@@ -323,6 +323,9 @@ final class GpuDecodeCheck {
                     um.phi(), sync / unified, tq, split, unified, uniGbps, uniGbps / copyGbps, recomputed));
                 tsv.append(String.format(Locale.ROOT, "sync\t%d\t%d\t%.6f\t%.3f%n", tq, split, sync, syncGbps));
                 tsv.append(String.format(Locale.ROOT, "unified\t%d\t%d\t%.6f\t%.3f%n", tq, split, unified, uniGbps));
+                if (!plan.tensorCores() && split == 4096) {
+                  timeOnTensorCores(cuda, plan, kc, vc, tqd, dqp, opt, o, lse, stream, copyGbps, report, tq, split);
+                }
               }
             } catch (RuntimeException | OutOfMemoryError e) { // one configuration lost, not the table
               report.errorRow(String.format(Locale.ROOT, "| decode timing | %d | %d | %s | | | |", tq, split,
@@ -348,6 +351,49 @@ final class GpuDecodeCheck {
     }
   }
 
+  /**
+   * The same call on the tensor-core partials (its rows padded to one m16 block), which the plan
+   * does not choose below 16 rows: whether they would beat the CUDA-core kernel there. Reports the
+   * time and how far its output is from the CUDA-core kernel's (o rel-L2, lse max-abs).
+   */
+  private static void timeOnTensorCores(CudaAttention cuda, CudaDecode.Plan plan, List<CudaAttention.DeviceTensor> kc,
+      List<CudaAttention.DeviceTensor> vc, CudaAttention.DeviceTensor q, CudaAttention.DeviceBuffer qp,
+      AttentionOptions opt, CudaAttention.DeviceBuffer o, CudaAttention.DeviceBuffer lse, CUstream stream,
+      double copyGbps, CheckReport report, int tq, int split) {
+    CudaDecode.Plan tc = plan.onTensorCores();
+    int rows = Math.toIntExact(plan.states());
+    float[] o1 = new float[rows * plan.dim()], l1 = new float[rows], o2 = new float[rows * plan.dim()], l2 = new float[rows];
+    try (CudaDecode.Workspace ws = cuda.decodeWorkspace(plan, kc, vc, stream);
+         CudaDecode.Workspace wt = cuda.decodeWorkspace(tc, kc, vc, stream)) {
+      cuda.launchDecode(plan, ws, q, qp, null, opt, null, o, lse, stream);
+      download(o, lse, o1, l1, stream);
+      double ms = median(stream, () -> cuda.launchDecode(tc, wt, q, qp, null, opt, null, o, lse, stream));
+      download(o, lse, o2, l2, stream);
+      double num = 0, den = 0, lseErr = 0;
+      for (int i = 0; i < o1.length; i++) {
+        num += (double) (o2[i] - o1[i]) * (o2[i] - o1[i]);
+        den += (double) o1[i] * o1[i];
+      }
+      for (int i = 0; i < l1.length; i++) {
+        lseErr = Math.max(lseErr, Math.abs((double) l2[i] - l1[i]));
+      }
+      double gbps = tc.kvBytes() / ms / 1e6;
+      report.line("| " + occupancy(cuda, tc) + " | " + tq + " | " + split + " | | | | |");
+      report.line(String.format(Locale.ROOT,
+          "| sync split-K on tensor cores (o rel-L2 %.2e, lse max-abs %.2e vs CUDA cores) | %d | %d | %.3f | %.0f | %.2f | |",
+          Math.sqrt(num / den), lseErr, tq, split, ms, gbps, gbps / copyGbps));
+    }
+  }
+
+  private static void download(CudaAttention.DeviceBuffer o, CudaAttention.DeviceBuffer lse, float[] oh, float[] lh,
+      CUstream stream) {
+    CudaAttention.check("cuMemcpyDtoHAsync(o)", JCudaDriver.cuMemcpyDtoHAsync(jcuda.Pointer.to(oh), o.pointer(),
+        4L * oh.length, stream));
+    CudaAttention.check("cuMemcpyDtoHAsync(lse)", JCudaDriver.cuMemcpyDtoHAsync(jcuda.Pointer.to(lh), lse.pointer(),
+        4L * lh.length, stream));
+    CudaAttention.check("cuStreamSynchronize", JCudaDriver.cuStreamSynchronize(stream));
+  }
+
   /** CTAs of the partial kernel, how many fit on one SM (registers, shared memory), and the SM count. */
   private static String occupancy(CudaAttention cuda, CudaDecode.Plan plan) {
     int[] perSm = new int[1], sms = new int[1];
@@ -356,11 +402,11 @@ final class GpuDecodeCheck {
     CudaAttention.check("cuDeviceGetAttribute(SM count)", JCudaDriver.cuDeviceGetAttribute(sms,
         jcuda.driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
     CudaAttention.check("cuOccupancyMaxActiveBlocksPerMultiprocessor", JCudaDriver
-        .cuOccupancyMaxActiveBlocksPerMultiprocessor(perSm, cuda.kernel(plan.syncKernel()), CudaDecode.THREADS,
+        .cuOccupancyMaxActiveBlocksPerMultiprocessor(perSm, cuda.kernel(plan.syncKernel()), plan.threads(),
             plan.smemBytes()));
     long ctas = (long) plan.splits() * plan.rowBlocks() * plan.kvHeads() * plan.batch();
-    return String.format(Locale.ROOT, "%s: %d CTAs of %d rows, %d B shared memory, %d resident per SM x %d SMs",
-        plan.syncKernel(), ctas, plan.rowsPerCta(), plan.smemBytes(), perSm[0], sms[0]);
+    return String.format(Locale.ROOT, "%s: %d CTAs of %d rows, %d threads, %d B shared memory, %d resident per SM x %d SMs",
+        plan.syncKernel(), ctas, plan.rowsPerCta(), plan.threads(), plan.smemBytes(), perSm[0], sms[0]);
   }
 
   /** Median ms of 20 timed launches after 5 warm-up launches (one launch in smoke mode). */

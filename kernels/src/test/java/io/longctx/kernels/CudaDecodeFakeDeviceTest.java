@@ -79,5 +79,22 @@ class CudaDecodeFakeDeviceTest {
         && file.stream().anyMatch(l -> l.contains("| pass |")), "results file differs from stdout:\n" + file);
     assertTrue(out.contains("batch invariance (bf16, sequence 0 alone vs in a batch of 2, split 700): pass"), out);
     assertTrue(out.contains("| sync split-K | 1 | 4096 |") && out.contains("| device-to-device copy"), out);
+    // The 4-row call also timed on the tensor-core partials (one warp, rows padded to 16): its output
+    // agrees with the CUDA-core kernel's.
+    java.util.regex.Matcher m = java.util.regex.Pattern
+        .compile("\\| sync split-K on tensor cores \\(o rel-L2 ([^,]+), lse max-abs ([^ ]+) vs CUDA cores\\) \\| 1 \\| 4096 \\|")
+        .matcher(out);
+    assertTrue(m.find(), out);
+    assertTrue(Double.parseDouble(m.group(1)) < 1e-5 && Double.parseDouble(m.group(2)) < 1e-5, m.group());
+
+    // --timing-only (what bin/gpu-check --profile runs): the timing table and nothing else.
+    check.command().add("--timing-only");
+    Path timingOut = Files.createTempDirectory(dir, "decode-timing-out");
+    check.environment().put("OUT", timingOut.toString());
+    Child t = Child.run(check, 240);
+    String tout = t.output();
+    assertTrue(t.exit() == 0 && tout.contains("| sync split-K | 1 | 4096 |") && tout.contains("summary decode: 0 pass, 0 FAIL"),
+        tout);
+    assertTrue(!tout.contains("batch invariance") && !tout.contains("correctness against float64"), tout);
   }
 }
