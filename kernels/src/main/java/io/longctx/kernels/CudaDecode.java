@@ -92,6 +92,9 @@ public final class CudaDecode {
 
     /** The same call on the tensor-core partials (a GPU check's timing row; any row count). */
     Plan onTensorCores() {
+      if (type == CudaAttention.DType.F32 || dim % 16 != 0 || dim > TC_MAX_DIM) {
+        throw new IllegalStateException("no tensor-core partial for " + type + " at D " + dim);
+      }
       return new Plan(type, batch, heads, kvHeads, tq, dim, tk, chunkStart, splitLen, splits, rowsPerCta, rowBlocks,
           dmax, 16, true, CudaDecode.smemBytes(type, dim, rowsPerCta, true));
     }

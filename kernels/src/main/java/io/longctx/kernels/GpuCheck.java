@@ -18,7 +18,7 @@ import jcuda.driver.JCudaDriver;
  * ({@link CheckReport}); a case that throws is an ERROR row and the next case runs, unless the CUDA
  * context is lost (sticky error), which ends the section. Exits 0 when every row passes, 1
  * otherwise, 2 when CUDA is unavailable. {@code --smoke}: tiny shapes, for CI on a fake libcuda.
- * {@code --timing-only}: the timing table alone (what {@code bin/gpu-check profile} runs under ncu).
+ * {@code --timing-only}: the timing table alone (what {@code bin/gpu-check run --profile} runs under ncu).
  */
 public final class GpuCheck {
 

@@ -35,7 +35,7 @@ final class GpuDecodeCheck {
    * libcuda); its timings mean nothing. Without it: the full sizes. Rows go to stdout and the
    * results file as they are made ({@link CheckReport}). Exit 0 when every row passes, 1 otherwise,
    * 2 without CUDA; {@code -Dlongctx.seed=S} replays a run. {@code --timing-only}: the timing table
-   * alone (what {@code bin/gpu-check profile} runs under ncu).
+   * alone (what {@code bin/gpu-check run --profile} runs under ncu).
    */
   public static void main(String[] args) {
     boolean smoke = Arrays.asList(args).contains("--smoke");
