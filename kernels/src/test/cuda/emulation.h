@@ -358,9 +358,11 @@ inline uint16_t half_of(uint32_t reg, int i) { return (uint16_t)(reg >> (16 * i)
 // measured on A100/H100-class tensor cores (Fasi et al. 2021; Khattak and Mikaitis 2025): c and a
 // block of 8 products are aligned to the largest exponent among them, bits below 2^(emax - 23) are
 // dropped (truncation toward zero, not rounding), the aligned terms are summed exactly and the sum is
-// truncated to float, which is c for the next block of 8. Truncation is biased: an accumulator much
-// larger than the products added to it loses their low bits every time (the first GPU run, 2026-11-26,
-// showed exactly that on the decode kernel's running sum; a double sum rounded once had hidden it).
+// truncated to float, which is c for the next block of 8. A model, not bit-exact: on the first GPU
+// run (H200, 2026-11-26) the decode kernel's P V mma into its running O lost 6-9x naive float32's
+// error, and this model did not reproduce that size (the emulation tests passed the old code), so
+// the GPU check, not the emulation, judges the tensor cores' arithmetic.
+
 // One block of the tensor cores' sum (above): c + p[0..7], aligned and truncated. Non-finite
 // inputs fall back to a plain sum (they propagate either way).
 inline float block_fma(float c, const double* p) {

@@ -222,8 +222,8 @@ class CudaDecodeEmulationTest {
       "BF16, 1, 8, 1, 8, 300, 64, 128, 0, 0, 120 80 100",
       "BF16, 2, 8, 1, 3, 97, 64, 50, 40, 0, -",
       "F16, 1, 8, 1, 5, 130, 128, 4096, 0, 0, 64 66",
-      // A long split (4,096 keys into one running sum) at 24 rows: the first GPU run's failing case,
-      // where the tensor cores' truncating sums (emulated, emulation.h) cost the float32 rule.
+      // A long split (4,096 keys into one running sum) at 24 rows: the case that failed the float32
+      // rule on the first GPU run (the tensor cores' sums; fixed in the kernel), kept for its logic.
       "F16, 1, 16, 2, 3, 4097, 128, 4096, 0, 30, -",
       "BF16, 1, 16, 2, 3, 4097, 128, 4096, 0, 30, -",
   })

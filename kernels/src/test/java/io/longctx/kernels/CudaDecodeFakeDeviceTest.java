@@ -87,7 +87,7 @@ class CudaDecodeFakeDeviceTest {
     assertTrue(m.find(), out);
     assertTrue(Double.parseDouble(m.group(1)) < 1e-5 && Double.parseDouble(m.group(2)) < 1e-5, m.group());
 
-    // --timing-only (what bin/gpu-check --profile runs): the timing table and nothing else.
+    // --timing-only (what bin/gpu-check run --profile runs): the timing table and nothing else.
     check.command().add("--timing-only");
     Path timingOut = Files.createTempDirectory(dir, "decode-timing-out");
     check.environment().put("OUT", timingOut.toString());
