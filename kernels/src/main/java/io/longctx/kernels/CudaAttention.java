@@ -125,6 +125,12 @@ public final class CudaAttention implements AttentionBackend {
     }
   }
 
+  /** Queues the copies of a result (o, lse float32) from the device into o and lse on {@code stream}. */
+  static void copyOutputs(DeviceBuffer dout, DeviceBuffer dlse, float[] o, float[] lse, CUstream stream) {
+    check("cuMemcpyDtoHAsync(o)", JCudaDriver.cuMemcpyDtoHAsync(Pointer.to(o), dout.ptr, 4L * o.length, stream));
+    check("cuMemcpyDtoHAsync(lse)", JCudaDriver.cuMemcpyDtoHAsync(Pointer.to(lse), dlse.ptr, 4L * lse.length, stream));
+  }
+
   /** The process-wide backend on device 0; fails with the probe's reason when CUDA is unavailable. */
   public static CudaAttention instance() {
     return instance(0);
@@ -267,8 +273,7 @@ public final class CudaAttention implements AttentionBackend {
           new DeviceTensor(dk, type, k.batch(), k.heads(), k.tokens(), k.dim()),
           new DeviceTensor(dv, type, v.batch(), v.heads(), v.tokens(), v.dim()),
           dqp, dkp, opt, dout, dlse, stream);
-      check("cuMemcpyDtoHAsync(o)", JCudaDriver.cuMemcpyDtoHAsync(Pointer.to(o), dout.ptr, 4L * o.length, stream));
-      check("cuMemcpyDtoHAsync(lse)", JCudaDriver.cuMemcpyDtoHAsync(Pointer.to(lse), dlse.ptr, 4L * lse.length, stream));
+      copyOutputs(dout, dlse, o, lse, stream);
       check("cuStreamSynchronize", JCudaDriver.cuStreamSynchronize(stream));
     } finally {
       JCudaDriver.cuStreamDestroy(stream);
@@ -375,8 +380,7 @@ public final class CudaAttention implements AttentionBackend {
       try (CudaDecode.Workspace ws = new CudaDecode.Workspace(plan, dk, dv, stream)) {
         CudaDecode.launch(this, plan, ws, new DeviceTensor(dq, type, q.batch(), q.heads(), q.tokens(), q.dim()),
             dqp, dkp, opt, um, dout, dlse, stream);
-        check("cuMemcpyDtoHAsync(o)", JCudaDriver.cuMemcpyDtoHAsync(Pointer.to(o), dout.ptr, 4L * o.length, stream));
-        check("cuMemcpyDtoHAsync(lse)", JCudaDriver.cuMemcpyDtoHAsync(Pointer.to(lse), dlse.ptr, 4L * lse.length, stream));
+        copyOutputs(dout, dlse, o, lse, stream);
         recomputed = um != null ? ws.recomputedRows(stream) : 0;
         check("cuStreamSynchronize", JCudaDriver.cuStreamSynchronize(stream));
       }

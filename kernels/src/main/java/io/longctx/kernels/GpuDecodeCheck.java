@@ -324,7 +324,7 @@ final class GpuDecodeCheck {
                 tsv.append(String.format(Locale.ROOT, "sync\t%d\t%d\t%.6f\t%.3f%n", tq, split, sync, syncGbps));
                 tsv.append(String.format(Locale.ROOT, "unified\t%d\t%d\t%.6f\t%.3f%n", tq, split, unified, uniGbps));
                 if (!plan.tensorCores() && split == 4096) {
-                  timeOnTensorCores(cuda, plan, kc, vc, tqd, dqp, opt, o, lse, stream, copyGbps, report, tq, split);
+                  timeOnTensorCores(cuda, plan, ws, kc, vc, tqd, dqp, opt, o, lse, stream, copyGbps, report, tq, split);
                 }
               }
             } catch (RuntimeException | OutOfMemoryError e) { // one configuration lost, not the table
@@ -356,15 +356,15 @@ final class GpuDecodeCheck {
    * does not choose below 16 rows: whether they would beat the CUDA-core kernel there. Reports the
    * time and how far its output is from the CUDA-core kernel's (o rel-L2, lse max-abs).
    */
-  private static void timeOnTensorCores(CudaAttention cuda, CudaDecode.Plan plan, List<CudaAttention.DeviceTensor> kc,
+  private static void timeOnTensorCores(CudaAttention cuda, CudaDecode.Plan plan, CudaDecode.Workspace ws,
+      List<CudaAttention.DeviceTensor> kc,
       List<CudaAttention.DeviceTensor> vc, CudaAttention.DeviceTensor q, CudaAttention.DeviceBuffer qp,
       AttentionOptions opt, CudaAttention.DeviceBuffer o, CudaAttention.DeviceBuffer lse, CUstream stream,
       double copyGbps, CheckReport report, int tq, int split) {
     CudaDecode.Plan tc = plan.onTensorCores();
     int rows = Math.toIntExact(plan.states());
     float[] o1 = new float[rows * plan.dim()], l1 = new float[rows], o2 = new float[rows * plan.dim()], l2 = new float[rows];
-    try (CudaDecode.Workspace ws = cuda.decodeWorkspace(plan, kc, vc, stream);
-         CudaDecode.Workspace wt = cuda.decodeWorkspace(tc, kc, vc, stream)) {
+    try (CudaDecode.Workspace wt = cuda.decodeWorkspace(tc, kc, vc, stream)) {
       cuda.launchDecode(plan, ws, q, qp, null, opt, null, o, lse, stream);
       download(o, lse, o1, l1, stream);
       double ms = median(stream, () -> cuda.launchDecode(tc, wt, q, qp, null, opt, null, o, lse, stream));
@@ -387,10 +387,7 @@ final class GpuDecodeCheck {
 
   private static void download(CudaAttention.DeviceBuffer o, CudaAttention.DeviceBuffer lse, float[] oh, float[] lh,
       CUstream stream) {
-    CudaAttention.check("cuMemcpyDtoHAsync(o)", JCudaDriver.cuMemcpyDtoHAsync(jcuda.Pointer.to(oh), o.pointer(),
-        4L * oh.length, stream));
-    CudaAttention.check("cuMemcpyDtoHAsync(lse)", JCudaDriver.cuMemcpyDtoHAsync(jcuda.Pointer.to(lh), lse.pointer(),
-        4L * lh.length, stream));
+    CudaAttention.copyOutputs(o, lse, oh, lh, stream);
     CudaAttention.check("cuStreamSynchronize", JCudaDriver.cuStreamSynchronize(stream));
   }
 
