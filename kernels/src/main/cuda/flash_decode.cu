@@ -183,7 +183,7 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Smem<T>& sm
   const char* kb = static_cast<const char*>(a.k_chunks[tile_chunk]) + (head_base * (c1 - c0) + (j0 - c0)) * row_bytes;
   const char* vb = static_cast<const char*>(a.v_chunks[tile_chunk]) + (head_base * (c1 - c0) + (j0 - c0)) * row_bytes;
   // Piece e = threadIdx.x + blockDim.x * it is (key jj, piece pc) of the tile; stepped without
-  // division. (kThreads for the CUDA-core kernels; the tensor-core ones run one warp per m16 block.)
+  // division. (kThreads for the CUDA-core kernels; the tensor-core ones run two warps per m16 block.)
   int jj = threadIdx.x / per_row, pc = threadIdx.x % per_row;
   const int step_j = (int)blockDim.x / per_row, step_p = (int)blockDim.x % per_row;
   for (; jj < kTile; jj += step_j) {
@@ -445,16 +445,19 @@ __device__ void decode_partial(const DecodeArgs& a) {
 // ---- Tensor-core partials: fp16/bf16, D a multiple of 16 up to 128, 16+ rows per CTA ----------
 //
 // Same grid, rows, split grid, tiles, loads, partial layout, flags and recompute pass as above;
-// only the arithmetic per tile moves to mma.sync m16n8k16. Warp w owns CTA rows 16w .. 16w + 15
-// (one m16 block; rows past the CTA's count are zero q rows, never written), and the CTA has one
-// warp per m16 block (CudaDecode.Plan.threads: 32 to 128 threads): with 4 warps for 16 rows, three
-// only loaded, and the first GPU run (H200) found these kernels latency-bound with one computing
-// warp per CTA. Thread (g = lane / 4, t4 = lane % 4) holds rows g and g + 8 of its block.
-//   S (16 x 32) = Q K^T   Q fragments from qt once (ldmatrix.x4), K as the col-major B operand
+// only the arithmetic per tile moves to mma.sync m16n8k16. Each m16 block of CTA rows (rows past
+// the CTA's count are zero q rows, never written) has two warps (CudaDecode.Plan.threads: 64 to 256
+// threads): warps w and w + blocks own rows 16w .. 16w + 15, the first over keys 0..15 of every
+// tile, the second over keys 16..31, each with its own running state (m, l, O) for those keys; at
+// the end the second's is merged into the first's through shared memory. The first GPU run (H200)
+// found these kernels latency-bound with one warp per block (a single m16 block, 5 warps per SM);
+// the key split doubles the warps, and a row's bits still depend only on the split grid, never on
+// how many rows its CTA has. Thread (g = lane / 4, t4 = lane % 4) holds rows g and g + 8 of its block.
+//   S (16 x 16) = Q K^T   Q fragments from qt once (ldmatrix.x4), K as the col-major B operand
 //                         (ldmatrix.x4: two n8 key blocks per k16 step); products of fp16/bf16
 //                         values are exact, sums float32; the scale multiplies the finished S.
-//   softmax               on the accumulators: a row's 32 keys sit in the 4 threads of a quad
-//                         (2 keys x 4 n8 blocks each): row max and flags by 2 quad shuffles.
+//   softmax               on the accumulators: a row's 16 keys sit in the 4 threads of a quad
+//                         (2 keys x 2 n8 blocks each): row max and flags by 2 quad shuffles.
 //   O (16 x D) += P V     P reused from S's accumulators as A fragments; V via ldmatrix.x4.trans.
 // P must be 2-byte for mma. To keep DESIGN's float32 rule (rather than FlashAttention's rounded-P
 // contract), P is carried as a sum of 2-byte terms, each through its own mma: p = hi + lo for fp16
@@ -466,6 +469,7 @@ __device__ void decode_partial(const DecodeArgs& a) {
 // Rescaling acc when e grows multiplies by a power of two: exact. o = acc x 2^(e - kPShift) / l.
 constexpr int kPShift = 14;
 constexpr int kTcDim = 128;  // largest head dim of the tensor-core kernels (O: 64 registers)
+constexpr int kTcKeySplit = 2;  // warps per m16 block, each over its share of a tile's keys
 
 template <typename T>
 struct PTerms {
@@ -483,8 +487,12 @@ __device__ __forceinline__ float quad_max(float x) {
 
 template <typename T, bool UNIFIED>
 __device__ void decode_partial_tc(const DecodeArgs& a) {
+  constexpr int kKeys = kTile / kTcKeySplit;  // keys of a tile a warp takes
   LONGCTX_DYNAMIC_SHARED(float4, smem_raw);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int blocks16 = (a.rows_per_cta + 15) / 16;
+  const int warp = (threadIdx.x / 32) % blocks16;           // this warp's m16 block
+  const int kbase = (threadIdx.x / 32) / blocks16 * kKeys;  // the first key of a tile it takes
   const int split = blockIdx.x % a.n_splits, kvh = blockIdx.y, b = blockIdx.z;
   const int group = a.heads / a.kv_heads;
   Smem<T> sm(smem_raw, a.dim, a.rows_per_cta, true);
@@ -532,17 +540,18 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
     const T* ks = sm.ks + (long long)st * kTile * sm.stride;
     const T* vs = sm.vs + (long long)st * kTile * sm.stride;
 
-    // S = Q K^T: s[nb] holds keys 8 nb .. 8 nb + 7; element i is row g + 8 (i / 2), key 8 nb + 2 t4 + i % 2.
-    float s[kTile / 8][4];
+    // S = Q K^T: s[nb] holds keys kbase + 8 nb .. + 7; element i is row g + 8 (i / 2), key
+    // kbase + 8 nb + 2 t4 + i % 2.
+    float s[kKeys / 8][4];
     #pragma unroll
-    for (int nb = 0; nb < kTile / 8; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+    for (int nb = 0; nb < kKeys / 8; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
     #pragma unroll
     for (int kc = 0; kc < kTcDim / 16; kc++) {
       if (kc < kc_n) {
         #pragma unroll
-        for (int nb = 0; nb < kTile / 16; nb++) {
+        for (int nb = 0; nb < kKeys / 16; nb++) {
           uint32_t kf[4];
-          ldmatrix_x4(kf, &ks[(nb * 16 + lane / 16 * 8 + lane % 8) * sm.stride + kc * 16 + (lane / 8) % 2 * 8]);
+          ldmatrix_x4(kf, &ks[(kbase + nb * 16 + lane / 16 * 8 + lane % 8) * sm.stride + kc * 16 + (lane / 8) % 2 * 8]);
           mma<T>(s[2 * nb], qf[kc], kf[0], kf[1]);
           mma<T>(s[2 * nb + 1], qf[kc], kf[2], kf[3]);
         }
@@ -551,10 +560,10 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
 
     // Logits; masked keys and keys past hi become -inf.
     #pragma unroll
-    for (int nb = 0; nb < kTile / 8; nb++) {
+    for (int nb = 0; nb < kKeys / 8; nb++) {
       #pragma unroll
       for (int c = 0; c < 2; c++) {
-        const long long j = j0 + 8 * nb + 2 * t4 + c;
+        const long long j = j0 + kbase + 8 * nb + 2 * t4 + c;
         const long long kp = j < hi ? (a.k_pos != nullptr ? a.k_pos[j] : j) : 0;
         #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -573,7 +582,7 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
       if (UNIFIED) {
         float pmax = 0.f;
         #pragma unroll
-        for (int nb = 0; nb < kTile / 8; nb++) {
+        for (int nb = 0; nb < kKeys / 8; nb++) {
           #pragma unroll
           for (int c = 0; c < 2; c++) {
             const float x = s[nb][2 * r + c];
@@ -608,10 +617,10 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
       } else {
         float mx = -CUDART_INF_F;
         #pragma unroll
-        for (int nb = 0; nb < kTile / 8; nb++) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
+        for (int nb = 0; nb < kKeys / 8; nb++) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
         const float m_new = fmaxf(m[r], quad_max(mx));
         #pragma unroll
-        for (int nb = 0; nb < kTile / 8; nb++) {
+        for (int nb = 0; nb < kKeys / 8; nb++) {
           #pragma unroll
           for (int c = 0; c < 2; c++) {
             const float x = s[nb][2 * r + c];
@@ -633,7 +642,7 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
       }
       const float scale = ldexpf(1.f, kPShift - e[r]);
       #pragma unroll
-      for (int nb = 0; nb < kTile / 8; nb++) {
+      for (int nb = 0; nb < kKeys / 8; nb++) {
         s[nb][2 * r] *= scale;
         s[nb][2 * r + 1] *= scale;
       }
@@ -646,7 +655,7 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
     // running O directly they cost 6-9x naive float32's error over a 4,096-key split (first GPU run,
     // 2026-11-26); on a 16-key partial their loss stays far below O's float rounding.
     #pragma unroll
-    for (int kk = 0; kk < kTile / 16; kk++) {
+    for (int kk = 0; kk < kKeys / 16; kk++) {
       float rest[8] = {s[2 * kk][0], s[2 * kk][1], s[2 * kk][2], s[2 * kk][3],
                        s[2 * kk + 1][0], s[2 * kk + 1][1], s[2 * kk + 1][2], s[2 * kk + 1][3]};
       uint32_t pa[PTerms<T>::n][4];
@@ -664,7 +673,7 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
       for (int nd = 0; nd < kTcDim / 16; nd++) {
         if (nd < kc_n) {
           uint32_t vf[4];
-          ldmatrix_x4_trans(vf, &vs[(kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * sm.stride + nd * 16 + lane / 16 * 8]);
+          ldmatrix_x4_trans(vf, &vs[(kbase + kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * sm.stride + nd * 16 + lane / 16 * 8]);
           float part[2][4] = {};
           #pragma unroll
           for (int term = PTerms<T>::n - 1; term >= 0; term--) {
@@ -681,6 +690,61 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
     }
   });
 
+  {
+    // The second warp's state (same lanes, same rows and dims) into the first's, through the K/V
+    // stages and qt (free: every warp has passed the tile loop's last barrier, no copy is in flight,
+    // q is in registers): b blocks write b (64 D + 896) bytes of the 256 (D + 8) + b (32 D + 256) there,
+    // which holds for b <= 4 (64 rows, CudaDecode.maxRowsPerCta).
+    int* xi = reinterpret_cast<int*>(sm.ks) + warp * (7 + a.dim / 2) * 32;  // [7][32]: m (2), l (2), e (2), bad
+    float* xs = reinterpret_cast<float*>(xi + 7 * 32);                     // [D / 2][32]: acc
+    if (kbase != 0 && active) {
+      #pragma unroll
+      for (int nd = 0; nd < kTcDim / 8; nd++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+          if (nd < 2 * kc_n) xs[(4 * nd + i) * 32 + lane] = acc[nd][i];
+        }
+      }
+      #pragma unroll
+      for (int r = 0; r < 2; r++) {
+        xi[r * 32 + lane] = __float_as_int(m[r]);
+        xi[(2 + r) * 32 + lane] = __float_as_int(l[r]);
+        xi[(4 + r) * 32 + lane] = e[r];
+      }
+      xi[6 * 32 + lane] = (int)bad;
+    }
+    __syncthreads();
+    if (kbase != 0 || !active) return;
+    bad |= (unsigned)xi[6 * 32 + lane];
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+      // sync: weights e^(m_w - M) (e = 0); unified: m = phi, weights 2^(e_w - E). Quad-uniform.
+      const float m1 = __int_as_float(xi[r * 32 + lane]), l1 = __int_as_float(xi[(2 + r) * 32 + lane]);
+      const int e1 = xi[(4 + r) * 32 + lane];
+      float w0 = 1.f, w1 = 1.f;
+      if (UNIFIED) {
+        const int e_new = max(e[r], e1);
+        w0 = ldexpf(1.f, e[r] - e_new);
+        w1 = ldexpf(1.f, e1 - e_new);
+        e[r] = e_new;
+        l[r] += l1;
+      } else {
+        const float m_new = fmaxf(m[r], m1);
+        if (m_new == -CUDART_INF_F) continue;  // neither warp saw a key: acc and l are 0
+        w0 = m[r] == m_new ? 1.f : expf(m[r] - m_new);
+        w1 = m1 == m_new ? 1.f : expf(m1 - m_new);
+        m[r] = m_new;
+        l[r] = fmaf(l1, w1, l[r] * w0);
+      }
+      #pragma unroll
+      for (int nd = 0; nd < kTcDim / 8; nd++) {
+        #pragma unroll
+        for (int c = 0; c < 2; c++) {
+          if (nd < 2 * kc_n) acc[nd][2 * r + c] = fmaf(xs[(4 * nd + 2 * r + c) * 32 + lane], w1, acc[nd][2 * r + c] * w0);
+        }
+      }
+    }
+  }
   if (!active) return;
   // Partial states out: a row's l and flag are summed / or-ed over its quad.
   #pragma unroll
@@ -714,10 +778,12 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
 
 }  // namespace
 
-// Partial kernels: grid (n_splits * row_blocks, Hkv, B), block 128, dynamic shared memory as in
-// Smem. `redo` (sync kernels only) restricts the rows to the flagged (row, split) pairs.
-#define LONGCTX_DECODE(NAME, T, ...)                                                                  \
-  extern "C" __global__ void __launch_bounds__(kThreads, 2) NAME(                                        \
+// Partial kernels: grid (n_splits * row_blocks, Hkv, B), block 128 (tensor cores: CudaDecode.Plan.threads),
+// dynamic shared memory as in Smem. `redo` (sync kernels only) restricts the rows to the flagged
+// (row, split) pairs. ATTRS: launch bounds or a register cap.
+#define LONGCTX_DECODE(NAME, T, ...) LONGCTX_DECODE_WITH(NAME, T, __launch_bounds__(kThreads, 2), __VA_ARGS__)
+#define LONGCTX_DECODE_WITH(NAME, T, ATTRS, ...)                                                      \
+  extern "C" __global__ void ATTRS NAME(                                                              \
       const T* q, const T* const* k_chunks, const T* const* v_chunks, const long long* chunk_start,   \
       int n_chunks, const long long* q_pos, const long long* k_pos, float* part_o, double* part_lse, \
       unsigned char* flags, unsigned long long* recomputed, const unsigned char* redo, int heads,     \
@@ -750,10 +816,12 @@ LONGCTX_DECODE_TYPE(float, f32)
 LONGCTX_DECODE_TYPE(__half, f16)
 LONGCTX_DECODE_TYPE(__nv_bfloat16, bf16)
 
-// Tensor-core partials (fp16/bf16, D a multiple of 16 up to 128), same parameters and launch.
+// Tensor-core partials (fp16/bf16, D a multiple of 16 up to 128), same parameters; 64 to 256 threads.
+// At most 168 registers (ptxas: ~156, no spills) lets 6 CTAs of 64 threads share an SM's 64k
+// registers, as many as its shared memory holds.
 #define LONGCTX_DECODE_TC(T, SUFFIX)                                                                  \
-  LONGCTX_DECODE(longctx_decode_tc_sync_##SUFFIX##_d128, T, decode_partial_tc<T, false>)               \
-  LONGCTX_DECODE(longctx_decode_tc_unified_##SUFFIX##_d128, T, decode_partial_tc<T, true>)
+  LONGCTX_DECODE_WITH(longctx_decode_tc_sync_##SUFFIX##_d128, T, __maxnreg__(168), decode_partial_tc<T, false>) \
+  LONGCTX_DECODE_WITH(longctx_decode_tc_unified_##SUFFIX##_d128, T, __maxnreg__(168), decode_partial_tc<T, true>)
 
 LONGCTX_DECODE_TC(__half, f16)
 LONGCTX_DECODE_TC(__nv_bfloat16, bf16)

@@ -104,8 +104,7 @@ int main(int argc, char** argv) {
   const dim3 grid(n_splits * row_blocks, kv_heads, batch);
   auto partial = [&](bool u, const unsigned char* redo) {
     emu::Partial f = emu::kPartials.at(name(u));
-    // CudaDecode.Plan.threads: one warp per m16 block on tensor cores.
-    const unsigned threads = tc ? 32u * (unsigned)((rows_per_cta + 15) / 16) : (unsigned)emu::kDecodeThreads;
+    const unsigned threads = tc ? emu::tc_decode_threads(rows_per_cta) : (unsigned)emu::kDecodeThreads;
     emu::launch(grid, dim3(threads), [&] {
       f(q, k_chunks.data(), v_chunks.data(), chunk_start.data(), n_chunks, q_pos.data(),
         has_kpos ? k_pos.data() : nullptr, part_o.data(), part_lse.data(), u ? flags.data() : nullptr,

@@ -175,6 +175,7 @@ inline int warp() { return thread_idx.x / 32; }
 #define __forceinline__ inline
 #define __shared__ static
 #define __launch_bounds__(...)
+#define __maxnreg__(...)
 #define LONGCTX_HOST_EMULATION 1
 #define LONGCTX_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(emu::smem)
 
@@ -182,6 +183,12 @@ inline float __int_as_float(int i) {  // used by CUDART_INF_F in math_constants.
   float f;
   std::memcpy(&f, &i, sizeof f);
   return f;
+}
+
+inline int __float_as_int(float f) {
+  int i;
+  std::memcpy(&i, &f, sizeof i);
+  return i;
 }
 
 inline double __longlong_as_double(long long i) {  // used by CUDART_INF
@@ -485,6 +492,10 @@ inline const std::map<std::string, Partial> kPartials = {ENTRIES(f32), ENTRIES(f
 
 // Decode's partial and combine kernels run kThreads (flash_decode.cu) threads per block.
 constexpr int kDecodeThreads = kThreads;
+
+// The tensor-core partials (CudaDecode.Plan.threads): two warps per m16 block of rows, which split
+// each tile's keys.
+inline unsigned tc_decode_threads(int rows_per_cta) { return 64u * (unsigned)((rows_per_cta + 15) / 16); }
 
 // The plain forward kernel (flash_forward.cu): grid (ceil(Tq / 4), H, B), one warp per row.
 using Forward = void (*)(const void*, const void*, const void*, const long long*, const long long*, float*, float*,

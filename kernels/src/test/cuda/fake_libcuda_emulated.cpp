@@ -124,9 +124,9 @@ int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
     if (code == 700 || (code >= 714 && code <= 719)) lost_context_rc = code;
     return code;
   }
-  // CudaDecode.Plan.threads: one warp per m16 block of rows (argument 19) on tensor cores.
+  // Rows per CTA: argument 19.
   const bool tc = name.rfind("longctx_decode_tc_", 0) == 0;
-  if (!threads_ok(tc ? 32 * ((i32(19) + 15) / 16) : emu::kDecodeThreads)) return 1;
+  if (!threads_ok(tc ? (int)emu::tc_decode_threads(i32(19)) : emu::kDecodeThreads)) return 1;
   emu::Partial f = it->second;
   emu::launch(dim3(gx, gy, gz), block, [&] {
     f(ptr(0), static_cast<const void* const*>(ptr(1)), static_cast<const void* const*>(ptr(2)),

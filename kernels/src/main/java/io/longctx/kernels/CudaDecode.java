@@ -83,11 +83,12 @@ public final class CudaDecode {
     }
 
     /**
-     * Threads per CTA of the partial kernels: {@link #THREADS} on CUDA cores; on tensor cores one warp
-     * per m16 block of rows (32 to 128), since a warp without rows would only load.
+     * Threads per CTA of the partial kernels: {@link #THREADS} on CUDA cores; on tensor cores two
+     * warps per m16 block of rows (64 to 256), each over half of every tile's keys: a warp without rows
+     * would only load, and one warp per block left an SM too few warps to hide latency (docs/CUDA.md).
      */
     public int threads() {
-      return tensorCores ? 32 * ((rowsPerCta + 15) / 16) : THREADS;
+      return tensorCores ? 64 * ((rowsPerCta + 15) / 16) : THREADS;
     }
 
     /** The same call on the tensor-core partials (a GPU check's timing row; any row count). */

@@ -54,13 +54,13 @@ class CudaDecodeTest {
     assertEquals(64, p16.rowsPerCta());
     assertEquals(1, p16.rowBlocks());
     assertEquals("longctx_decode_tc_sync_bf16_d128", p16.syncKernel());
-    // One warp per m16 block on tensor cores, the fixed 128 on CUDA cores.
-    assertEquals(128, p16.threads());
+    // Two warps per m16 block on tensor cores (splitting the keys), the fixed 128 on CUDA cores.
+    assertEquals(256, p16.threads());
     assertEquals(CudaDecode.THREADS, p.threads());
     CudaDecode.Plan p4 = CudaDecode.plan(s(BF16, 1, 32, 4, 128), List.of(kv), List.of(kv), 4096);
     assertEquals(16, p4.rowsPerCta());
-    assertEquals(32, p4.threads());
-    assertEquals(32, p.onTensorCores().threads()); // the 4 rows on tensor cores: one warp
+    assertEquals(64, p4.threads());
+    assertEquals(64, p.onTensorCores().threads()); // the 4 rows on tensor cores
 
     // 8 query heads per kv head x 16 tokens = 128 rows: two row blocks of 64.
     CudaDecode.Plan p128 = CudaDecode.plan(s(BF16, 1, 64, 16, 128), List.of(kv), List.of(kv), 4096);
