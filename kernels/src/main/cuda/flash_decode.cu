@@ -107,26 +107,28 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 
 // Shared-memory carve-up; CudaDecode.smemBytes computes the same total (LaunchGeometryTest checks the members).
 // The CUDA-core kernels keep q as float and p per row (qs, ps); the tensor-core kernels keep q in
-// the input type for ldmatrix, padded like K and V, zero rows up to a whole m16 block (qt).
+// the input type for ldmatrix, padded like K and V, zero rows up to a whole m16 block (qt), in V's
+// second stage (at most kTile rows), which they read into registers before the first tile lands there:
+// 6 CTAs of 16 rows then fit an H200 SM's shared memory, not 5.
 template <typename T>
 struct Smem {
   T* ks;              // [kStages][kTile][D + pad]
   T* vs;              // [kStages][kTile][D + pad]
   float* qs;          // [rows][D], unscaled (the scale multiplies the finished q.k); CUDA cores
   float* ps;          // [rows][kTile]; CUDA cores
-  T* qt;              // [rows rounded up to 16][D + pad]; tensor cores
+  T* qt;              // [rows rounded up to 16][D + pad]; tensor cores, aliases V's stage 1
   long long* qp;      // [rows]
   int* row;           // [rows]: row of the kv head's group (g * Tq + t)
   int stride;         // elements per K/V/qt row in shared memory
   __device__ Smem(void* base, int dim, int rows, bool tc) {
     stride = dim + 16 / (int)sizeof(T);
-    const int fl = tc ? 0 : rows, tr = tc ? (rows + 15) / 16 * 16 : 0;
+    const int fl = tc ? 0 : rows;
     char* p = static_cast<char*>(base);
     ks = reinterpret_cast<T*>(p); p += sizeof(T) * kStages * kTile * stride;
     vs = reinterpret_cast<T*>(p); p += sizeof(T) * kStages * kTile * stride;
     qs = reinterpret_cast<float*>(p); p += sizeof(float) * fl * dim;
     ps = reinterpret_cast<float*>(p); p += sizeof(float) * fl * kTile;
-    qt = reinterpret_cast<T*>(p); p += sizeof(T) * tr * stride;
+    qt = vs + kTile * stride;
     qp = reinterpret_cast<long long*>(p); p += sizeof(long long) * rows;
     row = reinterpret_cast<int*>(p);
   }
@@ -167,6 +169,10 @@ struct DecodeArgs {
   long long window;
   float phi, lower, upper;
 };
+
+// Grid x is (split, row block), split-major: the row blocks of one split are neighbours, so they
+// tend to run together and share the split's K/V tiles in L2.
+__device__ __forceinline__ int split_of(const DecodeArgs& a) { return (int)(blockIdx.x / (gridDim.x / a.n_splits)); }
 
 // Issues the cp.async copies of tile [j0, j0 + kTile) of K and V into stage `st`; keys at or past
 // `end` are zero-filled (their scores are masked, and zero V keeps 0 * garbage out of the sums).
@@ -215,7 +221,7 @@ template <typename T>
 __device__ __forceinline__ int cta_rows(const DecodeArgs& a, const Smem<T>& sm, int b, int kvh, int split,
                                         long long& lo, long long& hi) {
   const int group = a.heads / a.kv_heads;
-  const int r0 = (blockIdx.x / a.n_splits) * a.rows_per_cta;
+  const int r0 = (int)(blockIdx.x % (gridDim.x / a.n_splits)) * a.rows_per_cta;
   const int block_rows = min(a.rows_per_cta, group * a.tq - r0);
   __shared__ int n_rows_s;
   __shared__ long long qp_min_s, qp_max_s;
@@ -293,7 +299,7 @@ __device__ void decode_partial(const DecodeArgs& a) {
   constexpr int kQuads = DMAX / 128;  // dim quads per lane: dims 4 * lane + 128 * x + 0..3
   LONGCTX_DYNAMIC_SHARED(float4, smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int split = blockIdx.x % a.n_splits, kvh = blockIdx.y, b = blockIdx.z;
+  const int split = split_of(a), kvh = blockIdx.y, b = blockIdx.z;
   const int group = a.heads / a.kv_heads;
   Smem<T> sm(smem_raw, a.dim, a.rows_per_cta, false);
   long long lo, hi;
@@ -493,7 +499,7 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
   const int blocks16 = (a.rows_per_cta + 15) / 16;
   const int warp = (threadIdx.x / 32) % blocks16;           // this warp's m16 block
   const int kbase = (threadIdx.x / 32) / blocks16 * kKeys;  // the first key of a tile it takes
-  const int split = blockIdx.x % a.n_splits, kvh = blockIdx.y, b = blockIdx.z;
+  const int split = split_of(a), kvh = blockIdx.y, b = blockIdx.z;
   const int group = a.heads / a.kv_heads;
   Smem<T> sm(smem_raw, a.dim, a.rows_per_cta, true);
   long long lo, hi;
@@ -524,6 +530,7 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
       ldmatrix_x4(qf[kc], &sm.qt[(16 * warp + (lane / 8) % 2 * 8 + lane % 8) * sm.stride + kc * 16 + lane / 16 * 8]);
     }
   }
+  __syncthreads();  // qt read: the first tile's prefetch overwrites it
   const int row_a = 16 * warp + g;  // this thread's rows: row_a and row_a + 8
   const long long my_qp[2] = {row_a < n_rows ? sm.qp[row_a] : 0, row_a + 8 < n_rows ? sm.qp[row_a + 8] : 0};
 
@@ -692,9 +699,9 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
 
   {
     // The second warp's state (same lanes, same rows and dims) into the first's, through the K/V
-    // stages and qt (free: every warp has passed the tile loop's last barrier, no copy is in flight,
-    // q is in registers): b blocks write b (64 D + 896) bytes of the 256 (D + 8) + b (32 D + 256) there,
-    // which holds for b <= 4 (64 rows, CudaDecode.maxRowsPerCta).
+    // stages (free: every warp has passed the tile loop's last barrier, no copy is in flight): b m16
+    // blocks write b (64 D + 896) bytes of their 256 (D + 8), which holds for b <= 2 (32 rows,
+    // CudaDecode.TC_MAX_ROWS).
     int* xi = reinterpret_cast<int*>(sm.ks) + warp * (7 + a.dim / 2) * 32;  // [7][32]: m (2), l (2), e (2), bad
     float* xs = reinterpret_cast<float*>(xi + 7 * 32);                     // [D / 2][32]: acc
     if (kbase != 0 && active) {

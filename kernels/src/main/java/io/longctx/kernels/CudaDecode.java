@@ -35,8 +35,8 @@ public final class CudaDecode {
   static final int THREADS = 128;
   static final int WARPS = 4;
   static final int STAGES = 2;
-  /** Tensor-core partials: rows per CTA from which they are used, and the largest head dim. */
-  static final int TC_MIN_ROWS = 16;
+  /** Tensor-core partials: the most rows per CTA (two m16 blocks) and the largest head dim. */
+  static final int TC_MAX_ROWS = 32;
   static final int TC_MAX_DIM = 128;
   /** A quiet NaN's float32 bits, for poisoning buffers before kernels write them. */
   static final int NAN_BITS = 0x7FC00000;
@@ -91,13 +91,10 @@ public final class CudaDecode {
       return tensorCores ? 64 * ((rowsPerCta + 15) / 16) : THREADS;
     }
 
-    /** The same call on the tensor-core partials (a GPU check's timing row; any row count). */
-    Plan onTensorCores() {
-      if (type == CudaAttention.DType.F32 || dim % 16 != 0 || dim > TC_MAX_DIM) {
-        throw new IllegalStateException("no tensor-core partial for " + type + " at D " + dim);
-      }
+    /** The same call, same row blocks, on the CUDA-core partials (a GPU check's comparison row). */
+    Plan onCudaCores() {
       return new Plan(type, batch, heads, kvHeads, tq, dim, tk, chunkStart, splitLen, splits, rowsPerCta, rowBlocks,
-          dmax, 16, true, CudaDecode.smemBytes(type, dim, rowsPerCta, true));
+          dmax, cudaCoreRowsPerWarp(rowsPerCta, dmax), false, CudaDecode.smemBytes(type, dim, rowsPerCta, false));
     }
 
     /** Bytes of K and V one decode reads: each key of each kv head once, K and V. */
@@ -116,13 +113,13 @@ public final class CudaDecode {
   }
 
   /**
-   * Whether a CTA of {@code rowsPerCta} rows runs on tensor cores (mma.sync m16n8k16, one m16 row
-   * block per warp): fp16/bf16, D a multiple of 16 up to 128, and 16 rows or more, where the CUDA-core
-   * kernel would be compute-bound (docs/CUDA.md). A function of (type, D, rows per CTA) only, never of
-   * the batch, so a row's bits do not depend on what else is decoded with it.
+   * Whether a decode runs on the tensor-core partials (mma.sync m16n8k16): fp16/bf16 with D a multiple
+   * of 16 up to 128, whatever the row count (on an H200 they beat the CUDA-core kernel from 4 rows,
+   * docs/BENCHMARKS.md). A function of (type, D) only, never of the batch or the rows, so a row's bits
+   * do not depend on what else is decoded with it.
    */
-  static boolean usesTensorCores(CudaAttention.DType type, int dim, int rowsPerCta) {
-    return type != CudaAttention.DType.F32 && dim % 16 == 0 && dim <= TC_MAX_DIM && rowsPerCta >= TC_MIN_ROWS;
+  static boolean usesTensorCores(CudaAttention.DType type, int dim) {
+    return type != CudaAttention.DType.F32 && dim % 16 == 0 && dim <= TC_MAX_DIM;
   }
 
   /** Every decode kernel in flash_decode.fatbin. */
@@ -148,20 +145,33 @@ public final class CudaDecode {
     return dmax == 128 ? 16 : 8;
   }
 
-  /** Most rows one CTA takes: 4 warps x rows per warp; float32 at D 256 is held to 16 by shared memory. */
-  static int maxRowsPerCta(CudaAttention.DType type, int dmax) {
-    return type == CudaAttention.DType.F32 && dmax == 256 ? 16 : WARPS * largeRowsPerWarp(dmax);
+  /**
+   * Most rows one CTA takes: on CUDA cores 4 warps x rows per warp, float32 at D 256 held to 16 by
+   * shared memory; on tensor cores two m16 blocks (4 warps at 168 registers: 3 CTAs per SM).
+   */
+  static int maxRowsPerCta(CudaAttention.DType type, int dim) {
+    if (usesTensorCores(type, dim)) {
+      return TC_MAX_ROWS;
+    }
+    return type == CudaAttention.DType.F32 && dim > 128 ? 16 : WARPS * largeRowsPerWarp(dim <= 128 ? 128 : 256);
+  }
+
+  private static int cudaCoreRowsPerWarp(int rowsPerCta, int dmax) {
+    return rowsPerCta <= 2 * WARPS ? 2 : largeRowsPerWarp(dmax);
   }
 
   /**
    * Dynamic shared memory of a partial kernel (the Smem struct in flash_decode.cu): K/V stages, then
-   * q as float and p per row (CUDA cores) or q in the input type, padded, in whole m16 blocks (tensor
-   * cores), then positions and the row list.
+   * q as float and p per row (CUDA cores; the tensor-core kernels keep q in V's second stage, so at
+   * most {@link #TILE} rows), then positions and the row list.
    */
   static int smemBytes(CudaAttention.DType type, int dim, int rows, boolean tensorCores) {
+    if (tensorCores && rows > TILE) {
+      throw new IllegalArgumentException("tensor-core decode CTAs hold at most " + TILE + " rows, got " + rows);
+    }
     int stride = dim + 16 / type.bytes;
     long kv = 2L * STAGES * TILE * stride * type.bytes;
-    long q = tensorCores ? (long) (rows + 15) / 16 * 16 * stride * type.bytes : 4L * rows * dim + 4L * rows * TILE;
+    long q = tensorCores ? 0 : 4L * rows * dim + 4L * rows * TILE;
     return Math.toIntExact(kv + q + 8L * rows + 4L * rows);
   }
 
@@ -215,10 +225,11 @@ public final class CudaDecode {
     long splits = Math.max(1, (tk + splitLen - 1) / splitLen);
     int dmax = q.dim() <= 128 ? 128 : 256;
     long groupRows = (long) group * q.tokens();
-    int maxRows = maxRowsPerCta(q.type(), dmax);
+    int maxRows = maxRowsPerCta(q.type(), q.dim());
     int rowBlocks = Math.toIntExact((groupRows + maxRows - 1) / maxRows);
     int rowsPerCta = Math.toIntExact((groupRows + rowBlocks - 1) / rowBlocks);
-    int rowsPerWarp = rowsPerCta <= 2 * WARPS ? 2 : largeRowsPerWarp(dmax);
+    boolean tc = usesTensorCores(q.type(), q.dim());
+    int rowsPerWarp = tc ? 16 : cudaCoreRowsPerWarp(rowsPerCta, dmax); // tensor cores: one m16 block per warp
     if (splits * rowBlocks > Integer.MAX_VALUE || k0.heads() > 65535 || q.batch() > 65535) {
       throw new IllegalArgumentException("decode grid too large: " + splits + " splits x " + rowBlocks
           + " row blocks, " + k0.heads() + " kv heads, batch " + q.batch() + " (raise splitLen)");
@@ -227,10 +238,6 @@ public final class CudaDecode {
     if (states * splits * q.dim() > Integer.MAX_VALUE * 4L) {
       throw new IllegalArgumentException("decode partial states too large: " + states + " rows x " + splits
           + " splits x " + q.dim() + " floats (raise splitLen)");
-    }
-    boolean tc = usesTensorCores(q.type(), q.dim(), rowsPerCta);
-    if (tc) {
-      rowsPerWarp = 16; // one m16 block per warp
     }
     return new Plan(q.type(), q.batch(), q.heads(), k0.heads(), q.tokens(), q.dim(), tk, start, splitLen,
         (int) splits, rowsPerCta, rowBlocks, dmax, rowsPerWarp, tc, smemBytes(q.type(), q.dim(), rowsPerCta, tc));

@@ -323,8 +323,8 @@ final class GpuDecodeCheck {
                     um.phi(), sync / unified, tq, split, unified, uniGbps, uniGbps / copyGbps, recomputed));
                 tsv.append(String.format(Locale.ROOT, "sync\t%d\t%d\t%.6f\t%.3f%n", tq, split, sync, syncGbps));
                 tsv.append(String.format(Locale.ROOT, "unified\t%d\t%d\t%.6f\t%.3f%n", tq, split, unified, uniGbps));
-                if (!plan.tensorCores() && split == 4096) {
-                  timeOnTensorCores(cuda, plan, ws, kc, vc, tqd, dqp, opt, o, lse, stream, copyGbps, report, tq, split);
+                if (plan.tensorCores() && split == 4096) {
+                  timeOnCudaCores(cuda, plan, ws, kc, vc, tqd, dqp, opt, o, lse, stream, copyGbps, report, tq, split);
                 }
               }
             } catch (RuntimeException | OutOfMemoryError e) { // one configuration lost, not the table
@@ -352,22 +352,22 @@ final class GpuDecodeCheck {
   }
 
   /**
-   * The same call on the tensor-core partials (its rows padded to one m16 block), which the plan
-   * does not choose below 16 rows: whether they would beat the CUDA-core kernel there. Reports the
-   * time and how far its output is from the CUDA-core kernel's (o rel-L2, lse max-abs).
+   * The same call on the CUDA-core partials, which the plan no longer chooses for fp16/bf16 at D 128:
+   * whether the tensor cores still win at this row count. Reports the time and how far its output is
+   * from the tensor-core kernel's (o rel-L2, lse max-abs).
    */
-  private static void timeOnTensorCores(CudaAttention cuda, CudaDecode.Plan plan, CudaDecode.Workspace ws,
+  private static void timeOnCudaCores(CudaAttention cuda, CudaDecode.Plan plan, CudaDecode.Workspace ws,
       List<CudaAttention.DeviceTensor> kc,
       List<CudaAttention.DeviceTensor> vc, CudaAttention.DeviceTensor q, CudaAttention.DeviceBuffer qp,
       AttentionOptions opt, CudaAttention.DeviceBuffer o, CudaAttention.DeviceBuffer lse, CUstream stream,
       double copyGbps, CheckReport report, int tq, int split) {
-    CudaDecode.Plan tc = plan.onTensorCores();
+    CudaDecode.Plan cc = plan.onCudaCores();
     int rows = Math.toIntExact(plan.states());
     float[] o1 = new float[rows * plan.dim()], l1 = new float[rows], o2 = new float[rows * plan.dim()], l2 = new float[rows];
-    try (CudaDecode.Workspace wt = cuda.decodeWorkspace(tc, kc, vc, stream)) {
+    try (CudaDecode.Workspace wt = cuda.decodeWorkspace(cc, kc, vc, stream)) {
       cuda.launchDecode(plan, ws, q, qp, null, opt, null, o, lse, stream);
       download(o, lse, o1, l1, stream);
-      double ms = median(stream, () -> cuda.launchDecode(tc, wt, q, qp, null, opt, null, o, lse, stream));
+      double ms = median(stream, () -> cuda.launchDecode(cc, wt, q, qp, null, opt, null, o, lse, stream));
       download(o, lse, o2, l2, stream);
       double num = 0, den = 0, lseErr = 0;
       for (int i = 0; i < o1.length; i++) {
@@ -377,10 +377,10 @@ final class GpuDecodeCheck {
       for (int i = 0; i < l1.length; i++) {
         lseErr = Math.max(lseErr, Math.abs((double) l2[i] - l1[i]));
       }
-      double gbps = tc.kvBytes() / ms / 1e6;
-      report.line("| " + occupancy(cuda, tc) + " | " + tq + " | " + split + " | | | | |");
+      double gbps = cc.kvBytes() / ms / 1e6;
+      report.line("| " + occupancy(cuda, cc) + " | " + tq + " | " + split + " | | | | |");
       report.line(String.format(Locale.ROOT,
-          "| sync split-K on tensor cores (o rel-L2 %.2e, lse max-abs %.2e vs CUDA cores) | %d | %d | %.3f | %.0f | %.2f | |",
+          "| sync split-K on CUDA cores (o rel-L2 %.2e, lse max-abs %.2e vs tensor cores) | %d | %d | %.3f | %.0f | %.2f | |",
           Math.sqrt(num / den), lseErr, tq, split, ms, gbps, gbps / copyGbps));
     }
   }

@@ -43,43 +43,50 @@ class CudaDecodeTest {
     assertEquals(64, p.splits());
     assertEquals(4, p.rowsPerCta()); // 4 query heads share each kv head: read once for all 4
     assertEquals(1, p.rowBlocks());
-    assertEquals("longctx_decode_sync_bf16_d128_r2", p.syncKernel());
-    assertEquals("longctx_decode_unified_bf16_d128_r2", p.unifiedKernel());
+    assertEquals("longctx_decode_tc_sync_bf16_d128", p.syncKernel());
+    assertEquals("longctx_decode_tc_unified_bf16_d128", p.unifiedKernel());
     assertEquals(2L * 8 * 262_144 * 128 * 2, p.kvBytes());
     assertTrue(p.smemBytes() <= CudaDecode.DEFAULT_SMEM, "no opt-in needed: " + p.smemBytes());
     assertEquals(32, p.states());
 
-    // 16 query tokens x 4 heads = 64 rows: still one CTA per (kv head, split), on tensor cores.
-    CudaDecode.Plan p16 = CudaDecode.plan(s(BF16, 1, 32, 16, 128), List.of(kv), List.of(kv), 4096);
-    assertEquals(64, p16.rowsPerCta());
-    assertEquals(1, p16.rowBlocks());
-    assertEquals("longctx_decode_tc_sync_bf16_d128", p16.syncKernel());
     // Two warps per m16 block on tensor cores (splitting the keys), the fixed 128 on CUDA cores.
-    assertEquals(256, p16.threads());
-    assertEquals(CudaDecode.THREADS, p.threads());
-    CudaDecode.Plan p4 = CudaDecode.plan(s(BF16, 1, 32, 4, 128), List.of(kv), List.of(kv), 4096);
-    assertEquals(16, p4.rowsPerCta());
-    assertEquals(64, p4.threads());
-    assertEquals(64, p.onTensorCores().threads()); // the 4 rows on tensor cores
+    assertEquals(64, p.threads());
+    CudaDecode.Plan cc = p.onCudaCores(); // the GPU check's comparison row
+    assertEquals("longctx_decode_sync_bf16_d128_r2", cc.syncKernel());
+    assertEquals(CudaDecode.THREADS, cc.threads());
+    assertEquals(CudaDecode.smemBytes(BF16, 128, 4, false), cc.smemBytes());
 
-    // 8 query heads per kv head x 16 tokens = 128 rows: two row blocks of 64.
-    CudaDecode.Plan p128 = CudaDecode.plan(s(BF16, 1, 64, 16, 128), List.of(kv), List.of(kv), 4096);
+    // 16 query tokens x 4 heads = 64 rows: two row blocks of 32 on tensor cores (128 threads).
+    CudaDecode.Plan p16 = CudaDecode.plan(s(BF16, 1, 32, 16, 128), List.of(kv), List.of(kv), 4096);
+    assertEquals(32, p16.rowsPerCta());
+    assertEquals(2, p16.rowBlocks());
+    assertEquals(128, p16.threads());
+    assertEquals("longctx_decode_sync_bf16_d128_r16", p16.onCudaCores().syncKernel());
+
+    // On CUDA cores (D 120): 8 query heads per kv head x 16 tokens = 128 rows: two row blocks of 64.
+    CudaDecode.Shape kv120 = s(BF16, 1, 8, 1000, 120);
+    CudaDecode.Plan p128 = CudaDecode.plan(s(BF16, 1, 64, 16, 120), List.of(kv120), List.of(kv120), 4096);
     assertEquals(2, p128.rowBlocks());
     assertEquals(64, p128.rowsPerCta());
     // 9 rows split evenly would be 9 (<= 64): one block; 65 rows: two blocks of 33.
-    CudaDecode.Plan p65 = CudaDecode.plan(s(BF16, 1, 13, 5, 128), List.of(s(BF16, 1, 1, 100, 128)),
-        List.of(s(BF16, 1, 1, 100, 128)), 64);
+    CudaDecode.Plan p65 = CudaDecode.plan(s(BF16, 1, 13, 5, 120), List.of(s(BF16, 1, 1, 100, 120)),
+        List.of(s(BF16, 1, 1, 100, 120)), 64);
     assertEquals(2, p65.rowBlocks());
     assertEquals(33, p65.rowsPerCta());
     assertEquals(2, p65.splits());
+    // On tensor cores 65 rows are three blocks of 22.
+    CudaDecode.Plan p65tc = CudaDecode.plan(s(BF16, 1, 13, 5, 128), List.of(s(BF16, 1, 1, 100, 128)),
+        List.of(s(BF16, 1, 1, 100, 128)), 64);
+    assertEquals(3, p65tc.rowBlocks());
+    assertEquals(22, p65tc.rowsPerCta());
   }
 
   /**
-   * Tensor-core partials exactly for fp16/bf16, D a multiple of 16 up to 128 and 16+ rows per CTA
-   * (GQA group x Tq, after row blocks), decided by those alone: never by the batch or Tk.
+   * Tensor-core partials exactly for fp16/bf16 with D a multiple of 16 up to 128, whatever the rows,
+   * the batch or Tk; at most 32 rows per CTA there.
    */
   @Test
-  void tensorCoresForFp16AndBf16CtasOf16RowsOrMore() {
+  void tensorCoresForFp16AndBf16AtHeadDimsOf16Multiples() {
     for (CudaAttention.DType t : CudaAttention.DType.values()) {
       for (int d : new int[] {8, 16, 48, 64, 96, 128, 136, 256}) {
         for (int[] ht : new int[][] {{8, 1}, {8, 2}, {8, 3}, {4, 4}, {5, 3}, {8, 8}, {16, 8}, {13, 5}, {32, 1}}) {
@@ -89,8 +96,9 @@ class CudaDecodeTest {
             for (int tk : new int[] {1, 5000}) {
               CudaDecode.Shape kv = s(t, batch, 1, tk, d);
               CudaDecode.Plan p = CudaDecode.plan(s(t, batch, heads, tq, d), List.of(kv), List.of(kv), 512);
-              boolean tc = expected && p.rowsPerCta() >= 16;
+              boolean tc = expected;
               assertEquals(tc, p.tensorCores(), t + " D " + d + " " + heads + " x " + tq + " rows, batch " + batch);
+              assertTrue(p.rowsPerCta() <= (tc ? CudaDecode.TC_MAX_ROWS : 64), p.rowsPerCta() + " rows");
               assertEquals(tc ? "longctx_decode_tc_sync_" + t.suffix + "_d128" : "longctx_decode_sync_" + t.suffix + "_d"
                   + p.dmax() + "_r" + p.rowsPerWarp(), p.syncKernel());
               assertEquals(p.syncKernel().replace("sync", "unified"), p.unifiedKernel());
@@ -100,16 +108,13 @@ class CudaDecodeTest {
         }
       }
     }
-    // 16, 24, 48, 64 rows on tensor cores; 15 rows and 130 rows (3 blocks of 44) as the rule says.
+    // 1 row and 15 rows on tensor cores too; 130 rows: 5 blocks of 26.
     CudaDecode.Shape kv = s(F16, 1, 1, 100, 64);
-    assertTrue(CudaDecode.plan(s(F16, 1, 8, 2, 64), List.of(kv), List.of(kv), 64).tensorCores());
-    assertTrue(CudaDecode.plan(s(F16, 1, 8, 3, 64), List.of(kv), List.of(kv), 64).tensorCores());
-    assertTrue(CudaDecode.plan(s(F16, 1, 8, 6, 64), List.of(kv), List.of(kv), 64).tensorCores());
-    assertTrue(CudaDecode.plan(s(F16, 1, 8, 8, 64), List.of(kv), List.of(kv), 64).tensorCores());
-    assertFalse(CudaDecode.plan(s(F16, 1, 5, 3, 64), List.of(kv), List.of(kv), 64).tensorCores());
+    assertTrue(CudaDecode.plan(s(F16, 1, 1, 1, 64), List.of(kv), List.of(kv), 64).tensorCores());
+    assertTrue(CudaDecode.plan(s(F16, 1, 5, 3, 64), List.of(kv), List.of(kv), 64).tensorCores());
     CudaDecode.Plan p130 = CudaDecode.plan(s(F16, 1, 13, 10, 64), List.of(kv), List.of(kv), 64);
-    assertEquals(3, p130.rowBlocks());
-    assertEquals(44, p130.rowsPerCta());
+    assertEquals(5, p130.rowBlocks());
+    assertEquals(26, p130.rowsPerCta());
     assertTrue(p130.tensorCores());
   }
 
@@ -137,10 +142,11 @@ class CudaDecodeTest {
   void sharedMemoryOfEveryKernelFitsAnA100() {
     int a100 = 163 * 1024; // the largest opt-in dynamic shared memory per block on sm_80
     for (CudaAttention.DType t : CudaAttention.DType.values()) {
-      for (int dmax : new int[] {128, 256}) {
-        int rows = CudaDecode.maxRowsPerCta(t, dmax);
-        int bytes = CudaDecode.smemBytes(t, dmax, rows, false);
-        assertTrue(bytes <= a100, t + " D " + dmax + " " + rows + " rows: " + bytes + " bytes");
+      for (int dim : new int[] {120, 128, 248, 256}) {
+        int rows = CudaDecode.maxRowsPerCta(t, dim);
+        boolean tc = CudaDecode.usesTensorCores(t, dim);
+        int bytes = CudaDecode.smemBytes(t, dim, rows, tc);
+        assertTrue(bytes <= a100, t + " D " + dim + " " + rows + " rows: " + bytes + " bytes");
       }
     }
     CudaDecode.Plan f32 = CudaDecode.plan(s(CudaAttention.DType.F32, 1, 32, 16, 256),

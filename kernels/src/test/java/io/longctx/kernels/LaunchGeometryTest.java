@@ -1,6 +1,7 @@
 package io.longctx.kernels;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.io.IOException;
@@ -71,17 +72,20 @@ class LaunchGeometryTest {
     assertEquals("T* ks; T* vs; float* qs; float* ps; T* qt; long long* qp; int* row; int stride;", members);
     int bf16 = CudaDecode.smemBytes(CudaAttention.DType.BF16, 128, 8, false);
     assertEquals(2 * 2 * 32 * (128 + 8) * 2 + 4 * 8 * 128 + 4 * 8 * 32 + 8 * 8 + 4 * 8, bf16);
-    // Tensor cores: no float q or p; q in the input type, padded, 33 rows in 3 whole m16 blocks.
-    int tc = CudaDecode.smemBytes(CudaAttention.DType.F16, 64, 33, true);
-    assertEquals(2 * 2 * 32 * (64 + 8) * 2 + 48 * (64 + 8) * 2 + 8 * 33 + 4 * 33, tc);
+    // Tensor cores: no float q or p; q in the input type sits in V's second stage.
+    int tc = CudaDecode.smemBytes(CudaAttention.DType.F16, 64, 32, true);
+    assertEquals(2 * 2 * 32 * (64 + 8) * 2 + 8 * 32 + 4 * 32, tc);
+    assertThrows(IllegalArgumentException.class, () -> CudaDecode.smemBytes(CudaAttention.DType.F16, 64, 33, true));
   }
 
   @Test
   void tensorCoreDecodeKernels() throws IOException {
     Map<String, Integer> d = constants("flash_decode.cu");
     assertEquals(d.get("kTcDim"), CudaDecode.TC_MAX_DIM, "largest head dim of the tensor-core decode kernels");
-    // One m16 block per warp: 16 rows from which tensor cores pay, 4 x 16 rows at most per CTA.
-    assertEquals(16, CudaDecode.TC_MIN_ROWS);
-    assertEquals(CudaDecode.WARPS * 16, CudaDecode.maxRowsPerCta(CudaAttention.DType.BF16, 128));
+    // Two m16 blocks at most per CTA: q fits V's second stage (kTile rows) and the warps' state merge
+    // fits the K/V stages.
+    assertEquals(d.get("kTile"), CudaDecode.TC_MAX_ROWS);
+    assertEquals(2, d.get("kTcKeySplit"), "warps per m16 block (CudaDecode.Plan.threads)");
+    assertEquals(CudaDecode.TC_MAX_ROWS, CudaDecode.maxRowsPerCta(CudaAttention.DType.BF16, 128));
   }
 }
