@@ -68,7 +68,11 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kWarps = 4;
 constexpr int kTile = 32;    // keys per tile: one per lane
-constexpr int kStages = 2;   // shared-memory buffers per K and V
+constexpr int kStages = 2;   // shared-memory buffers per K and V, CUDA-core kernels
+// Tensor-core kernels: 3 (two tiles in flight while one computes). With one in flight the H200 read
+// K/V at 58% of its copy rate however many CTAs an SM held (5 or 6 of 64 threads, 2026-11-26); 3
+// stages of bf16 at D 128 (52 KiB) still let 4 CTAs share an SM, one wave for 512 CTAs on 132 SMs.
+constexpr int kTcStages = 3;
 
 
 // 8 consecutive elements from shared memory (16-byte aligned for 2-byte types, 32 for float).
@@ -108,27 +112,29 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 // Shared-memory carve-up; CudaDecode.smemBytes computes the same total (LaunchGeometryTest checks the members).
 // The CUDA-core kernels keep q as float and p per row (qs, ps); the tensor-core kernels keep q in
 // the input type for ldmatrix, padded like K and V, zero rows up to a whole m16 block (qt), in V's
-// second stage (at most kTile rows), which they read into registers before the first tile lands there:
-// 6 CTAs of 16 rows then fit an H200 SM's shared memory, not 5.
+// last stage (at most kTile rows), which they read into registers before the loop's first prefetch
+// lands there: it costs no shared memory of its own.
 template <typename T>
 struct Smem {
-  T* ks;              // [kStages][kTile][D + pad]
-  T* vs;              // [kStages][kTile][D + pad]
+  T* ks;              // [stages][kTile][D + pad]
+  T* vs;              // [stages][kTile][D + pad]
   float* qs;          // [rows][D], unscaled (the scale multiplies the finished q.k); CUDA cores
   float* ps;          // [rows][kTile]; CUDA cores
   T* qt;              // [rows rounded up to 16][D + pad]; tensor cores, aliases V's stage 1
   long long* qp;      // [rows]
   int* row;           // [rows]: row of the kv head's group (g * Tq + t)
   int stride;         // elements per K/V/qt row in shared memory
+  int stages;         // K/V buffers: kStages, kTcStages
   __device__ Smem(void* base, int dim, int rows, bool tc) {
     stride = dim + 16 / (int)sizeof(T);
+    stages = tc ? kTcStages : kStages;
     const int fl = tc ? 0 : rows;
     char* p = static_cast<char*>(base);
-    ks = reinterpret_cast<T*>(p); p += sizeof(T) * kStages * kTile * stride;
-    vs = reinterpret_cast<T*>(p); p += sizeof(T) * kStages * kTile * stride;
+    ks = reinterpret_cast<T*>(p); p += sizeof(T) * stages * kTile * stride;
+    vs = reinterpret_cast<T*>(p); p += sizeof(T) * stages * kTile * stride;
     qs = reinterpret_cast<float*>(p); p += sizeof(float) * fl * dim;
     ps = reinterpret_cast<float*>(p); p += sizeof(float) * fl * kTile;
-    qt = vs + kTile * stride;
+    qt = vs + (stages - 1) * kTile * stride;
     qp = reinterpret_cast<long long*>(p); p += sizeof(long long) * rows;
     row = reinterpret_cast<int*>(p);
   }
@@ -268,28 +274,37 @@ __device__ __forceinline__ int cta_rows(const DecodeArgs& a, const Smem<T>& sm, 
 }
 
 // The tile loop both kernel families share: tiles of kTile keys from lo (on the split's grid) up to
-// hi, double-buffered, K and V of the next tile in flight while `body(stage, j0)` computes this one.
+// hi, sm.stages buffers deep: while `body(stage, j0)` computes one tile, the next stages - 1 tiles'
+// K and V are in flight. One barrier per tile: after it this tile has landed for every thread, and
+// every thread is done with the previous tile, whose buffer the load issued next reuses. On return
+// a warp may still be in its last body: the caller syncs before reusing the stages.
 template <typename T, typename Body>
 __device__ __forceinline__ void for_each_tile(const DecodeArgs& a, const Smem<T>& sm, long long lo, long long hi,
                                               int b, int kvh, Body&& body) {
   const long long n_tiles = lo < hi ? (hi - lo + kTile - 1) / kTile : 0;
   int tile_chunk = n_tiles > 0 ? find_chunk(a.chunk_start, a.n_chunks, lo) : 0;
-  if (n_tiles > 0) load_tile<T>(a, sm, 0, lo, hi, tile_chunk, b, kvh);
-  cp_async_commit();
-
-  for (long long tile = 0; tile < n_tiles; tile++) {
-    const long long j0 = lo + tile * kTile;
-    const int st = (int)(tile & 1);
-    if (tile + 1 < n_tiles) {
-      tile_chunk = chunk_of(a.chunk_start, tile_chunk, j0 + kTile);
-      load_tile<T>(a, sm, st ^ 1, j0 + kTile, hi, tile_chunk, b, kvh);
+  long long issued = 0;  // tiles issued so far, in key order; one commit group per tile (or empty)
+  auto issue_next = [&]() {
+    if (issued < n_tiles) {
+      const long long j = lo + issued * kTile;
+      tile_chunk = chunk_of(a.chunk_start, tile_chunk, j);
+      load_tile<T>(a, sm, (int)(issued % sm.stages), j, hi, tile_chunk, b, kvh);
+      issued++;
     }
     cp_async_commit();
-    cp_async_wait_1();  // this tile has landed (the next may still be in flight)
-    __syncthreads();
+  };
+  for (int s = 0; s < sm.stages - 1; s++) issue_next();
 
-    body(st, j0);
-    __syncthreads();  // the stage is overwritten by the load issued next iteration
+  for (long long tile = 0; tile < n_tiles; tile++) {
+    // Groups committed: stages - 1 + tile; this tile's is the oldest one open.
+    if (sm.stages == 3) {
+      cp_async_wait_1();
+    } else {
+      cp_async_wait_0();
+    }
+    __syncthreads();
+    issue_next();  // into the buffer of tile - 1, which every thread has finished
+    body((int)(tile % sm.stages), lo + tile * kTile);
   }
   cp_async_wait_0();
 }
@@ -699,9 +714,10 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
 
   {
     // The second warp's state (same lanes, same rows and dims) into the first's, through the K/V
-    // stages (free: every warp has passed the tile loop's last barrier, no copy is in flight): b m16
-    // blocks write b (64 D + 896) bytes of their 256 (D + 8), which holds for b <= 2 (32 rows,
+    // stages (free after the barrier: no copy is in flight, every warp is past its last tile): b m16
+    // blocks write b (64 D + 896) bytes of the 384 (D + 8) there, which holds for b <= 2 (32 rows,
     // CudaDecode.TC_MAX_ROWS).
+    __syncthreads();
     int* xi = reinterpret_cast<int*>(sm.ks) + warp * (7 + a.dim / 2) * 32;  // [7][32]: m (2), l (2), e (2), bad
     float* xs = reinterpret_cast<float*>(xi + 7 * 32);                     // [D / 2][32]: acc
     if (kbase != 0 && active) {

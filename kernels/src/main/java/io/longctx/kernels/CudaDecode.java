@@ -35,6 +35,8 @@ public final class CudaDecode {
   static final int THREADS = 128;
   static final int WARPS = 4;
   static final int STAGES = 2;
+  /** K/V buffers of the tensor-core partials (two tiles in flight). */
+  static final int TC_STAGES = 3;
   /** Tensor-core partials: the most rows per CTA (two m16 blocks) and the largest head dim. */
   static final int TC_MAX_ROWS = 32;
   static final int TC_MAX_DIM = 128;
@@ -162,7 +164,7 @@ public final class CudaDecode {
 
   /**
    * Dynamic shared memory of a partial kernel (the Smem struct in flash_decode.cu): K/V stages, then
-   * q as float and p per row (CUDA cores; the tensor-core kernels keep q in V's second stage, so at
+   * q as float and p per row (CUDA cores; the tensor-core kernels keep q in V's last stage, so at
    * most {@link #TILE} rows), then positions and the row list.
    */
   static int smemBytes(CudaAttention.DType type, int dim, int rows, boolean tensorCores) {
@@ -170,7 +172,7 @@ public final class CudaDecode {
       throw new IllegalArgumentException("tensor-core decode CTAs hold at most " + TILE + " rows, got " + rows);
     }
     int stride = dim + 16 / type.bytes;
-    long kv = 2L * STAGES * TILE * stride * type.bytes;
+    long kv = 2L * (tensorCores ? TC_STAGES : STAGES) * TILE * stride * type.bytes;
     long q = tensorCores ? 0 : 4L * rows * dim + 4L * rows * TILE;
     return Math.toIntExact(kv + q + 8L * rows + 4L * rows);
   }
