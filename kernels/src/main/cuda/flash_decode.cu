@@ -195,7 +195,7 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Smem<T>& sm
   const char* kb = static_cast<const char*>(a.k_chunks[tile_chunk]) + (head_base * (c1 - c0) + (j0 - c0)) * row_bytes;
   const char* vb = static_cast<const char*>(a.v_chunks[tile_chunk]) + (head_base * (c1 - c0) + (j0 - c0)) * row_bytes;
   // Piece e = threadIdx.x + blockDim.x * it is (key jj, piece pc) of the tile; stepped without
-  // division. (kThreads for the CUDA-core kernels; the tensor-core ones run four warps per m16 block.)
+  // division. (kThreads for the CUDA-core kernels; the tensor-core ones run two warps per m16 block.)
   int jj = threadIdx.x / per_row, pc = threadIdx.x % per_row;
   const int step_j = (int)blockDim.x / per_row, step_p = (int)blockDim.x % per_row;
   for (; jj < kTile; jj += step_j) {
@@ -463,19 +463,17 @@ __device__ void decode_partial(const DecodeArgs& a) {
 }
 
 
-// ---- Tensor-core partials: fp16/bf16, D a multiple of 16 up to 128, up to 32 rows per CTA -----
+// ---- Tensor-core partials: fp16/bf16, D a multiple of 16 up to 128, 16+ rows per CTA ----------
 //
 // Same grid, rows, split grid, tiles, loads, partial layout, flags and recompute pass as above;
 // only the arithmetic per tile moves to mma.sync m16n8k16. Each m16 block of CTA rows (rows past
-// the CTA's count are zero q rows, never written) has four warps (CudaDecode.Plan.threads: 128 or
-// 256 threads): two key shares (keys 0..15 and 16..31 of every tile) times two halves of O's dims.
-// The warps of a key share compute the same S and softmax (the same instructions on the same
-// values, so the same bits) and each multiplies P by its half of V; each key share keeps its own
-// running state (m, l, O), and at the end the second's is merged into the first's through shared
-// memory. The first GPU run (H200) found these kernels latency-bound with one warp per block (5
-// warps per SM, one instruction issued per 5 cycles and warp); 16 warps now share an SM. A row's
-// bits still depend only on the split grid, never on how many rows its CTA has.
-// Thread (g = lane / 4, t4 = lane % 4) holds rows g and g + 8 of its block.
+// the CTA's count are zero q rows, never written) has two warps (CudaDecode.Plan.threads: 64 to 256
+// threads): warps w and w + blocks own rows 16w .. 16w + 15, the first over keys 0..15 of every
+// tile, the second over keys 16..31, each with its own running state (m, l, O) for those keys; at
+// the end the second's is merged into the first's through shared memory. The first GPU run (H200)
+// found these kernels latency-bound with one warp per block (a single m16 block, 5 warps per SM);
+// the key split doubles the warps, and a row's bits still depend only on the split grid, never on
+// how many rows its CTA has. Thread (g = lane / 4, t4 = lane % 4) holds rows g and g + 8 of its block.
 //   S (16 x 16) = Q K^T   Q fragments from qt once (ldmatrix.x4), K as the col-major B operand
 //                         (ldmatrix.x4: two n8 key blocks per k16 step); products of fp16/bf16
 //                         values are exact, sums float32; the scale multiplies the finished S.
@@ -492,9 +490,7 @@ __device__ void decode_partial(const DecodeArgs& a) {
 // Rescaling acc when e grows multiplies by a power of two: exact. o = acc x 2^(e - kPShift) / l.
 constexpr int kPShift = 14;
 constexpr int kTcDim = 128;  // largest head dim of the tensor-core kernels (O: 64 registers)
-constexpr int kTcKeySplit = 2;  // warps per m16 block over a tile's keys, each its share of them
-constexpr int kTcDimSplit = 2;  // and per key share over O's dims, each half of them
-constexpr int kTcAccN8 = kTcDim / 8 / kTcDimSplit;  // n8 blocks of O a warp holds
+constexpr int kTcKeySplit = 2;  // warps per m16 block, each over its share of a tile's keys
 
 template <typename T>
 struct PTerms {
@@ -516,10 +512,8 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
   LONGCTX_DYNAMIC_SHARED(float4, smem_raw);
   const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const int blocks16 = (a.rows_per_cta + 15) / 16;
-  const int w = threadIdx.x / 32;
-  const int warp = w % blocks16;                                 // this warp's m16 block
-  const int kbase = (w / blocks16) % kTcKeySplit * kKeys;         // the first key of a tile it takes
-  const int dh = w / (blocks16 * kTcKeySplit);                    // its half of O's dims
+  const int warp = (threadIdx.x / 32) % blocks16;           // this warp's m16 block
+  const int kbase = (threadIdx.x / 32) / blocks16 * kKeys;  // the first key of a tile it takes
   const int split = split_of(a), kvh = blockIdx.y, b = blockIdx.z;
   const int group = a.heads / a.kv_heads;
   Smem<T> sm(smem_raw, a.dim, a.rows_per_cta, true);
@@ -544,8 +538,6 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
 
   const bool active = 16 * warp < n_rows;  // warp-uniform
   const int kc_n = a.dim / 16;             // k16 steps of q.k, n16 steps of P V
-  const int n16_0 = (kc_n + 1) / 2;        // n16 steps of dim half 0; half 1 has the rest
-  const int nd_lo = dh == 0 ? 0 : n16_0, nd_n = dh == 0 ? n16_0 : kc_n - n16_0;  // this warp's
   uint32_t qf[kTcDim / 16][4];
   #pragma unroll
   for (int kc = 0; kc < kTcDim / 16; kc++) {
@@ -557,9 +549,9 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
   const int row_a = 16 * warp + g;  // this thread's rows: row_a and row_a + 8
   const long long my_qp[2] = {row_a < n_rows ? sm.qp[row_a] : 0, row_a + 8 < n_rows ? sm.qp[row_a + 8] : 0};
 
-  float acc[kTcAccN8][4];  // element i: row g + 8 (i / 2), dim 16 nd_lo + 8 nd + 2 t4 + i % 2
+  float acc[kTcDim / 8][4];  // element i: row g + 8 (i / 2), dim 8 nd + 2 t4 + i % 2
   #pragma unroll
-  for (int nd = 0; nd < kTcAccN8; nd++) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.f;
+  for (int nd = 0; nd < kTcDim / 8; nd++) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.f;
   float m[2], l[2] = {0.f, 0.f};
   int e[2] = {UNIFIED ? -100 : 0, UNIFIED ? -100 : 0};  // p <= 2^e; unified: p below 2^-100 is noise
   unsigned bad = 0;  // unified: bit r set when row r saw a logit outside the bounds
@@ -638,7 +630,7 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
         if (e_new != e[r]) {  // rows are quad-uniform, as e is
           const float f = ldexpf(1.f, e[r] - e_new);
           #pragma unroll
-          for (int nd = 0; nd < kTcAccN8; nd++) {
+          for (int nd = 0; nd < kTcDim / 8; nd++) {
             acc[nd][2 * r] *= f;
             acc[nd][2 * r + 1] *= f;
           }
@@ -663,7 +655,7 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
         l[r] = fmaf(l[r], alpha, sum);
         if (alpha != 1.f) {  // quad-uniform
           #pragma unroll
-          for (int nd = 0; nd < kTcAccN8; nd++) {
+          for (int nd = 0; nd < kTcDim / 8; nd++) {
             acc[nd][2 * r] *= alpha;
             acc[nd][2 * r + 1] *= alpha;
           }
@@ -700,10 +692,10 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
         }
       }
       #pragma unroll
-      for (int nd = 0; nd < kTcAccN8 / 2; nd++) {
-        if (nd < nd_n) {
+      for (int nd = 0; nd < kTcDim / 16; nd++) {
+        if (nd < kc_n) {
           uint32_t vf[4];
-          ldmatrix_x4_trans(vf, &vs[(kbase + kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * sm.stride + (nd_lo + nd) * 16 + lane / 16 * 8]);
+          ldmatrix_x4_trans(vf, &vs[(kbase + kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * sm.stride + nd * 16 + lane / 16 * 8]);
           float part[2][4] = {};
           #pragma unroll
           for (int term = PTerms<T>::n - 1; term >= 0; term--) {
@@ -721,32 +713,28 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
   });
 
   {
-    // The second key share's state (same lanes, same rows and dims) into the first's, through the
-    // K/V stages (free after the barrier: no copy is in flight, every warp is past its last tile):
-    // per m16 block its m, l, e and flags (7 words a lane, once: both dim halves have the same) and
-    // each dim half's O (8 ceil(D / 32) words a lane); for 2 blocks (CudaDecode.TC_MAX_ROWS)
-    // 1,792 + 4,096 ceil(D / 32) bytes of the 384 (D + 8) there (the tightest, D 16: 5,888 of 9,216).
+    // The second warp's state (same lanes, same rows and dims) into the first's, through the K/V
+    // stages (free after the barrier: no copy is in flight, every warp is past its last tile): b m16
+    // blocks write b (64 D + 896) bytes of the 384 (D + 8) there, which holds for b <= 2 (32 rows,
+    // CudaDecode.TC_MAX_ROWS).
     __syncthreads();
-    int* xi = reinterpret_cast<int*>(sm.ks) + warp * 7 * 32;  // [7][32]: m (2), l (2), e (2), bad
-    float* xs = reinterpret_cast<float*>(reinterpret_cast<int*>(sm.ks) + blocks16 * 7 * 32) +
-                (warp + blocks16 * dh) * 8 * n16_0 * 32;      // [8 nd_n][32]: acc
+    int* xi = reinterpret_cast<int*>(sm.ks) + warp * (7 + a.dim / 2) * 32;  // [7][32]: m (2), l (2), e (2), bad
+    float* xs = reinterpret_cast<float*>(xi + 7 * 32);                     // [D / 2][32]: acc
     if (kbase != 0 && active) {
       #pragma unroll
-      for (int nd = 0; nd < kTcAccN8; nd++) {
+      for (int nd = 0; nd < kTcDim / 8; nd++) {
         #pragma unroll
         for (int i = 0; i < 4; i++) {
-          if (nd < 2 * nd_n) xs[(4 * nd + i) * 32 + lane] = acc[nd][i];
+          if (nd < 2 * kc_n) xs[(4 * nd + i) * 32 + lane] = acc[nd][i];
         }
       }
-      if (dh == 0) {
-        #pragma unroll
-        for (int r = 0; r < 2; r++) {
-          xi[r * 32 + lane] = __float_as_int(m[r]);
-          xi[(2 + r) * 32 + lane] = __float_as_int(l[r]);
-          xi[(4 + r) * 32 + lane] = e[r];
-        }
-        xi[6 * 32 + lane] = (int)bad;
+      #pragma unroll
+      for (int r = 0; r < 2; r++) {
+        xi[r * 32 + lane] = __float_as_int(m[r]);
+        xi[(2 + r) * 32 + lane] = __float_as_int(l[r]);
+        xi[(4 + r) * 32 + lane] = e[r];
       }
+      xi[6 * 32 + lane] = (int)bad;
     }
     __syncthreads();
     if (kbase != 0 || !active) return;
@@ -772,10 +760,10 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
         l[r] = fmaf(l1, w1, l[r] * w0);
       }
       #pragma unroll
-      for (int nd = 0; nd < kTcAccN8; nd++) {
+      for (int nd = 0; nd < kTcDim / 8; nd++) {
         #pragma unroll
         for (int c = 0; c < 2; c++) {
-          if (nd < 2 * nd_n) acc[nd][2 * r + c] = fmaf(xs[(4 * nd + 2 * r + c) * 32 + lane], w1, acc[nd][2 * r + c] * w0);
+          if (nd < 2 * kc_n) acc[nd][2 * r + c] = fmaf(xs[(4 * nd + 2 * r + c) * 32 + lane], w1, acc[nd][2 * r + c] * w0);
         }
       }
     }
@@ -794,20 +782,20 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
     const int gr = sm.row[cr], gq = gr / a.tq, t = gr % a.tq;
     const long long state = ((long long)b * a.tq + t) * a.heads + kvh * group + gq;
     const long long at = state * a.n_splits + split;
-    if (UNIFIED && t4 == 0 && dh == 0) {
+    if (UNIFIED && t4 == 0) {
       a.flags[at] = flagged ? 1 : 0;
       if (flagged) atomicAdd(a.recomputed, 1ull);
     }
     if (flagged) continue;  // the recompute pass writes this one
     const float inv = lsum > 0.f ? ldexpf(1.f / lsum, e[r] - kPShift) : 0.f;  // exact power-of-two factor
     #pragma unroll
-    for (int nd = 0; nd < kTcAccN8; nd++) {
-      if (nd < 2 * nd_n) {
-        *reinterpret_cast<float2*>(a.part_o + at * a.dim + 16 * nd_lo + 8 * nd + 2 * t4) =
+    for (int nd = 0; nd < kTcDim / 8; nd++) {
+      if (nd < 2 * kc_n) {
+        *reinterpret_cast<float2*>(a.part_o + at * a.dim + 8 * nd + 2 * t4) =
             make_float2(acc[nd][2 * r] * inv, acc[nd][2 * r + 1] * inv);
       }
     }
-    if (t4 == 0 && dh == 0) a.part_lse[at] = lsum > 0.f ? (double)m[r] + log((double)lsum) : -CUDART_INF;
+    if (t4 == 0) a.part_lse[at] = lsum > 0.f ? (double)m[r] + log((double)lsum) : -CUDART_INF;
   }
 }
 
@@ -851,12 +839,12 @@ LONGCTX_DECODE_TYPE(float, f32)
 LONGCTX_DECODE_TYPE(__half, f16)
 LONGCTX_DECODE_TYPE(__nv_bfloat16, bf16)
 
-// Tensor-core partials (fp16/bf16, D a multiple of 16 up to 128), same parameters; 128 or 256 threads.
-// At most 128 registers (ptxas needs no more, no spills): 4 CTAs of 128 threads share an SM's 64k
-// registers, as many as its shared memory holds (3 K/V stages).
+// Tensor-core partials (fp16/bf16, D a multiple of 16 up to 128), same parameters; 64 to 256 threads.
+// At most 168 registers (ptxas: ~156, no spills) lets 6 CTAs of 64 threads share an SM's 64k
+// registers, as many as its shared memory holds.
 #define LONGCTX_DECODE_TC(T, SUFFIX)                                                                  \
-  LONGCTX_DECODE_WITH(longctx_decode_tc_sync_##SUFFIX##_d128, T, __maxnreg__(128), decode_partial_tc<T, false>) \
-  LONGCTX_DECODE_WITH(longctx_decode_tc_unified_##SUFFIX##_d128, T, __maxnreg__(128), decode_partial_tc<T, true>)
+  LONGCTX_DECODE_WITH(longctx_decode_tc_sync_##SUFFIX##_d128, T, __maxnreg__(168), decode_partial_tc<T, false>) \
+  LONGCTX_DECODE_WITH(longctx_decode_tc_unified_##SUFFIX##_d128, T, __maxnreg__(168), decode_partial_tc<T, true>)
 
 LONGCTX_DECODE_TC(__half, f16)
 LONGCTX_DECODE_TC(__nv_bfloat16, bf16)

@@ -493,9 +493,9 @@ inline const std::map<std::string, Partial> kPartials = {ENTRIES(f32), ENTRIES(f
 // Decode's partial and combine kernels run kThreads (flash_decode.cu) threads per block.
 constexpr int kDecodeThreads = kThreads;
 
-// The tensor-core partials (CudaDecode.Plan.threads): four warps per m16 block of rows (two key
-// shares x two halves of O's dims).
-inline unsigned tc_decode_threads(int rows_per_cta) { return 128u * (unsigned)((rows_per_cta + 15) / 16); }
+// The tensor-core partials (CudaDecode.Plan.threads): two warps per m16 block of rows, which split
+// each tile's keys.
+inline unsigned tc_decode_threads(int rows_per_cta) { return 64u * (unsigned)((rows_per_cta + 15) / 16); }
 
 // The plain forward kernel (flash_forward.cu): grid (ceil(Tq / 4), H, B), one warp per row.
 using Forward = void (*)(const void*, const void*, const void*, const long long*, const long long*, float*, float*,

@@ -85,13 +85,12 @@ public final class CudaDecode {
     }
 
     /**
-     * Threads per CTA of the partial kernels: {@link #THREADS} on CUDA cores; on tensor cores four
-     * warps per m16 block of rows (128 or 256), two over each half of every tile's keys, one per half
-     * of O's dims: a warp without rows would only load, and fewer warps per block left an SM too few
-     * to hide latency (docs/CUDA.md).
+     * Threads per CTA of the partial kernels: {@link #THREADS} on CUDA cores; on tensor cores two
+     * warps per m16 block of rows (64 to 256), each over half of every tile's keys: a warp without rows
+     * would only load, and one warp per block left an SM too few warps to hide latency (docs/CUDA.md).
      */
     public int threads() {
-      return tensorCores ? 128 * ((rowsPerCta + 15) / 16) : THREADS;
+      return tensorCores ? 64 * ((rowsPerCta + 15) / 16) : THREADS;
     }
 
     /** The same call, same row blocks, on the CUDA-core partials (a GPU check's comparison row). */
@@ -150,7 +149,7 @@ public final class CudaDecode {
 
   /**
    * Most rows one CTA takes: on CUDA cores 4 warps x rows per warp, float32 at D 256 held to 16 by
-   * shared memory; on tensor cores two m16 blocks (8 warps).
+   * shared memory; on tensor cores two m16 blocks (4 warps at 168 registers: 3 CTAs per SM).
    */
   static int maxRowsPerCta(CudaAttention.DType type, int dim) {
     if (usesTensorCores(type, dim)) {

@@ -50,18 +50,18 @@ class CudaDecodeTest {
     assertTrue(p.smemBytes() + 1024 <= 228 * 1024 / 4, "4 CTAs per SM: " + p.smemBytes());
     assertEquals(32, p.states());
 
-    // Four warps per m16 block on tensor cores (2 key shares x 2 dim halves), the fixed 128 on CUDA cores.
-    assertEquals(128, p.threads());
+    // Two warps per m16 block on tensor cores (splitting the keys), the fixed 128 on CUDA cores.
+    assertEquals(64, p.threads());
     CudaDecode.Plan cc = p.onCudaCores(); // the GPU check's comparison row
     assertEquals("longctx_decode_sync_bf16_d128_r2", cc.syncKernel());
     assertEquals(CudaDecode.THREADS, cc.threads());
     assertEquals(CudaDecode.smemBytes(BF16, 128, 4, false), cc.smemBytes());
 
-    // 16 query tokens x 4 heads = 64 rows: two row blocks of 32 on tensor cores (256 threads).
+    // 16 query tokens x 4 heads = 64 rows: two row blocks of 32 on tensor cores (128 threads).
     CudaDecode.Plan p16 = CudaDecode.plan(s(BF16, 1, 32, 16, 128), List.of(kv), List.of(kv), 4096);
     assertEquals(32, p16.rowsPerCta());
     assertEquals(2, p16.rowBlocks());
-    assertEquals(256, p16.threads());
+    assertEquals(128, p16.threads());
     assertEquals("longctx_decode_sync_bf16_d128_r16", p16.onCudaCores().syncKernel());
 
     // On CUDA cores (D 120): 8 query heads per kv head x 16 tokens = 128 rows: two row blocks of 64.

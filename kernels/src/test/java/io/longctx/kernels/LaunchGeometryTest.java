@@ -86,7 +86,7 @@ class LaunchGeometryTest {
     // Two m16 blocks at most per CTA: q fits V's last stage (kTile rows) and the warps' state merge
     // fits the K/V stages.
     assertEquals(d.get("kTile"), CudaDecode.TC_MAX_ROWS);
-    assertEquals(4, d.get("kTcKeySplit") * d.get("kTcDimSplit"), "warps per m16 block (CudaDecode.Plan.threads)");
+    assertEquals(2, d.get("kTcKeySplit"), "warps per m16 block (CudaDecode.Plan.threads)");
     assertEquals(CudaDecode.TC_MAX_ROWS, CudaDecode.maxRowsPerCta(CudaAttention.DType.BF16, 128));
   }
 }
