@@ -180,40 +180,74 @@ struct DecodeArgs {
 // tend to run together and share the split's K/V tiles in L2.
 __device__ __forceinline__ int split_of(const DecodeArgs& a) { return (int)(blockIdx.x / (gridDim.x / a.n_splits)); }
 
+// The chunk a tile starts in, read from global memory once per chunk (not per tile): its keys
+// [start, end) and this (batch, kv head)'s K and V rows in it.
+struct TileChunk {
+  int c;
+  long long start, end;
+  const char* k;
+  const char* v;
+};
+
+__device__ __forceinline__ TileChunk tile_chunk_at(const DecodeArgs& a, int c, int b, int kvh, int elem_bytes) {
+  TileChunk t;
+  t.c = c;
+  t.start = a.chunk_start[c];
+  t.end = a.chunk_start[c + 1];
+  const long long off = ((long long)b * a.kv_heads + kvh) * (t.end - t.start) * a.dim * elem_bytes;
+  t.k = static_cast<const char*>(a.k_chunks[c]) + off;
+  t.v = static_cast<const char*>(a.v_chunks[c]) + off;
+  return t;
+}
+
 // Issues the cp.async copies of tile [j0, j0 + kTile) of K and V into stage `st`; keys at or past
 // `end` are zero-filled (their scores are masked, and zero V keeps 0 * garbage out of the sums).
-// A tile inside one chunk (the common case) takes one base address; a tile that crosses chunk
-// boundaries looks each key's chunk up, walking forward from the tile's first chunk.
+// A tile inside one chunk (the common case) is one strided run of 16-byte copies from the chunk's
+// rows; a tile that crosses chunk boundaries looks each key's chunk up, walking forward from tc.
 template <typename T>
 __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Smem<T>& sm, int st, long long j0, long long end,
-                                          int tile_chunk, int b, int kvh) {
+                                          const TileChunk& tc, int b, int kvh) {
   const int per_row = a.dim * (int)sizeof(T) / 16;  // 16-byte pieces per key row
-  const long long head_base = (long long)b * a.kv_heads + kvh;
   const long long row_bytes = (long long)a.dim * sizeof(T);
-  const long long c0 = a.chunk_start[tile_chunk], c1 = a.chunk_start[tile_chunk + 1];
-  const bool one_chunk = j0 + kTile <= c1 && j0 + kTile <= end;
-  const char* kb = static_cast<const char*>(a.k_chunks[tile_chunk]) + (head_base * (c1 - c0) + (j0 - c0)) * row_bytes;
-  const char* vb = static_cast<const char*>(a.v_chunks[tile_chunk]) + (head_base * (c1 - c0) + (j0 - c0)) * row_bytes;
   // Piece e = threadIdx.x + blockDim.x * it is (key jj, piece pc) of the tile; stepped without
   // division. (kThreads for the CUDA-core kernels; the tensor-core ones run two warps per m16 block.)
   int jj = threadIdx.x / per_row, pc = threadIdx.x % per_row;
   const int step_j = (int)blockDim.x / per_row, step_p = (int)blockDim.x % per_row;
+  T* kd = sm.ks + ((long long)st * kTile + jj) * sm.stride + pc * (16 / (int)sizeof(T));
+  T* vd = sm.vs + ((long long)st * kTile + jj) * sm.stride + pc * (16 / (int)sizeof(T));
+  const bool one_chunk = j0 + kTile <= tc.end && j0 + kTile <= end;
+  if (one_chunk && step_p == 0) {
+    // One chunk, whole rows per step: no per-copy bookkeeping.
+    const char* ks = tc.k + (j0 - tc.start + jj) * row_bytes + pc * 16;
+    const char* vs = tc.v + (j0 - tc.start + jj) * row_bytes + pc * 16;
+    const int d_smem = step_j * sm.stride;
+    const long long d_glob = step_j * row_bytes;
+    for (; jj < kTile; jj += step_j) {
+      cp_async16(kd, ks, 16);
+      cp_async16(vd, vs, 16);
+      kd += d_smem; vd += d_smem; ks += d_glob; vs += d_glob;
+    }
+    return;
+  }
+  const long long head_base = (long long)b * a.kv_heads + kvh;
+  const char* kb = tc.k + (j0 - tc.start) * row_bytes;
+  const char* vb = tc.v + (j0 - tc.start) * row_bytes;
   for (; jj < kTile; jj += step_j) {
-    T* kd = sm.ks + ((long long)st * kTile + jj) * sm.stride + pc * (16 / (int)sizeof(T));
-    T* vd = sm.vs + ((long long)st * kTile + jj) * sm.stride + pc * (16 / (int)sizeof(T));
+    kd = sm.ks + ((long long)st * kTile + jj) * sm.stride + pc * (16 / (int)sizeof(T));
+    vd = sm.vs + ((long long)st * kTile + jj) * sm.stride + pc * (16 / (int)sizeof(T));
     const long long j = j0 + jj;
     if (one_chunk) {
       cp_async16(kd, kb + jj * row_bytes + pc * 16, 16);
       cp_async16(vd, vb + jj * row_bytes + pc * 16, 16);
     } else if (j < end) {
-      const int c = chunk_of(a.chunk_start, tile_chunk, j);
+      const int c = chunk_of(a.chunk_start, tc.c, j);
       const long long start = a.chunk_start[c], len = a.chunk_start[c + 1] - start;
       const long long off = (head_base * len + (j - start)) * row_bytes + pc * 16;
       cp_async16(kd, static_cast<const char*>(a.k_chunks[c]) + off, 16);
       cp_async16(vd, static_cast<const char*>(a.v_chunks[c]) + off, 16);
     } else {
-      cp_async16(kd, a.k_chunks[tile_chunk], 0);
-      cp_async16(vd, a.v_chunks[tile_chunk], 0);
+      cp_async16(kd, a.k_chunks[tc.c], 0);
+      cp_async16(vd, a.v_chunks[tc.c], 0);
     }
     pc += step_p;
     if (pc >= per_row) { pc -= per_row; jj++; }
@@ -221,11 +255,11 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Smem<T>& sm
 }
 
 // The rows of this CTA (all of its row block, or in the recompute pass only the flagged ones, in
-// order) into sm.row / sm.qp, and the keys [lo, hi) of its split. Returns the row count (0: nothing
-// to do); every thread gets the same answers.
+// order) into sm.row / sm.qp, the least and greatest of their positions, and the keys [lo, hi) of
+// its split. Returns the row count (0: nothing to do); every thread gets the same answers.
 template <typename T>
 __device__ __forceinline__ int cta_rows(const DecodeArgs& a, const Smem<T>& sm, int b, int kvh, int split,
-                                        long long& lo, long long& hi) {
+                                        long long& lo, long long& hi, long long& qp_min, long long& qp_max) {
   const int group = a.heads / a.kv_heads;
   const int r0 = (int)(blockIdx.x % (gridDim.x / a.n_splits)) * a.rows_per_cta;
   const int block_rows = min(a.rows_per_cta, group * a.tq - r0);
@@ -253,6 +287,8 @@ __device__ __forceinline__ int cta_rows(const DecodeArgs& a, const Smem<T>& sm, 
   __syncthreads();
   const int n_rows = n_rows_s;
   if (n_rows == 0) return 0;  // recompute pass: nothing flagged here
+  qp_min = qp_min_s;
+  qp_max = qp_max_s;
 
   // Keys of the split; with positions 0..Tk-1 (k_pos null) narrowed to those some row can see.
   const long long s0 = (long long)split * a.split_len;
@@ -282,13 +318,13 @@ template <typename T, typename Body>
 __device__ __forceinline__ void for_each_tile(const DecodeArgs& a, const Smem<T>& sm, long long lo, long long hi,
                                               int b, int kvh, Body&& body) {
   const long long n_tiles = lo < hi ? (hi - lo + kTile - 1) / kTile : 0;
-  int tile_chunk = n_tiles > 0 ? find_chunk(a.chunk_start, a.n_chunks, lo) : 0;
+  TileChunk chunk = tile_chunk_at(a, n_tiles > 0 ? find_chunk(a.chunk_start, a.n_chunks, lo) : 0, b, kvh, sizeof(T));
   long long issued = 0;  // tiles issued so far, in key order; one commit group per tile (or empty)
   auto issue_next = [&]() {
     if (issued < n_tiles) {
       const long long j = lo + issued * kTile;
-      tile_chunk = chunk_of(a.chunk_start, tile_chunk, j);
-      load_tile<T>(a, sm, (int)(issued % sm.stages), j, hi, tile_chunk, b, kvh);
+      if (j >= chunk.end) chunk = tile_chunk_at(a, chunk_of(a.chunk_start, chunk.c, j), b, kvh, sizeof(T));
+      load_tile<T>(a, sm, (int)(issued % sm.stages), j, hi, chunk, b, kvh);
       issued++;
     }
     cp_async_commit();
@@ -317,8 +353,8 @@ __device__ void decode_partial(const DecodeArgs& a) {
   const int split = split_of(a), kvh = blockIdx.y, b = blockIdx.z;
   const int group = a.heads / a.kv_heads;
   Smem<T> sm(smem_raw, a.dim, a.rows_per_cta, false);
-  long long lo, hi;
-  const int n_rows = cta_rows(a, sm, b, kvh, split, lo, hi);
+  long long lo, hi, qp_min, qp_max;
+  const int n_rows = cta_rows(a, sm, b, kvh, split, lo, hi, qp_min, qp_max);
   if (n_rows == 0) return;  // recompute pass: nothing flagged here
 
   // q rows into shared memory as float, exactly (the scale multiplies the finished dot product:
@@ -517,8 +553,8 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
   const int split = split_of(a), kvh = blockIdx.y, b = blockIdx.z;
   const int group = a.heads / a.kv_heads;
   Smem<T> sm(smem_raw, a.dim, a.rows_per_cta, true);
-  long long lo, hi;
-  const int n_rows = cta_rows(a, sm, b, kvh, split, lo, hi);
+  long long lo, hi, qp_min, qp_max;
+  const int n_rows = cta_rows(a, sm, b, kvh, split, lo, hi, qp_min, qp_max);
   if (n_rows == 0) return;  // recompute pass: nothing flagged here
 
   // q rows as their element bits (exact), zero rows up to the last m16 block's end.
@@ -580,18 +616,22 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
       }
     }
 
-    // Logits; masked keys and keys past hi become -inf.
+    // Logits; masked keys and keys past hi become -inf. A tile every row of the CTA sees whole (the
+    // common case: decode at the end of its sequence) skips the per-key test; the rows past the
+    // CTA's count then see keys too, harmlessly (zero q, never written).
+    const bool whole = a.k_pos == nullptr && j0 + kTile <= hi &&
+                       all_visible(qp_min, qp_max, j0, j0 + kTile - 1, a.causal, a.window);
     #pragma unroll
     for (int nb = 0; nb < kKeys / 8; nb++) {
       #pragma unroll
       for (int c = 0; c < 2; c++) {
         const long long j = j0 + kbase + 8 * nb + 2 * t4 + c;
-        const long long kp = j < hi ? (a.k_pos != nullptr ? a.k_pos[j] : j) : 0;
+        const long long kp = whole ? 0 : j < hi ? (a.k_pos != nullptr ? a.k_pos[j] : j) : 0;
         #pragma unroll
         for (int r = 0; r < 2; r++) {
           float x = s[nb][2 * r + c] * a.qscale;
           if (a.softcap > 0.f) x = a.softcap * tanhf(x);
-          if (j >= hi || !visible(my_qp[r], kp, a.causal, a.window)) x = -CUDART_INF_F;
+          if (!whole && (j >= hi || !visible(my_qp[r], kp, a.causal, a.window))) x = -CUDART_INF_F;
           s[nb][2 * r + c] = x;
         }
       }
