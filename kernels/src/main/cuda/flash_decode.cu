@@ -68,11 +68,7 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kWarps = 4;
 constexpr int kTile = 32;    // keys per tile: one per lane
-constexpr int kStages = 2;   // shared-memory buffers per K and V, CUDA-core kernels
-// Tensor-core kernels: 3 (two tiles in flight while one computes). With one in flight the H200 read
-// K/V at 58% of its copy rate however many CTAs an SM held (5 or 6 of 64 threads, 2026-11-26); 3
-// stages of bf16 at D 128 (52 KiB) still let 4 CTAs share an SM, one wave for 512 CTAs on 132 SMs.
-constexpr int kTcStages = 3;
+constexpr int kStages = 2;   // shared-memory buffers per K and V (3 measured no faster on the H200, 2026-11-26)
 
 
 // 8 consecutive elements from shared memory (16-byte aligned for 2-byte types, 32 for float).
@@ -116,25 +112,23 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
 // lands there: it costs no shared memory of its own.
 template <typename T>
 struct Smem {
-  T* ks;              // [stages][kTile][D + pad]
-  T* vs;              // [stages][kTile][D + pad]
+  T* ks;              // [kStages][kTile][D + pad]
+  T* vs;              // [kStages][kTile][D + pad]
   float* qs;          // [rows][D], unscaled (the scale multiplies the finished q.k); CUDA cores
   float* ps;          // [rows][kTile]; CUDA cores
   T* qt;              // [rows rounded up to 16][D + pad]; tensor cores, aliases V's stage 1
   long long* qp;      // [rows]
   int* row;           // [rows]: row of the kv head's group (g * Tq + t)
   int stride;         // elements per K/V/qt row in shared memory
-  int stages;         // K/V buffers: kStages, kTcStages
   __device__ Smem(void* base, int dim, int rows, bool tc) {
     stride = dim + 16 / (int)sizeof(T);
-    stages = tc ? kTcStages : kStages;
     const int fl = tc ? 0 : rows;
     char* p = static_cast<char*>(base);
-    ks = reinterpret_cast<T*>(p); p += sizeof(T) * stages * kTile * stride;
-    vs = reinterpret_cast<T*>(p); p += sizeof(T) * stages * kTile * stride;
+    ks = reinterpret_cast<T*>(p); p += sizeof(T) * kStages * kTile * stride;
+    vs = reinterpret_cast<T*>(p); p += sizeof(T) * kStages * kTile * stride;
     qs = reinterpret_cast<float*>(p); p += sizeof(float) * fl * dim;
     ps = reinterpret_cast<float*>(p); p += sizeof(float) * fl * kTile;
-    qt = vs + (stages - 1) * kTile * stride;
+    qt = vs + (kStages - 1) * kTile * stride;
     qp = reinterpret_cast<long long*>(p); p += sizeof(long long) * rows;
     row = reinterpret_cast<int*>(p);
   }
@@ -310,7 +304,7 @@ __device__ __forceinline__ int cta_rows(const DecodeArgs& a, const Smem<T>& sm, 
 }
 
 // The tile loop both kernel families share: tiles of kTile keys from lo (on the split's grid) up to
-// hi, sm.stages buffers deep: while `body(stage, j0)` computes one tile, the next stages - 1 tiles'
+// hi, kStages buffers deep: while `body(stage, j0)` computes one tile, the next kStages - 1 tiles'
 // K and V are in flight. One barrier per tile: after it this tile has landed for every thread, and
 // every thread is done with the previous tile, whose buffer the load issued next reuses. On return
 // a warp may still be in its last body: the caller syncs before reusing the stages.
@@ -324,23 +318,20 @@ __device__ __forceinline__ void for_each_tile(const DecodeArgs& a, const Smem<T>
     if (issued < n_tiles) {
       const long long j = lo + issued * kTile;
       if (j >= chunk.end) chunk = tile_chunk_at(a, chunk_of(a.chunk_start, chunk.c, j), b, kvh, sizeof(T));
-      load_tile<T>(a, sm, (int)(issued % sm.stages), j, hi, chunk, b, kvh);
+      load_tile<T>(a, sm, (int)(issued % kStages), j, hi, chunk, b, kvh);
       issued++;
     }
     cp_async_commit();
   };
-  for (int s = 0; s < sm.stages - 1; s++) issue_next();
+  for (int s = 0; s < kStages - 1; s++) issue_next();
 
   for (long long tile = 0; tile < n_tiles; tile++) {
-    // Groups committed: stages - 1 + tile; this tile's is the oldest one open.
-    if (sm.stages == 3) {
-      cp_async_wait_1();
-    } else {
-      cp_async_wait_0();
-    }
+    // Groups committed: kStages - 1 + tile; this tile's is the oldest one open.
+    static_assert(kStages == 2, "wait for all but kStages - 2 groups");
+    cp_async_wait_0();
     __syncthreads();
     issue_next();  // into the buffer of tile - 1, which every thread has finished
-    body((int)(tile % sm.stages), lo + tile * kTile);
+    body((int)(tile % kStages), lo + tile * kTile);
   }
   cp_async_wait_0();
 }
@@ -755,7 +746,7 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
   {
     // The second warp's state (same lanes, same rows and dims) into the first's, through the K/V
     // stages (free after the barrier: no copy is in flight, every warp is past its last tile): b m16
-    // blocks write b (64 D + 896) bytes of the 384 (D + 8) there, which holds for b <= 2 (32 rows,
+    // blocks write b (64 D + 896) bytes of the 256 (D + 8) there, which holds for b <= 2 (32 rows,
     // CudaDecode.TC_MAX_ROWS).
     __syncthreads();
     int* xi = reinterpret_cast<int*>(sm.ks) + warp * (7 + a.dim / 2) * 32;  // [7][32]: m (2), l (2), e (2), bad

@@ -35,8 +35,6 @@ public final class CudaDecode {
   static final int THREADS = 128;
   static final int WARPS = 4;
   static final int STAGES = 2;
-  /** K/V buffers of the tensor-core partials (two tiles in flight). */
-  static final int TC_STAGES = 3;
   /** Tensor-core partials: the most rows per CTA (two m16 blocks) and the largest head dim. */
   static final int TC_MAX_ROWS = 32;
   static final int TC_MAX_DIM = 128;
@@ -172,7 +170,7 @@ public final class CudaDecode {
       throw new IllegalArgumentException("tensor-core decode CTAs hold at most " + TILE + " rows, got " + rows);
     }
     int stride = dim + 16 / type.bytes;
-    long kv = 2L * (tensorCores ? TC_STAGES : STAGES) * TILE * stride * type.bytes;
+    long kv = 2L * STAGES * TILE * stride * type.bytes;
     long q = tensorCores ? 0 : 4L * rows * dim + 4L * rows * TILE;
     return Math.toIntExact(kv + q + 8L * rows + 4L * rows);
   }

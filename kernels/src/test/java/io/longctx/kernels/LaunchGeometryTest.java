@@ -63,19 +63,18 @@ class LaunchGeometryTest {
     assertEquals(d.get("kThreads"), CudaDecode.THREADS);
     assertEquals(d.get("kWarps"), CudaDecode.WARPS);
     assertEquals(d.get("kStages"), CudaDecode.STAGES);
-    assertEquals(d.get("kTcStages"), CudaDecode.TC_STAGES);
     // CudaDecode.smemBytes sums the members of the Smem struct in this order; a change to the struct
     // must change that sum too.
     String src = Files.readString(Path.of("src", "main", "cuda", "flash_decode.cu"));
     Matcher m = Pattern.compile("struct Smem \\{(.*?)__device__ Smem", Pattern.DOTALL).matcher(src);
     assertTrue(m.find(), "the Smem struct of flash_decode.cu");
     String members = m.group(1).replaceAll("//[^\\n]*", "").replaceAll("\\s+", " ").strip();
-    assertEquals("T* ks; T* vs; float* qs; float* ps; T* qt; long long* qp; int* row; int stride; int stages;", members);
+    assertEquals("T* ks; T* vs; float* qs; float* ps; T* qt; long long* qp; int* row; int stride;", members);
     int bf16 = CudaDecode.smemBytes(CudaAttention.DType.BF16, 128, 8, false);
     assertEquals(2 * 2 * 32 * (128 + 8) * 2 + 4 * 8 * 128 + 4 * 8 * 32 + 8 * 8 + 4 * 8, bf16);
-    // Tensor cores: 3 stages, no float q or p; q in the input type sits in V's last stage.
+    // Tensor cores: no float q or p; q in the input type sits in V's last stage.
     int tc = CudaDecode.smemBytes(CudaAttention.DType.F16, 64, 32, true);
-    assertEquals(2 * 3 * 32 * (64 + 8) * 2 + 8 * 32 + 4 * 32, tc);
+    assertEquals(2 * 2 * 32 * (64 + 8) * 2 + 8 * 32 + 4 * 32, tc);
     assertThrows(IllegalArgumentException.class, () -> CudaDecode.smemBytes(CudaAttention.DType.F16, 64, 33, true));
   }
 
