@@ -8,7 +8,8 @@
 //       h = kvh * group + g, times the Tq query tokens; rows r = g * Tq + t) is handled by the same
 //       CTA, so each K/V tile is read from global memory once for the whole group.
 //   longctx_decode_tc_{sync,unified}_<type>_d128           the same partials on tensor cores
-//       (mma.sync) for fp16/bf16 CTAs of 16 to 64 rows, D a multiple of 16 up to 128 (below).
+//       (mma.sync) for fp16/bf16 at any row count (up to 32 per CTA), D a multiple of 16 up to 128
+//       (below); the CUDA-core kernels above serve float32 and the other head dims.
 //   longctx_decode_combine                                 merges the splits of each (row, head) in
 //       split order 0, 1, 2, ... into the final attention state.
 //
@@ -43,7 +44,7 @@
 //   lse and the weights in float64, o in float32. The lanes of a warp share the splits for M and the
 //   weights (one exp per split), then accumulate o in split order 0, 1, 2, ... (lanes over dims).
 //
-// CTA: 128 threads, 4 warps. Warp w owns rows w, w + 4, w + 8, ... (RPW rows at most). Per 32-key
+// CUDA-core CTA: 128 threads, 4 warps. Warp w owns rows w, w + 4, w + 8, ... (RPW rows at most). Per 32-key
 // tile (double-buffered through shared memory with 16-byte cp.async, tail keys zero-filled):
 //   scores:  lane j computes q.k for key j of the tile and every row of its warp (q from shared
 //            memory, broadcast; K rows padded by 16 bytes so 16-byte reads are conflict-free), then
@@ -53,7 +54,8 @@
 //            V load), V read once per key and reused for every row of the warp.
 // Head dims: multiples of 8 up to DMAX (128 or 256). Float32 accumulation throughout.
 //
-// Not yet run on a GPU (docs/CUDA.md): bin/gpu-check checks it against the float64 reference.
+// Run on an H200 (2026-11-26, docs/BENCHMARKS.md): bin/gpu-check checks every variant against the
+// float64 reference and times it against a copy and PyTorch SDPA.
 
 #include <math_constants.h>
 
@@ -490,11 +492,11 @@ __device__ void decode_partial(const DecodeArgs& a) {
 }
 
 
-// ---- Tensor-core partials: fp16/bf16, D a multiple of 16 up to 128, 16+ rows per CTA ----------
+// ---- Tensor-core partials: fp16/bf16, D a multiple of 16 up to 128, up to 32 rows per CTA ------
 //
 // Same grid, rows, split grid, tiles, loads, partial layout, flags and recompute pass as above;
 // only the arithmetic per tile moves to mma.sync m16n8k16. Each m16 block of CTA rows (rows past
-// the CTA's count are zero q rows, never written) has two warps (CudaDecode.Plan.threads: 64 to 256
+// the CTA's count are zero q rows, never written) has two warps (CudaDecode.Plan.threads: 64 or 128
 // threads): warps w and w + blocks own rows 16w .. 16w + 15, the first over keys 0..15 of every
 // tile, the second over keys 16..31, each with its own running state (m, l, O) for those keys; at
 // the end the second's is merged into the first's through shared memory. The first GPU run (H200)
@@ -870,9 +872,10 @@ LONGCTX_DECODE_TYPE(float, f32)
 LONGCTX_DECODE_TYPE(__half, f16)
 LONGCTX_DECODE_TYPE(__nv_bfloat16, bf16)
 
-// Tensor-core partials (fp16/bf16, D a multiple of 16 up to 128), same parameters; 64 to 256 threads.
-// At most 168 registers (ptxas: ~156, no spills) lets 6 CTAs of 64 threads share an SM's 64k
-// registers, as many as its shared memory holds.
+// Tensor-core partials (fp16/bf16, D a multiple of 16 up to 128), same parameters; 64 or 128 threads.
+// At most 168 registers lets 6 CTAs of 64 threads share an SM's 64k registers, as many as its shared
+// memory holds (ptxas, nvcc 13.0, sm_90a: all 168 used, 12 bytes spilled; run 7 of the second GPU
+// session measured this build).
 #define LONGCTX_DECODE_TC(T, SUFFIX)                                                                  \
   LONGCTX_DECODE_WITH(longctx_decode_tc_sync_##SUFFIX##_d128, T, __maxnreg__(168), decode_partial_tc<T, false>) \
   LONGCTX_DECODE_WITH(longctx_decode_tc_unified_##SUFFIX##_d128, T, __maxnreg__(168), decode_partial_tc<T, true>)

@@ -84,7 +84,7 @@ public final class CudaDecode {
 
     /**
      * Threads per CTA of the partial kernels: {@link #THREADS} on CUDA cores; on tensor cores two
-     * warps per m16 block of rows (64 to 256), each over half of every tile's keys: a warp without rows
+     * warps per m16 block of rows (64 or 128), each over half of every tile's keys: a warp without rows
      * would only load, and one warp per block left an SM too few warps to hide latency (docs/CUDA.md).
      */
     public int threads() {
@@ -114,8 +114,8 @@ public final class CudaDecode {
 
   /**
    * Whether a decode runs on the tensor-core partials (mma.sync m16n8k16): fp16/bf16 with D a multiple
-   * of 16 up to 128, whatever the row count (on an H200 they beat the CUDA-core kernel from 4 rows,
-   * docs/BENCHMARKS.md). A function of (type, D) only, never of the batch or the rows, so a row's bits
+   * of 16 up to 128, whatever the row count (on an H200 they beat the CUDA-core kernel at 4, 16 and
+   * 64 rows, 1.5-9x; fewer rows were not timed; docs/BENCHMARKS.md). A function of (type, D) only, never of the batch or the rows, so a row's bits
    * do not depend on what else is decoded with it.
    */
   static boolean usesTensorCores(CudaAttention.DType type, int dim) {
@@ -147,7 +147,7 @@ public final class CudaDecode {
 
   /**
    * Most rows one CTA takes: on CUDA cores 4 warps x rows per warp, float32 at D 256 held to 16 by
-   * shared memory; on tensor cores two m16 blocks (4 warps at 168 registers: 3 CTAs per SM).
+   * shared memory; on tensor cores two m16 blocks (q lives in V's last stage, {@link #TILE} rows).
    */
   static int maxRowsPerCta(CudaAttention.DType type, int dim) {
     if (usesTensorCores(type, dim)) {

@@ -352,7 +352,8 @@ final class GpuDecodeCheck {
   }
 
   /**
-   * The same call on the CUDA-core partials, which the plan no longer chooses for fp16/bf16 at D 128:
+   * The same call on the CUDA-core partials, which the plan no longer chooses for fp16/bf16 at D a
+   * multiple of 16 up to 128:
    * whether the tensor cores still win at this row count. Reports the time and how far its output is
    * from the tensor-core kernel's (o rel-L2, lse max-abs).
    */
