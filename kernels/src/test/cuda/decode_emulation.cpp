@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
             tq = in.get<int>(), dim = in.get<int>(), batch = in.get<int>(), n_chunks = in.get<int>(),
             split_len = in.get<int>(), n_splits = in.get<int>(), rows_per_cta = in.get<int>(),
             row_blocks = in.get<int>(), dmax = in.get<int>(), rpw = in.get<int>(), causal = in.get<int>(),
-            has_kpos = in.get<int>(), tc = in.get<int>();
+            has_kpos = in.get<int>(), tc = in.get<int>(), smem_bytes = in.get<int>();
   const long long tk = in.get<long long>(), window = in.get<long long>();
   const float qscale = in.get<float>(), softcap = in.get<float>(), phi = in.get<float>(), lower = in.get<float>(),
               upper = in.get<float>();
@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
         has_kpos ? k_pos.data() : nullptr, part_o.data(), part_lse.data(), u ? flags.data() : nullptr,
         u ? &recomputed : nullptr, redo, heads, kv_heads, tq, dim, tk, split_len, n_splits, rows_per_cta, qscale,
         softcap, causal, window, phi, lower, upper);
-    });
+    }, (size_t)smem_bytes);
   };
   if (unified) {
     partial(true, nullptr);
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   }
   emu::launch(dim3((unsigned)((states + 3) / 4), 1, 1), dim3(emu::kDecodeThreads), [&] {
     longctx_decode_combine(part_o.data(), part_lse.data(), n_splits, dim, states, o.data(), lse.data());
-  });
+  }, 0);
   FILE* f = std::fopen(argv[2], "wb");
   if (!f) { std::perror(argv[2]); return 2; }
   std::fwrite(o.data(), sizeof(float), o.size(), f);

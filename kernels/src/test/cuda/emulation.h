@@ -431,8 +431,13 @@ namespace tc {
 namespace emu {
 
 // Runs one kernel over a grid: CTAs one after another, block.x threads each (a whole number of
-// warps; by and bz are 1 for every kernel here).
-inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
+// warps; by and bz are 1 for every kernel here). dyn_smem: the launch's dynamic shared memory; a
+// CTA that writes past it aborts the run (a GPU would fault or corrupt a neighbour's memory).
+inline void launch(dim3 grid, dim3 block, const std::function<void()>& body, size_t dyn_smem = sizeof(emu::smem)) {
+  if (dyn_smem > sizeof(emu::smem)) {
+    std::fprintf(stderr, "emulation: %zu bytes of dynamic shared memory, at most %zu\n", dyn_smem, sizeof(emu::smem));
+    std::abort();
+  }
   const int n = (int)block.x;
   if (n <= 0 || n % 32 != 0 || n / 32 > kMaxWarps || block.y != 1 || block.z != 1) {
     std::fprintf(stderr, "emulation: block (%u,%u,%u) is not 1-%d whole warps in x\n", block.x, block.y, block.z,
@@ -468,6 +473,13 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
           });
         }
         for (std::thread& t : threads) t.join();
+        for (size_t i = dyn_smem; i < sizeof(emu::smem); i++) {
+          if (emu::smem[i] != 0xff) {
+            std::fprintf(stderr, "emulation: CTA (%u,%u,%u) wrote shared memory byte %zu, past its %zu dynamic bytes\n", x,
+                         y, z, i, dyn_smem);
+            std::abort();
+          }
+        }
       }
     }
   }

@@ -104,7 +104,7 @@ int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
     emu::launch(dim3(gx, gy, gz), block, [&] {
       longctx_decode_combine(static_cast<const float*>(ptr(0)), static_cast<const double*>(ptr(1)), i32(2), i32(3),
                              i64(4), static_cast<float*>(ptr(5)), static_cast<float*>(ptr(6)));
-    });
+    }, smem);
     return 0;
   }
   auto it = emu::kPartials.find(name);
@@ -117,7 +117,7 @@ int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
         fwd->second.fn(ptr(0), ptr(1), ptr(2), static_cast<const long long*>(ptr(3)), static_cast<const long long*>(ptr(4)),
                     static_cast<float*>(ptr(5)), static_cast<float*>(ptr(6)), i32(7), i32(8), i32(9), i32(10), i32(11),
                     f32(12), f32(13), i32(14), i64(15));
-      });
+      }, smem);
       return 0;
     }
     int code = rc ? std::atoi(rc) : 801;
@@ -135,7 +135,7 @@ int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
       static_cast<unsigned char*>(ptr(9)), static_cast<unsigned long long*>(ptr(10)),
       static_cast<const unsigned char*>(ptr(11)), i32(12), i32(13), i32(14), i32(15), i64(16), i32(17), i32(18),
       i32(19), f32(20), f32(21), i32(22), i64(23), f32(24), f32(25), f32(26));
-  });
+  }, smem);
   return 0;
 }
 }  // extern "C"

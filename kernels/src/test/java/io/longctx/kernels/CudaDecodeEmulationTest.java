@@ -92,7 +92,7 @@ class CudaDecodeEmulationTest {
     ByteBuffer b = ByteBuffer.allocate(Math.toIntExact(bytes)).order(ByteOrder.LITTLE_ENDIAN);
     int[] header = {type.ordinal(), um != null ? 1 : 0, plan.heads(), plan.kvHeads(), plan.tq(), plan.dim(), plan.batch(),
         kc.size(), plan.splitLen(), plan.splits(), plan.rowsPerCta(), plan.rowBlocks(), plan.dmax(), plan.rowsPerWarp(),
-        opt.causal() ? 1 : 0, kPos != null ? 1 : 0, plan.tensorCores() ? 1 : 0};
+        opt.causal() ? 1 : 0, kPos != null ? 1 : 0, plan.tensorCores() ? 1 : 0, plan.smemBytes()};
     for (int x : header) {
       b.putInt(x);
     }
@@ -213,15 +213,19 @@ class CudaDecodeEmulationTest {
       // weights, the last partial; with a window most splits are empty (weight 0).
       "F16, 1, 4, 2, 2, 700, 64, 7, 0, 0, 300 0 400",
       "BF16, 1, 8, 2, 3, 1000, 136, 9, 250, 0, 333 667",
-      // Tensor-core partials (fp16/bf16, D % 16 == 0, D <= 128, 16+ rows per CTA; the first cases
-      // with 20 and 65 rows above run there too): group 8 x Tq 2, 4, 6, 8 = 16, 32, 48, 64 rows, and
-      // 24 and 40 rows (a partial m16 block), under the float32 rule like every decode kernel.
+      // Tensor-core partials (fp16/bf16, D % 16 == 0, D <= 128, any row count, at most 32 per CTA;
+      // every fp16/bf16 case above with such a D runs there too): group 8 x Tq 2, 4, 6, 8 = 16, 32,
+      // 48, 64 rows (row blocks of 32 and fewer), 24 and 40 rows (a partial m16 block), under the
+      // float32 rule like every decode kernel; D 16 and 48 with two m16 blocks, where the key shares'
+      // state merge uses the most of the K/V stages.
       "F16, 1, 16, 2, 2, 300, 64, 100, 0, 0, 100 0 37 163",
       "BF16, 1, 16, 2, 4, 200, 128, 64, 0, 30, -",
       "F16, 1, 8, 1, 6, 250, 128, 77, 90, 0, 1 1 248",
       "BF16, 1, 8, 1, 8, 300, 64, 128, 0, 0, 120 80 100",
       "BF16, 2, 8, 1, 3, 97, 64, 50, 40, 0, -",
       "F16, 1, 8, 1, 5, 130, 128, 4096, 0, 0, 64 66",
+      "BF16, 1, 12, 1, 2, 150, 16, 64, 0, 0, -",
+      "F16, 1, 6, 2, 9, 170, 48, 100, 0, 0, 90 80",
       // A long split (4,096 keys into one running sum) at 24 rows: the case that failed the float32
       // rule on the first GPU run (the tensor cores' sums; fixed in the kernel), kept for its logic.
       "F16, 1, 16, 2, 3, 4097, 128, 4096, 0, 30, -",
