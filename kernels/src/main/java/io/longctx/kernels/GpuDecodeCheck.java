@@ -269,7 +269,8 @@ final class GpuDecodeCheck {
   /**
    * Timing on the issue's shape (B 1, 32 query / 8 kv heads, D 128, bf16 KV of 262,144 tokens):
    * synchronized and unified kernels (combine included) for a few split lengths and query counts,
-   * and a device-to-device copy of the same K+V bytes; medians of 20 after 5 warm-up launches.
+   * and a device-to-device copy of the same K+V bytes; medians of 20 after 5 warm-up launches. Also
+   * 8 query heads (one row per CTA), and each tensor-core call again on the CUDA-core partials.
    */
   private static void timing(CudaAttention cuda, SplittableRandom rng, CheckReport report, boolean smoke) {
     int b = 1, h = 32, hkv = 8, d = 128, tk = smoke ? 4096 : 262_144;
@@ -294,18 +295,22 @@ final class GpuDecodeCheck {
       report.line(String.format(Locale.ROOT, "| device-to-device copy of K (%d MiB read + written) | | | %.3f | %.0f (read+write) | 1.00 | |",
           dk.bytes() >> 20, copyMs, copyGbps));
       tsv.append(String.format(Locale.ROOT, "copy\t0\t0\t%.6f\t%.3f%n", copyMs, copyGbps));
-      for (int tq : smoke ? new int[] {1} : new int[] {1, 4, 16}) {
-        Tensor q = Tensor.random(rng, b, h, tq, d);
+      // (query heads, Tq): the 32/8 heads at Tq 1, 4, 16, and 8/8 heads (one row per CTA: the
+      // fewest rows the tensor-core partials take) at Tq 1, reported but not in the SDPA ratio table.
+      for (int[] config : smoke ? new int[][] {{h, 1}, {hkv, 1}} : new int[][] {{h, 1}, {h, 4}, {h, 16}, {hkv, 1}}) {
+        final int heads = config[0], tq = config[1];
+        final String label = heads == h ? "" : String.format(Locale.ROOT, " (H %d / Hkv %d)", heads, hkv);
+        Tensor q = Tensor.random(rng, b, heads, tq, d);
         long[] qp = lastPositions(tq, tk);
         UnifiedMax um = UnifiedMax.calibrate(q, kvHost, AttentionOptions.DEFAULT.withCausal(true));
         try (CudaAttention.DeviceBuffer dq = CudaAttention.upload(q, type, "q", stream);
              CudaAttention.DeviceBuffer dqp = CudaAttention.upload(qp, stream);
-             CudaAttention.DeviceBuffer o = new CudaAttention.DeviceBuffer(4L * b * tq * h * d);
-             CudaAttention.DeviceBuffer lse = new CudaAttention.DeviceBuffer(4L * b * tq * h)) {
-          CudaAttention.DeviceTensor tqd = new CudaAttention.DeviceTensor(dq, type, b, h, tq, d);
+             CudaAttention.DeviceBuffer o = new CudaAttention.DeviceBuffer(4L * b * tq * heads * d);
+             CudaAttention.DeviceBuffer lse = new CudaAttention.DeviceBuffer(4L * b * tq * heads)) {
+          CudaAttention.DeviceTensor tqd = new CudaAttention.DeviceTensor(dq, type, b, heads, tq, d);
           List<CudaAttention.DeviceTensor> kc = List.of(new CudaAttention.DeviceTensor(dk, type, b, hkv, tk, d));
           List<CudaAttention.DeviceTensor> vc = List.of(new CudaAttention.DeviceTensor(dv, type, b, hkv, tk, d));
-          for (int split : smoke ? new int[] {4096} : tq == 1 ? new int[] {1024, 2048, 4096, 8192} : new int[] {4096}) {
+          for (int split : smoke || heads != h ? new int[] {4096} : tq == 1 ? new int[] {1024, 2048, 4096, 8192} : new int[] {4096}) {
             try {
               CudaDecode.Plan plan = CudaAttention.devicePlan(tqd, kc, vc, split);
               try (CudaDecode.Workspace ws = cuda.decodeWorkspace(plan, kc, vc, stream)) {
@@ -317,18 +322,20 @@ final class GpuDecodeCheck {
                 if (split == 4096 || tq > 1) {
                   report.line("| " + occupancy(cuda, plan) + " | " + tq + " | " + split + " | | | | |");
                 }
-                report.line(String.format(Locale.ROOT, "| sync split-K | %d | %d | %.3f | %.0f | %.2f | |", tq, split, sync,
-                    syncGbps, syncGbps / copyGbps));
-                report.line(String.format(Locale.ROOT, "| unified max phi=%.2f (sync/unified time %.2fx) | %d | %d | %.3f | %.0f | %.2f | %d |",
-                    um.phi(), sync / unified, tq, split, unified, uniGbps, uniGbps / copyGbps, recomputed));
-                tsv.append(String.format(Locale.ROOT, "sync\t%d\t%d\t%.6f\t%.3f%n", tq, split, sync, syncGbps));
-                tsv.append(String.format(Locale.ROOT, "unified\t%d\t%d\t%.6f\t%.3f%n", tq, split, unified, uniGbps));
+                report.line(String.format(Locale.ROOT, "| sync split-K%s | %d | %d | %.3f | %.0f | %.2f | |", label, tq, split,
+                    sync, syncGbps, syncGbps / copyGbps));
+                report.line(String.format(Locale.ROOT, "| unified max phi=%.2f (sync/unified time %.2fx)%s | %d | %d | %.3f | %.0f | %.2f | %d |",
+                    um.phi(), sync / unified, label, tq, split, unified, uniGbps, uniGbps / copyGbps, recomputed));
+                if (heads == h) { // the SDPA anchor times the heads only
+                  tsv.append(String.format(Locale.ROOT, "sync\t%d\t%d\t%.6f\t%.3f%n", tq, split, sync, syncGbps));
+                  tsv.append(String.format(Locale.ROOT, "unified\t%d\t%d\t%.6f\t%.3f%n", tq, split, unified, uniGbps));
+                }
                 if (plan.tensorCores() && split == 4096) {
-                  timeOnCudaCores(cuda, plan, ws, kc, vc, tqd, dqp, opt, o, lse, stream, copyGbps, report, tq, split);
+                  timeOnCudaCores(cuda, plan, ws, kc, vc, tqd, dqp, opt, o, lse, stream, copyGbps, report, tq, split, label);
                 }
               }
             } catch (RuntimeException | OutOfMemoryError e) { // one configuration lost, not the table
-              report.errorRow(String.format(Locale.ROOT, "| decode timing | %d | %d | %s | | | |", tq, split,
+              report.errorRow(String.format(Locale.ROOT, "| decode timing%s | %d | %d | %s | | | |", label, tq, split,
                   CheckReport.errorText(e)));
               if (stopIfLost(e, report)) {
                 return;
@@ -361,7 +368,7 @@ final class GpuDecodeCheck {
       List<CudaAttention.DeviceTensor> kc,
       List<CudaAttention.DeviceTensor> vc, CudaAttention.DeviceTensor q, CudaAttention.DeviceBuffer qp,
       AttentionOptions opt, CudaAttention.DeviceBuffer o, CudaAttention.DeviceBuffer lse, CUstream stream,
-      double copyGbps, CheckReport report, int tq, int split) {
+      double copyGbps, CheckReport report, int tq, int split, String label) {
     CudaDecode.Plan cc = plan.onCudaCores();
     int rows = Math.toIntExact(plan.states());
     float[] o1 = new float[rows * plan.dim()], l1 = new float[rows], o2 = new float[rows * plan.dim()], l2 = new float[rows];
@@ -381,8 +388,8 @@ final class GpuDecodeCheck {
       double gbps = cc.kvBytes() / ms / 1e6;
       report.line("| " + occupancy(cuda, cc) + " | " + tq + " | " + split + " | | | | |");
       report.line(String.format(Locale.ROOT,
-          "| sync split-K on CUDA cores (o rel-L2 %.2e, lse max-abs %.2e vs tensor cores) | %d | %d | %.3f | %.0f | %.2f | |",
-          Math.sqrt(num / den), lseErr, tq, split, ms, gbps, gbps / copyGbps));
+          "| sync split-K on CUDA cores%s (o rel-L2 %.2e, lse max-abs %.2e vs tensor cores) | %d | %d | %.3f | %.0f | %.2f | |",
+          label, Math.sqrt(num / den), lseErr, tq, split, ms, gbps, gbps / copyGbps));
     }
   }
 

@@ -85,6 +85,12 @@ class CudaDecodeFakeDeviceTest {
         .matcher(out);
     assertTrue(m.find(), out);
     assertTrue(Double.parseDouble(m.group(1)) < 1e-5 && Double.parseDouble(m.group(2)) < 1e-5, m.group());
+    // One row per CTA (8/8 heads): timed on tensor cores, and on CUDA cores with the same output.
+    assertTrue(out.contains("| sync split-K (H 8 / Hkv 8) | 1 | 4096 |"), out);
+    java.util.regex.Matcher one = java.util.regex.Pattern.compile("\\| sync split-K on CUDA cores \\(H 8 / Hkv 8\\) "
+        + "\\(o rel-L2 ([^,]+), lse max-abs ([^ ]+) vs tensor cores\\) \\| 1 \\| 4096 \\|").matcher(out);
+    assertTrue(one.find(), out);
+    assertTrue(Double.parseDouble(one.group(1)) < 1e-5 && Double.parseDouble(one.group(2)) < 1e-5, one.group());
 
     // --timing-only (what bin/gpu-check run --profile runs): the timing table and nothing else.
     check.command().add("--timing-only");
