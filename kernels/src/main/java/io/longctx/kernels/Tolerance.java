@@ -108,6 +108,15 @@ public final class Tolerance {
     return m;
   }
 
+  /** A float32 array widened to float64 (exact). */
+  public static double[] toDouble(float[] x) {
+    double[] d = new double[x.length];
+    for (int i = 0; i < x.length; i++) {
+      d[i] = x[i];
+    }
+    return d;
+  }
+
   /** A float64 array rounded to float32. */
   public static float[] toFloat(double[] x) {
     float[] f = new float[x.length];
