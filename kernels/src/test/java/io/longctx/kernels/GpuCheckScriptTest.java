@@ -65,6 +65,62 @@ class GpuCheckScriptTest {
     assertTrue(file.indexOf("```") < file.indexOf("=== section forward (time limit 180 s) ==="), "header not first");
   }
 
+  /**
+   * {@code run --sanitize} and {@code run --profile} take the sections asked for (stand-in
+   * compute-sanitizer and ncu on PATH record what they were run on); {@code --sanitize sdpa} alone is
+   * exit 2 before anything is written.
+   */
+  @Test
+  @Timeout(120)
+  void sanitizeAndProfileRunTheSectionsAskedFor() throws Exception {
+    Path script = Paths.get("..", "bin", "gpu-check").toAbsolutePath().normalize();
+    assumeTrue(Files.isRegularFile(script) && Files.isExecutable(Paths.get("/usr/bin/timeout")),
+        "needs bin/gpu-check and coreutils timeout");
+    Path dir = Files.createTempDirectory(Paths.get("target"), "gpu-check-tools");
+    Path tools = Files.createDirectories(dir.resolve("bin"));
+    Path bundle = Files.createDirectories(dir.resolve("bundle"));
+    // compute-sanitizer: its --log-file gets one ========= line naming the class it was to run.
+    Files.writeString(tools.resolve("compute-sanitizer"), "#!/bin/bash\nlog=\n"
+        + "a=(\"$@\"); for ((i=0;i<${#a[@]};i++)); do [ \"${a[$i]}\" = --log-file ] && log=\"${a[$((i+1))]}\"; done\n"
+        + "echo \"========= stand-in $2 on ${a[-2]}\" > \"$log\"\n");
+    Files.writeString(tools.resolve("ncu"), "#!/bin/bash\necho \"  stand_in_kernel (1) $*\"\n");
+    for (String t : List.of("compute-sanitizer", "ncu")) {
+      assertTrue(tools.resolve(t).toFile().setExecutable(true));
+    }
+    String path = tools + File.pathSeparator + Paths.get(System.getProperty("java.home"), "bin") + File.pathSeparator
+        + System.getenv("PATH");
+
+    Path out = Files.createDirectories(dir.resolve("out"));
+    String sanitize = runScript(script, bundle, out, path, 0, "run", "--sanitize", "decode");
+    assertTrue(sanitize.contains("========= stand-in memcheck on io.longctx.kernels.GpuDecodeCheck")
+        && sanitize.contains("========= stand-in synccheck on io.longctx.kernels.GpuDecodeCheck")
+        && !sanitize.contains("GpuCheck ") && !sanitize.contains("-GpuCheck="), sanitize);
+
+    String profile = runScript(script, bundle, out, path, 0, "run", "--profile", "decode");
+    assertTrue(profile.contains("--- ncu-decode.txt") && profile.contains("sections: ncu-decode=0")
+        && !profile.contains("ncu-forward") && !profile.contains("ncu-sdpa"), profile);
+
+    // Nothing of ours to sanitize: exit 2, and the results of the run before are left alone.
+    String before = Files.readString(out.resolve("gpu-check.txt"));
+    String refused = runScript(script, bundle, out, path, 2, "run", "--sanitize", "sdpa");
+    assertTrue(refused.contains("--sanitize checks our kernels (forward, decode), not PyTorch's (sdpa)"), refused);
+    assertEquals(before, Files.readString(out.resolve("gpu-check.txt")));
+  }
+
+  /** Runs bin/gpu-check with the given arguments; asserts its exit status and returns its output. */
+  private static String runScript(Path script, Path bundle, Path out, String path, int exit, String... args)
+      throws Exception {
+    List<String> cmd = new java.util.ArrayList<>(List.of("bash", script.toString()));
+    cmd.addAll(List.of(args));
+    ProcessBuilder pb = new ProcessBuilder(cmd).redirectErrorStream(true);
+    pb.environment().put("GPU_CHECK_BUNDLE", bundle.toString());
+    pb.environment().put("OUT", out.toString());
+    pb.environment().put("PATH", path);
+    Child p = Child.run(pb, 60);
+    assertEquals(exit, p.exit(), String.join(" ", args) + ":\n" + p.output());
+    return p.output();
+  }
+
   /** A jar of a class folder (what the bundle's kernels jar holds: classes and fatbins). */
   private static void jar(Path dir, Path jar) throws Exception {
     try (JarOutputStream out = new JarOutputStream(Files.newOutputStream(jar));
