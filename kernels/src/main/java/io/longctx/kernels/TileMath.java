@@ -112,7 +112,11 @@ final class TileMath {
       }
     }
     for (; x + 4 <= nx; x += 4) {
-      for (int g = 0; g < lanes; g += GROUP) {
+      for (int g = 0; g < wide; g += 2 * GROUP) {
+        scores4x4(k, kOff + x * kStride, kStride, nk, qt, g, qtStride, s, x * sStride + g, sStride, scale);
+        fold(s, x * sStride + g, sStride, 4, g, 4, hi, sum);
+      }
+      for (int g = wide; g < lanes; g += GROUP) {
         scores4(k, kOff + x * kStride, kStride, nk, qt, g, qtStride, s, x * sStride + g, sStride, scale, hi, sum);
       }
     }
@@ -376,6 +380,64 @@ final class TileMath {
   }
 
   /**
+   * The q.k of {@link #scores4} four vectors wide (16 accumulators), scaled and stored: the rows after
+   * the six-row blocks on the lanes of {@link #scores6x4}, which the two-vector form ran at half its
+   * rate (a remainder of 8 rows of 128 was an eighth of the time for 6% of the work on a Xeon 6/167).
+   */
+  private static void scores4x4(float[] k, int kOff, int kStride, int nk, float[] qt, int qtOff, int qtStride,
+      float[] s, int sOff, int sStride, float scale) {
+    FloatVector z = FloatVector.zero(SPECIES);
+    FloatVector c00 = z, c01 = z, c02 = z, c03 = z, c10 = z, c11 = z, c12 = z, c13 = z, c20 = z, c21 = z, c22 = z,
+        c23 = z, c30 = z, c31 = z, c32 = z, c33 = z;
+    int a0 = kOff, a1 = a0 + kStride, a2 = a1 + kStride, a3 = a2 + kStride;
+    int bi = qtOff;
+    for (int kk = 0; kk < nk; kk++, bi += qtStride) {
+      FloatVector b0 = FloatVector.fromArray(SPECIES, qt, bi);
+      FloatVector b1 = FloatVector.fromArray(SPECIES, qt, bi + VL);
+      FloatVector b2 = FloatVector.fromArray(SPECIES, qt, bi + 2 * VL);
+      FloatVector b3 = FloatVector.fromArray(SPECIES, qt, bi + 3 * VL);
+      FloatVector a = FloatVector.broadcast(SPECIES, k[a0 + kk]);
+      c00 = a.fma(b0, c00);
+      c01 = a.fma(b1, c01);
+      c02 = a.fma(b2, c02);
+      c03 = a.fma(b3, c03);
+      a = FloatVector.broadcast(SPECIES, k[a1 + kk]);
+      c10 = a.fma(b0, c10);
+      c11 = a.fma(b1, c11);
+      c12 = a.fma(b2, c12);
+      c13 = a.fma(b3, c13);
+      a = FloatVector.broadcast(SPECIES, k[a2 + kk]);
+      c20 = a.fma(b0, c20);
+      c21 = a.fma(b1, c21);
+      c22 = a.fma(b2, c22);
+      c23 = a.fma(b3, c23);
+      a = FloatVector.broadcast(SPECIES, k[a3 + kk]);
+      c30 = a.fma(b0, c30);
+      c31 = a.fma(b1, c31);
+      c32 = a.fma(b2, c32);
+      c33 = a.fma(b3, c33);
+    }
+    FloatVector sc = FloatVector.broadcast(SPECIES, scale);
+    int ci = sOff;
+    c00.mul(sc).intoArray(s, ci);
+    c01.mul(sc).intoArray(s, ci + VL);
+    c02.mul(sc).intoArray(s, ci + 2 * VL);
+    c03.mul(sc).intoArray(s, ci + 3 * VL);
+    c10.mul(sc).intoArray(s, ci += sStride);
+    c11.mul(sc).intoArray(s, ci + VL);
+    c12.mul(sc).intoArray(s, ci + 2 * VL);
+    c13.mul(sc).intoArray(s, ci + 3 * VL);
+    c20.mul(sc).intoArray(s, ci += sStride);
+    c21.mul(sc).intoArray(s, ci + VL);
+    c22.mul(sc).intoArray(s, ci + 2 * VL);
+    c23.mul(sc).intoArray(s, ci + 3 * VL);
+    c30.mul(sc).intoArray(s, ci += sStride);
+    c31.mul(sc).intoArray(s, ci + VL);
+    c32.mul(sc).intoArray(s, ci + 2 * VL);
+    c33.mul(sc).intoArray(s, ci + 3 * VL);
+  }
+
+  /**
    * Folds stored scores, rows [0, rows), into hi (max) and sum in row order, over {@code vectors}
    * vectors of lanes from {@code lane}: per lane the same operations as the end of {@link #scores6},
    * so the same bits.
@@ -423,44 +485,49 @@ final class TileMath {
 
 
   /**
-   * Ot[x][lanes] += sum_k V[k][x] * P[k][lanes] for x in [0, nx): A is read down columns of V
-   * (six neighbouring dims of one key per step).
+   * Ot[x][lanes] = Ot[x][lanes] * alpha[lanes] + sum_k V[k][x] * P[k][lanes] for x in [0, nx): A is read
+   * down columns of V (six neighbouring dims of one key per step). The online softmax's rescale by
+   * alpha happens as the accumulators are loaded (a pass of its own over Ot was 2% of a call).
    */
   static void accumulate(float[] v, int vOff, int vStride, int nx, int nk,
-      float[] p, int pStride, float[] ot, int otStride, int lanes) {
+      float[] p, int pStride, float[] ot, int otStride, int lanes, float[] alpha) {
     int end = sixRowsEnd(nx);
     int wide = wideLanes(lanes);
     for (int g = 0; g < wide; g += 2 * GROUP) {
-      accumulate6x4(v, vOff, vStride, end, nk, p, g, pStride, ot, g, otStride);
+      accumulate6x4(v, vOff, vStride, end, nk, p, g, pStride, ot, g, otStride, alpha);
     }
     int x = 0;
     for (; x < end; x += 6) {
       for (int g = wide; g < lanes; g += GROUP) {
-        accumulate6(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, otStride);
+        accumulate6(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, otStride, alpha);
       }
     }
     for (; x + 4 <= nx; x += 4) {
-      for (int g = 0; g < lanes; g += GROUP) {
-        accumulate4(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, otStride);
+      for (int g = 0; g < wide; g += 2 * GROUP) {
+        accumulate4x4(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, otStride, alpha);
+      }
+      for (int g = wide; g < lanes; g += GROUP) {
+        accumulate4(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, otStride, alpha);
       }
     }
     for (; x < nx; x++) {
       for (int g = 0; g < lanes; g += GROUP) {
-        accumulate1(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g);
+        accumulate1(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, alpha);
       }
     }
   }
 
   private static void accumulate4(float[] v, int vOff, int vStride, int nk, float[] p, int pOff, int pStride,
-      float[] ot, int otOff, int otStride) {
+      float[] ot, int otOff, int otStride, float[] alpha) {
+    FloatVector a0 = FloatVector.fromArray(SPECIES, alpha, pOff), a1 = FloatVector.fromArray(SPECIES, alpha, pOff + VL);
     int ci = otOff;
-    FloatVector c00 = FloatVector.fromArray(SPECIES, ot, ci), c01 = FloatVector.fromArray(SPECIES, ot, ci + VL);
-    FloatVector c10 = FloatVector.fromArray(SPECIES, ot, ci + otStride);
-    FloatVector c11 = FloatVector.fromArray(SPECIES, ot, ci + otStride + VL);
-    FloatVector c20 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride);
-    FloatVector c21 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride + VL);
-    FloatVector c30 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride);
-    FloatVector c31 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride + VL);
+    FloatVector c00 = FloatVector.fromArray(SPECIES, ot, ci).mul(a0), c01 = FloatVector.fromArray(SPECIES, ot, ci + VL).mul(a1);
+    FloatVector c10 = FloatVector.fromArray(SPECIES, ot, ci + otStride).mul(a0);
+    FloatVector c11 = FloatVector.fromArray(SPECIES, ot, ci + otStride + VL).mul(a1);
+    FloatVector c20 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride).mul(a0);
+    FloatVector c21 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride + VL).mul(a1);
+    FloatVector c30 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride).mul(a0);
+    FloatVector c31 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride + VL).mul(a1);
     int ai = vOff;
     int bi = pOff;
     for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {
@@ -490,19 +557,20 @@ final class TileMath {
   }
 
   private static void accumulate6(float[] v, int vOff, int vStride, int nk, float[] p, int pOff, int pStride,
-      float[] ot, int otOff, int otStride) {
+      float[] ot, int otOff, int otStride, float[] alpha) {
+    FloatVector a0 = FloatVector.fromArray(SPECIES, alpha, pOff), a1 = FloatVector.fromArray(SPECIES, alpha, pOff + VL);
     int ci = otOff;
-    FloatVector c00 = FloatVector.fromArray(SPECIES, ot, ci), c01 = FloatVector.fromArray(SPECIES, ot, ci + VL);
-    FloatVector c10 = FloatVector.fromArray(SPECIES, ot, ci + otStride);
-    FloatVector c11 = FloatVector.fromArray(SPECIES, ot, ci + otStride + VL);
-    FloatVector c20 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride);
-    FloatVector c21 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride + VL);
-    FloatVector c30 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride);
-    FloatVector c31 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride + VL);
-    FloatVector c40 = FloatVector.fromArray(SPECIES, ot, ci + 4 * otStride);
-    FloatVector c41 = FloatVector.fromArray(SPECIES, ot, ci + 4 * otStride + VL);
-    FloatVector c50 = FloatVector.fromArray(SPECIES, ot, ci + 5 * otStride);
-    FloatVector c51 = FloatVector.fromArray(SPECIES, ot, ci + 5 * otStride + VL);
+    FloatVector c00 = FloatVector.fromArray(SPECIES, ot, ci).mul(a0), c01 = FloatVector.fromArray(SPECIES, ot, ci + VL).mul(a1);
+    FloatVector c10 = FloatVector.fromArray(SPECIES, ot, ci + otStride).mul(a0);
+    FloatVector c11 = FloatVector.fromArray(SPECIES, ot, ci + otStride + VL).mul(a1);
+    FloatVector c20 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride).mul(a0);
+    FloatVector c21 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride + VL).mul(a1);
+    FloatVector c30 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride).mul(a0);
+    FloatVector c31 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride + VL).mul(a1);
+    FloatVector c40 = FloatVector.fromArray(SPECIES, ot, ci + 4 * otStride).mul(a0);
+    FloatVector c41 = FloatVector.fromArray(SPECIES, ot, ci + 4 * otStride + VL).mul(a1);
+    FloatVector c50 = FloatVector.fromArray(SPECIES, ot, ci + 5 * otStride).mul(a0);
+    FloatVector c51 = FloatVector.fromArray(SPECIES, ot, ci + 5 * otStride + VL).mul(a1);
     int ai = vOff;
     int bi = pOff;
     for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {
@@ -546,22 +614,24 @@ final class TileMath {
    * [pOff, pOff + 2 * GROUP). The loop over six-row blocks is in here, as in {@link #scores6x4}.
    */
   private static void accumulate6x4(float[] v, int vOff, int vStride, int nx, int nk, float[] p, int pOff, int pStride,
-      float[] ot, int otOff, int otStride) {
+      float[] ot, int otOff, int otStride, float[] alpha) {
+    FloatVector a0 = FloatVector.fromArray(SPECIES, alpha, pOff), a1 = FloatVector.fromArray(SPECIES, alpha, pOff + VL);
+    FloatVector a2 = FloatVector.fromArray(SPECIES, alpha, pOff + 2 * VL), a3 = FloatVector.fromArray(SPECIES, alpha, pOff + 3 * VL);
     for (int x = 0; x < nx; x += 6) {
       int r0 = otOff + x * otStride, r1 = r0 + otStride, r2 = r1 + otStride, r3 = r2 + otStride, r4 = r3 + otStride,
           r5 = r4 + otStride;
-      FloatVector c00 = FloatVector.fromArray(SPECIES, ot, r0), c01 = FloatVector.fromArray(SPECIES, ot, r0 + VL);
-      FloatVector c02 = FloatVector.fromArray(SPECIES, ot, r0 + 2 * VL), c03 = FloatVector.fromArray(SPECIES, ot, r0 + 3 * VL);
-      FloatVector c10 = FloatVector.fromArray(SPECIES, ot, r1), c11 = FloatVector.fromArray(SPECIES, ot, r1 + VL);
-      FloatVector c12 = FloatVector.fromArray(SPECIES, ot, r1 + 2 * VL), c13 = FloatVector.fromArray(SPECIES, ot, r1 + 3 * VL);
-      FloatVector c20 = FloatVector.fromArray(SPECIES, ot, r2), c21 = FloatVector.fromArray(SPECIES, ot, r2 + VL);
-      FloatVector c22 = FloatVector.fromArray(SPECIES, ot, r2 + 2 * VL), c23 = FloatVector.fromArray(SPECIES, ot, r2 + 3 * VL);
-      FloatVector c30 = FloatVector.fromArray(SPECIES, ot, r3), c31 = FloatVector.fromArray(SPECIES, ot, r3 + VL);
-      FloatVector c32 = FloatVector.fromArray(SPECIES, ot, r3 + 2 * VL), c33 = FloatVector.fromArray(SPECIES, ot, r3 + 3 * VL);
-      FloatVector c40 = FloatVector.fromArray(SPECIES, ot, r4), c41 = FloatVector.fromArray(SPECIES, ot, r4 + VL);
-      FloatVector c42 = FloatVector.fromArray(SPECIES, ot, r4 + 2 * VL), c43 = FloatVector.fromArray(SPECIES, ot, r4 + 3 * VL);
-      FloatVector c50 = FloatVector.fromArray(SPECIES, ot, r5), c51 = FloatVector.fromArray(SPECIES, ot, r5 + VL);
-      FloatVector c52 = FloatVector.fromArray(SPECIES, ot, r5 + 2 * VL), c53 = FloatVector.fromArray(SPECIES, ot, r5 + 3 * VL);
+      FloatVector c00 = FloatVector.fromArray(SPECIES, ot, r0).mul(a0), c01 = FloatVector.fromArray(SPECIES, ot, r0 + VL).mul(a1);
+      FloatVector c02 = FloatVector.fromArray(SPECIES, ot, r0 + 2 * VL).mul(a2), c03 = FloatVector.fromArray(SPECIES, ot, r0 + 3 * VL).mul(a3);
+      FloatVector c10 = FloatVector.fromArray(SPECIES, ot, r1).mul(a0), c11 = FloatVector.fromArray(SPECIES, ot, r1 + VL).mul(a1);
+      FloatVector c12 = FloatVector.fromArray(SPECIES, ot, r1 + 2 * VL).mul(a2), c13 = FloatVector.fromArray(SPECIES, ot, r1 + 3 * VL).mul(a3);
+      FloatVector c20 = FloatVector.fromArray(SPECIES, ot, r2).mul(a0), c21 = FloatVector.fromArray(SPECIES, ot, r2 + VL).mul(a1);
+      FloatVector c22 = FloatVector.fromArray(SPECIES, ot, r2 + 2 * VL).mul(a2), c23 = FloatVector.fromArray(SPECIES, ot, r2 + 3 * VL).mul(a3);
+      FloatVector c30 = FloatVector.fromArray(SPECIES, ot, r3).mul(a0), c31 = FloatVector.fromArray(SPECIES, ot, r3 + VL).mul(a1);
+      FloatVector c32 = FloatVector.fromArray(SPECIES, ot, r3 + 2 * VL).mul(a2), c33 = FloatVector.fromArray(SPECIES, ot, r3 + 3 * VL).mul(a3);
+      FloatVector c40 = FloatVector.fromArray(SPECIES, ot, r4).mul(a0), c41 = FloatVector.fromArray(SPECIES, ot, r4 + VL).mul(a1);
+      FloatVector c42 = FloatVector.fromArray(SPECIES, ot, r4 + 2 * VL).mul(a2), c43 = FloatVector.fromArray(SPECIES, ot, r4 + 3 * VL).mul(a3);
+      FloatVector c50 = FloatVector.fromArray(SPECIES, ot, r5).mul(a0), c51 = FloatVector.fromArray(SPECIES, ot, r5 + VL).mul(a1);
+      FloatVector c52 = FloatVector.fromArray(SPECIES, ot, r5 + 2 * VL).mul(a2), c53 = FloatVector.fromArray(SPECIES, ot, r5 + 3 * VL).mul(a3);
       int ai = vOff + x;
       int bi = pOff;
       for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {
@@ -627,9 +697,70 @@ final class TileMath {
     }
   }
 
+  /** {@link #accumulate4} four vectors wide, for the dims after the six-row blocks (see {@link #scores4x4}). */
+  private static void accumulate4x4(float[] v, int vOff, int vStride, int nk, float[] p, int pOff, int pStride,
+      float[] ot, int otOff, int otStride, float[] alpha) {
+    FloatVector a0 = FloatVector.fromArray(SPECIES, alpha, pOff), a1 = FloatVector.fromArray(SPECIES, alpha, pOff + VL);
+    FloatVector a2 = FloatVector.fromArray(SPECIES, alpha, pOff + 2 * VL), a3 = FloatVector.fromArray(SPECIES, alpha, pOff + 3 * VL);
+    int r0 = otOff, r1 = r0 + otStride, r2 = r1 + otStride, r3 = r2 + otStride;
+    FloatVector c00 = FloatVector.fromArray(SPECIES, ot, r0).mul(a0), c01 = FloatVector.fromArray(SPECIES, ot, r0 + VL).mul(a1);
+    FloatVector c02 = FloatVector.fromArray(SPECIES, ot, r0 + 2 * VL).mul(a2), c03 = FloatVector.fromArray(SPECIES, ot, r0 + 3 * VL).mul(a3);
+    FloatVector c10 = FloatVector.fromArray(SPECIES, ot, r1).mul(a0), c11 = FloatVector.fromArray(SPECIES, ot, r1 + VL).mul(a1);
+    FloatVector c12 = FloatVector.fromArray(SPECIES, ot, r1 + 2 * VL).mul(a2), c13 = FloatVector.fromArray(SPECIES, ot, r1 + 3 * VL).mul(a3);
+    FloatVector c20 = FloatVector.fromArray(SPECIES, ot, r2).mul(a0), c21 = FloatVector.fromArray(SPECIES, ot, r2 + VL).mul(a1);
+    FloatVector c22 = FloatVector.fromArray(SPECIES, ot, r2 + 2 * VL).mul(a2), c23 = FloatVector.fromArray(SPECIES, ot, r2 + 3 * VL).mul(a3);
+    FloatVector c30 = FloatVector.fromArray(SPECIES, ot, r3).mul(a0), c31 = FloatVector.fromArray(SPECIES, ot, r3 + VL).mul(a1);
+    FloatVector c32 = FloatVector.fromArray(SPECIES, ot, r3 + 2 * VL).mul(a2), c33 = FloatVector.fromArray(SPECIES, ot, r3 + 3 * VL).mul(a3);
+    int ai = vOff;
+    int bi = pOff;
+    for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {
+      FloatVector b0 = FloatVector.fromArray(SPECIES, p, bi);
+      FloatVector b1 = FloatVector.fromArray(SPECIES, p, bi + VL);
+      FloatVector b2 = FloatVector.fromArray(SPECIES, p, bi + 2 * VL);
+      FloatVector b3 = FloatVector.fromArray(SPECIES, p, bi + 3 * VL);
+      FloatVector a = FloatVector.broadcast(SPECIES, v[ai]);
+      c00 = a.fma(b0, c00);
+      c01 = a.fma(b1, c01);
+      c02 = a.fma(b2, c02);
+      c03 = a.fma(b3, c03);
+      a = FloatVector.broadcast(SPECIES, v[ai + 1]);
+      c10 = a.fma(b0, c10);
+      c11 = a.fma(b1, c11);
+      c12 = a.fma(b2, c12);
+      c13 = a.fma(b3, c13);
+      a = FloatVector.broadcast(SPECIES, v[ai + 2]);
+      c20 = a.fma(b0, c20);
+      c21 = a.fma(b1, c21);
+      c22 = a.fma(b2, c22);
+      c23 = a.fma(b3, c23);
+      a = FloatVector.broadcast(SPECIES, v[ai + 3]);
+      c30 = a.fma(b0, c30);
+      c31 = a.fma(b1, c31);
+      c32 = a.fma(b2, c32);
+      c33 = a.fma(b3, c33);
+    }
+    c00.intoArray(ot, r0);
+    c01.intoArray(ot, r0 + VL);
+    c02.intoArray(ot, r0 + 2 * VL);
+    c03.intoArray(ot, r0 + 3 * VL);
+    c10.intoArray(ot, r1);
+    c11.intoArray(ot, r1 + VL);
+    c12.intoArray(ot, r1 + 2 * VL);
+    c13.intoArray(ot, r1 + 3 * VL);
+    c20.intoArray(ot, r2);
+    c21.intoArray(ot, r2 + VL);
+    c22.intoArray(ot, r2 + 2 * VL);
+    c23.intoArray(ot, r2 + 3 * VL);
+    c30.intoArray(ot, r3);
+    c31.intoArray(ot, r3 + VL);
+    c32.intoArray(ot, r3 + 2 * VL);
+    c33.intoArray(ot, r3 + 3 * VL);
+  }
+
   private static void accumulate1(float[] v, int vOff, int vStride, int nk, float[] p, int pOff, int pStride,
-      float[] ot, int ci) {
-    FloatVector c0 = FloatVector.fromArray(SPECIES, ot, ci), c1 = FloatVector.fromArray(SPECIES, ot, ci + VL);
+      float[] ot, int ci, float[] alpha) {
+    FloatVector a0 = FloatVector.fromArray(SPECIES, alpha, pOff), a1 = FloatVector.fromArray(SPECIES, alpha, pOff + VL);
+    FloatVector c0 = FloatVector.fromArray(SPECIES, ot, ci).mul(a0), c1 = FloatVector.fromArray(SPECIES, ot, ci + VL).mul(a1);
     int ai = vOff;
     int bi = pOff;
     for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {
