@@ -485,49 +485,47 @@ final class TileMath {
 
 
   /**
-   * Ot[x][lanes] = Ot[x][lanes] * alpha[lanes] + sum_k V[k][x] * P[k][lanes] for x in [0, nx): A is read
-   * down columns of V (six neighbouring dims of one key per step). The online softmax's rescale by
-   * alpha happens as the accumulators are loaded (a pass of its own over Ot was 2% of a call).
+   * Ot[x][lanes] += sum_k V[k][x] * P[k][lanes] for x in [0, nx): A is read down columns of V
+   * (six neighbouring dims of one key per step).
    */
   static void accumulate(float[] v, int vOff, int vStride, int nx, int nk,
-      float[] p, int pStride, float[] ot, int otStride, int lanes, float[] alpha) {
+      float[] p, int pStride, float[] ot, int otStride, int lanes) {
     int end = sixRowsEnd(nx);
     int wide = wideLanes(lanes);
     for (int g = 0; g < wide; g += 2 * GROUP) {
-      accumulate6x4(v, vOff, vStride, end, nk, p, g, pStride, ot, g, otStride, alpha);
+      accumulate6x4(v, vOff, vStride, end, nk, p, g, pStride, ot, g, otStride);
     }
     int x = 0;
     for (; x < end; x += 6) {
       for (int g = wide; g < lanes; g += GROUP) {
-        accumulate6(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, otStride, alpha);
+        accumulate6(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, otStride);
       }
     }
     for (; x + 4 <= nx; x += 4) {
       for (int g = 0; g < wide; g += 2 * GROUP) {
-        accumulate4x4(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, otStride, alpha);
+        accumulate4x4(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, otStride);
       }
       for (int g = wide; g < lanes; g += GROUP) {
-        accumulate4(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, otStride, alpha);
+        accumulate4(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, otStride);
       }
     }
     for (; x < nx; x++) {
       for (int g = 0; g < lanes; g += GROUP) {
-        accumulate1(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g, alpha);
+        accumulate1(v, vOff + x, vStride, nk, p, g, pStride, ot, x * otStride + g);
       }
     }
   }
 
   private static void accumulate4(float[] v, int vOff, int vStride, int nk, float[] p, int pOff, int pStride,
-      float[] ot, int otOff, int otStride, float[] alpha) {
-    FloatVector a0 = FloatVector.fromArray(SPECIES, alpha, pOff), a1 = FloatVector.fromArray(SPECIES, alpha, pOff + VL);
+      float[] ot, int otOff, int otStride) {
     int ci = otOff;
-    FloatVector c00 = FloatVector.fromArray(SPECIES, ot, ci).mul(a0), c01 = FloatVector.fromArray(SPECIES, ot, ci + VL).mul(a1);
-    FloatVector c10 = FloatVector.fromArray(SPECIES, ot, ci + otStride).mul(a0);
-    FloatVector c11 = FloatVector.fromArray(SPECIES, ot, ci + otStride + VL).mul(a1);
-    FloatVector c20 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride).mul(a0);
-    FloatVector c21 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride + VL).mul(a1);
-    FloatVector c30 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride).mul(a0);
-    FloatVector c31 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride + VL).mul(a1);
+    FloatVector c00 = FloatVector.fromArray(SPECIES, ot, ci), c01 = FloatVector.fromArray(SPECIES, ot, ci + VL);
+    FloatVector c10 = FloatVector.fromArray(SPECIES, ot, ci + otStride);
+    FloatVector c11 = FloatVector.fromArray(SPECIES, ot, ci + otStride + VL);
+    FloatVector c20 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride);
+    FloatVector c21 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride + VL);
+    FloatVector c30 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride);
+    FloatVector c31 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride + VL);
     int ai = vOff;
     int bi = pOff;
     for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {
@@ -557,20 +555,19 @@ final class TileMath {
   }
 
   private static void accumulate6(float[] v, int vOff, int vStride, int nk, float[] p, int pOff, int pStride,
-      float[] ot, int otOff, int otStride, float[] alpha) {
-    FloatVector a0 = FloatVector.fromArray(SPECIES, alpha, pOff), a1 = FloatVector.fromArray(SPECIES, alpha, pOff + VL);
+      float[] ot, int otOff, int otStride) {
     int ci = otOff;
-    FloatVector c00 = FloatVector.fromArray(SPECIES, ot, ci).mul(a0), c01 = FloatVector.fromArray(SPECIES, ot, ci + VL).mul(a1);
-    FloatVector c10 = FloatVector.fromArray(SPECIES, ot, ci + otStride).mul(a0);
-    FloatVector c11 = FloatVector.fromArray(SPECIES, ot, ci + otStride + VL).mul(a1);
-    FloatVector c20 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride).mul(a0);
-    FloatVector c21 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride + VL).mul(a1);
-    FloatVector c30 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride).mul(a0);
-    FloatVector c31 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride + VL).mul(a1);
-    FloatVector c40 = FloatVector.fromArray(SPECIES, ot, ci + 4 * otStride).mul(a0);
-    FloatVector c41 = FloatVector.fromArray(SPECIES, ot, ci + 4 * otStride + VL).mul(a1);
-    FloatVector c50 = FloatVector.fromArray(SPECIES, ot, ci + 5 * otStride).mul(a0);
-    FloatVector c51 = FloatVector.fromArray(SPECIES, ot, ci + 5 * otStride + VL).mul(a1);
+    FloatVector c00 = FloatVector.fromArray(SPECIES, ot, ci), c01 = FloatVector.fromArray(SPECIES, ot, ci + VL);
+    FloatVector c10 = FloatVector.fromArray(SPECIES, ot, ci + otStride);
+    FloatVector c11 = FloatVector.fromArray(SPECIES, ot, ci + otStride + VL);
+    FloatVector c20 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride);
+    FloatVector c21 = FloatVector.fromArray(SPECIES, ot, ci + 2 * otStride + VL);
+    FloatVector c30 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride);
+    FloatVector c31 = FloatVector.fromArray(SPECIES, ot, ci + 3 * otStride + VL);
+    FloatVector c40 = FloatVector.fromArray(SPECIES, ot, ci + 4 * otStride);
+    FloatVector c41 = FloatVector.fromArray(SPECIES, ot, ci + 4 * otStride + VL);
+    FloatVector c50 = FloatVector.fromArray(SPECIES, ot, ci + 5 * otStride);
+    FloatVector c51 = FloatVector.fromArray(SPECIES, ot, ci + 5 * otStride + VL);
     int ai = vOff;
     int bi = pOff;
     for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {
@@ -614,24 +611,22 @@ final class TileMath {
    * [pOff, pOff + 2 * GROUP). The loop over six-row blocks is in here, as in {@link #scores6x4}.
    */
   private static void accumulate6x4(float[] v, int vOff, int vStride, int nx, int nk, float[] p, int pOff, int pStride,
-      float[] ot, int otOff, int otStride, float[] alpha) {
-    FloatVector a0 = FloatVector.fromArray(SPECIES, alpha, pOff), a1 = FloatVector.fromArray(SPECIES, alpha, pOff + VL);
-    FloatVector a2 = FloatVector.fromArray(SPECIES, alpha, pOff + 2 * VL), a3 = FloatVector.fromArray(SPECIES, alpha, pOff + 3 * VL);
+      float[] ot, int otOff, int otStride) {
     for (int x = 0; x < nx; x += 6) {
       int r0 = otOff + x * otStride, r1 = r0 + otStride, r2 = r1 + otStride, r3 = r2 + otStride, r4 = r3 + otStride,
           r5 = r4 + otStride;
-      FloatVector c00 = FloatVector.fromArray(SPECIES, ot, r0).mul(a0), c01 = FloatVector.fromArray(SPECIES, ot, r0 + VL).mul(a1);
-      FloatVector c02 = FloatVector.fromArray(SPECIES, ot, r0 + 2 * VL).mul(a2), c03 = FloatVector.fromArray(SPECIES, ot, r0 + 3 * VL).mul(a3);
-      FloatVector c10 = FloatVector.fromArray(SPECIES, ot, r1).mul(a0), c11 = FloatVector.fromArray(SPECIES, ot, r1 + VL).mul(a1);
-      FloatVector c12 = FloatVector.fromArray(SPECIES, ot, r1 + 2 * VL).mul(a2), c13 = FloatVector.fromArray(SPECIES, ot, r1 + 3 * VL).mul(a3);
-      FloatVector c20 = FloatVector.fromArray(SPECIES, ot, r2).mul(a0), c21 = FloatVector.fromArray(SPECIES, ot, r2 + VL).mul(a1);
-      FloatVector c22 = FloatVector.fromArray(SPECIES, ot, r2 + 2 * VL).mul(a2), c23 = FloatVector.fromArray(SPECIES, ot, r2 + 3 * VL).mul(a3);
-      FloatVector c30 = FloatVector.fromArray(SPECIES, ot, r3).mul(a0), c31 = FloatVector.fromArray(SPECIES, ot, r3 + VL).mul(a1);
-      FloatVector c32 = FloatVector.fromArray(SPECIES, ot, r3 + 2 * VL).mul(a2), c33 = FloatVector.fromArray(SPECIES, ot, r3 + 3 * VL).mul(a3);
-      FloatVector c40 = FloatVector.fromArray(SPECIES, ot, r4).mul(a0), c41 = FloatVector.fromArray(SPECIES, ot, r4 + VL).mul(a1);
-      FloatVector c42 = FloatVector.fromArray(SPECIES, ot, r4 + 2 * VL).mul(a2), c43 = FloatVector.fromArray(SPECIES, ot, r4 + 3 * VL).mul(a3);
-      FloatVector c50 = FloatVector.fromArray(SPECIES, ot, r5).mul(a0), c51 = FloatVector.fromArray(SPECIES, ot, r5 + VL).mul(a1);
-      FloatVector c52 = FloatVector.fromArray(SPECIES, ot, r5 + 2 * VL).mul(a2), c53 = FloatVector.fromArray(SPECIES, ot, r5 + 3 * VL).mul(a3);
+      FloatVector c00 = FloatVector.fromArray(SPECIES, ot, r0), c01 = FloatVector.fromArray(SPECIES, ot, r0 + VL);
+      FloatVector c02 = FloatVector.fromArray(SPECIES, ot, r0 + 2 * VL), c03 = FloatVector.fromArray(SPECIES, ot, r0 + 3 * VL);
+      FloatVector c10 = FloatVector.fromArray(SPECIES, ot, r1), c11 = FloatVector.fromArray(SPECIES, ot, r1 + VL);
+      FloatVector c12 = FloatVector.fromArray(SPECIES, ot, r1 + 2 * VL), c13 = FloatVector.fromArray(SPECIES, ot, r1 + 3 * VL);
+      FloatVector c20 = FloatVector.fromArray(SPECIES, ot, r2), c21 = FloatVector.fromArray(SPECIES, ot, r2 + VL);
+      FloatVector c22 = FloatVector.fromArray(SPECIES, ot, r2 + 2 * VL), c23 = FloatVector.fromArray(SPECIES, ot, r2 + 3 * VL);
+      FloatVector c30 = FloatVector.fromArray(SPECIES, ot, r3), c31 = FloatVector.fromArray(SPECIES, ot, r3 + VL);
+      FloatVector c32 = FloatVector.fromArray(SPECIES, ot, r3 + 2 * VL), c33 = FloatVector.fromArray(SPECIES, ot, r3 + 3 * VL);
+      FloatVector c40 = FloatVector.fromArray(SPECIES, ot, r4), c41 = FloatVector.fromArray(SPECIES, ot, r4 + VL);
+      FloatVector c42 = FloatVector.fromArray(SPECIES, ot, r4 + 2 * VL), c43 = FloatVector.fromArray(SPECIES, ot, r4 + 3 * VL);
+      FloatVector c50 = FloatVector.fromArray(SPECIES, ot, r5), c51 = FloatVector.fromArray(SPECIES, ot, r5 + VL);
+      FloatVector c52 = FloatVector.fromArray(SPECIES, ot, r5 + 2 * VL), c53 = FloatVector.fromArray(SPECIES, ot, r5 + 3 * VL);
       int ai = vOff + x;
       int bi = pOff;
       for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {
@@ -699,18 +694,16 @@ final class TileMath {
 
   /** {@link #accumulate4} four vectors wide, for the dims after the six-row blocks (see {@link #scores4x4}). */
   private static void accumulate4x4(float[] v, int vOff, int vStride, int nk, float[] p, int pOff, int pStride,
-      float[] ot, int otOff, int otStride, float[] alpha) {
-    FloatVector a0 = FloatVector.fromArray(SPECIES, alpha, pOff), a1 = FloatVector.fromArray(SPECIES, alpha, pOff + VL);
-    FloatVector a2 = FloatVector.fromArray(SPECIES, alpha, pOff + 2 * VL), a3 = FloatVector.fromArray(SPECIES, alpha, pOff + 3 * VL);
+      float[] ot, int otOff, int otStride) {
     int r0 = otOff, r1 = r0 + otStride, r2 = r1 + otStride, r3 = r2 + otStride;
-    FloatVector c00 = FloatVector.fromArray(SPECIES, ot, r0).mul(a0), c01 = FloatVector.fromArray(SPECIES, ot, r0 + VL).mul(a1);
-    FloatVector c02 = FloatVector.fromArray(SPECIES, ot, r0 + 2 * VL).mul(a2), c03 = FloatVector.fromArray(SPECIES, ot, r0 + 3 * VL).mul(a3);
-    FloatVector c10 = FloatVector.fromArray(SPECIES, ot, r1).mul(a0), c11 = FloatVector.fromArray(SPECIES, ot, r1 + VL).mul(a1);
-    FloatVector c12 = FloatVector.fromArray(SPECIES, ot, r1 + 2 * VL).mul(a2), c13 = FloatVector.fromArray(SPECIES, ot, r1 + 3 * VL).mul(a3);
-    FloatVector c20 = FloatVector.fromArray(SPECIES, ot, r2).mul(a0), c21 = FloatVector.fromArray(SPECIES, ot, r2 + VL).mul(a1);
-    FloatVector c22 = FloatVector.fromArray(SPECIES, ot, r2 + 2 * VL).mul(a2), c23 = FloatVector.fromArray(SPECIES, ot, r2 + 3 * VL).mul(a3);
-    FloatVector c30 = FloatVector.fromArray(SPECIES, ot, r3).mul(a0), c31 = FloatVector.fromArray(SPECIES, ot, r3 + VL).mul(a1);
-    FloatVector c32 = FloatVector.fromArray(SPECIES, ot, r3 + 2 * VL).mul(a2), c33 = FloatVector.fromArray(SPECIES, ot, r3 + 3 * VL).mul(a3);
+    FloatVector c00 = FloatVector.fromArray(SPECIES, ot, r0), c01 = FloatVector.fromArray(SPECIES, ot, r0 + VL);
+    FloatVector c02 = FloatVector.fromArray(SPECIES, ot, r0 + 2 * VL), c03 = FloatVector.fromArray(SPECIES, ot, r0 + 3 * VL);
+    FloatVector c10 = FloatVector.fromArray(SPECIES, ot, r1), c11 = FloatVector.fromArray(SPECIES, ot, r1 + VL);
+    FloatVector c12 = FloatVector.fromArray(SPECIES, ot, r1 + 2 * VL), c13 = FloatVector.fromArray(SPECIES, ot, r1 + 3 * VL);
+    FloatVector c20 = FloatVector.fromArray(SPECIES, ot, r2), c21 = FloatVector.fromArray(SPECIES, ot, r2 + VL);
+    FloatVector c22 = FloatVector.fromArray(SPECIES, ot, r2 + 2 * VL), c23 = FloatVector.fromArray(SPECIES, ot, r2 + 3 * VL);
+    FloatVector c30 = FloatVector.fromArray(SPECIES, ot, r3), c31 = FloatVector.fromArray(SPECIES, ot, r3 + VL);
+    FloatVector c32 = FloatVector.fromArray(SPECIES, ot, r3 + 2 * VL), c33 = FloatVector.fromArray(SPECIES, ot, r3 + 3 * VL);
     int ai = vOff;
     int bi = pOff;
     for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {
@@ -758,9 +751,8 @@ final class TileMath {
   }
 
   private static void accumulate1(float[] v, int vOff, int vStride, int nk, float[] p, int pOff, int pStride,
-      float[] ot, int ci, float[] alpha) {
-    FloatVector a0 = FloatVector.fromArray(SPECIES, alpha, pOff), a1 = FloatVector.fromArray(SPECIES, alpha, pOff + VL);
-    FloatVector c0 = FloatVector.fromArray(SPECIES, ot, ci).mul(a0), c1 = FloatVector.fromArray(SPECIES, ot, ci + VL).mul(a1);
+      float[] ot, int ci) {
+    FloatVector c0 = FloatVector.fromArray(SPECIES, ot, ci), c1 = FloatVector.fromArray(SPECIES, ot, ci + VL);
     int ai = vOff;
     int bi = pOff;
     for (int kk = 0; kk < nk; kk++, bi += pStride, ai += vStride) {

@@ -196,8 +196,10 @@ final class TileWorker {
     // The max folded into the scores pass is the tile's max unless softcap or the mask changed scores.
     boolean maxKnown = p.softcap == 0 && vis == Visibility.ALL;
     softmaxTile(p, n, lanes, jt, um, maxKnown);
-    // Rescales Ot by alpha as it accumulates; with a unified max alpha is exp(0) = 1, a no-op.
-    TileMath.accumulate(p.v.data(), kOff, d, d, n, s, blockQ, ot, blockQ, lanes, alpha);
+    if (um == null) {
+      rescaleOutput(d, lanes);
+    }
+    TileMath.accumulate(p.v.data(), kOff, d, d, n, s, blockQ, ot, blockQ, lanes);
   }
 
   private enum Visibility { NONE, PARTIAL, ALL }
@@ -346,6 +348,15 @@ final class TileWorker {
     }
     lo.intoArray(seenMin, c);
     hi.intoArray(seenMax, c);
+  }
+
+  private void rescaleOutput(int d, int lanes) {
+    for (int c = 0; c < lanes; c += VL) {
+      FloatVector a = FloatVector.fromArray(SPECIES, alpha, c);
+      for (int x = 0, at = c; x < d; x++, at += blockQ) {
+        FloatVector.fromArray(SPECIES, ot, at).mul(a).intoArray(ot, at);
+      }
+    }
   }
 
   /**
