@@ -133,7 +133,7 @@ class ScriptsTest {
    * bin/lib/java-cds, which bin/longctx puts in front of score, ppl and spark-bench: the first run
    * writes an archive (and only a successful one keeps it), the next runs load their classes from it,
    * a rebuilt jar gets a new archive in place of the old, --help and LONGCTX_CDS=0 write none, and a
-   * place where no archive can be written runs the command without one.
+   * place where no archive can be written, or a native agent, runs the command without one.
    */
   @Test
   void classDataSharingArchiveIsWrittenOnceUsedAndRenewedAfterARebuild() throws Exception {
@@ -156,6 +156,17 @@ class ScriptsTest {
     Result noPlace = run(Map.of(), unwritable);
     assertEquals(0, noPlace.rc(), noPlace.out());
     assertTrue(noPlace.out().contains("hello") && !noPlace.out().contains("class archive"), noPlace.out());
+
+    // The JVM refuses to write an archive with a native agent loaded (jdwp here, a profiler in use): the
+    // command runs, without one.
+    String[] agent = new String[hello.length + 1];
+    System.arraycopy(hello, 0, agent, 0, 4);
+    agent[4] = "-agentlib:jdwp=transport=dt_socket,server=y,suspend=n,address=127.0.0.1:0";
+    System.arraycopy(hello, 4, agent, 5, hello.length - 4);
+    Result withAgent = run(Map.of(), agent);
+    assertEquals(0, withAgent.rc(), withAgent.out());
+    assertTrue(withAgent.out().contains("hello") && !withAgent.out().contains("class archive"), withAgent.out());
+    assertEquals(List.of(), archives(dir), "a run with a native agent writes no archive");
 
     Result first = run(Map.of(), hello);
     assertEquals(0, first.rc(), first.out());
