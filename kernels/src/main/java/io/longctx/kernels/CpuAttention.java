@@ -52,12 +52,17 @@ public final class CpuAttention implements AttentionBackend {
    * common pool has one worker, the same kernel calls took twice as long as one after another; on
    * this pool they take the same time within noise (docs/BENCHMARKS.md, "Spark job").
    */
-  static final ForkJoinPool POOL = new ForkJoinPool(Runtime.getRuntime().availableProcessors(),
-      pool -> {
-        ForkJoinWorkerThread t = ForkJoinPool.defaultForkJoinWorkerThreadFactory.newThread(pool);
-        t.setName("longctx-kernel-" + t.getPoolIndex());
-        return t;
-      }, null, false);
+  static final ForkJoinPool POOL = newPool();
+
+  private static ForkJoinPool newPool() {
+    // Numbered here: a new worker's pool index is not assigned until it starts (every thread was "-0").
+    java.util.concurrent.atomic.AtomicInteger made = new java.util.concurrent.atomic.AtomicInteger();
+    return new ForkJoinPool(Runtime.getRuntime().availableProcessors(), pool -> {
+      ForkJoinWorkerThread t = ForkJoinPool.defaultForkJoinWorkerThreadFactory.newThread(pool);
+      t.setName("longctx-kernel-" + made.getAndIncrement());
+      return t;
+    }, null, false);
+  }
 
   /**
    * body(0 .. tasks-1) on {@link #POOL}; the caller waits (or, on a pool thread, takes part). The first
