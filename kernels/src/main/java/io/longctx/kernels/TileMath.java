@@ -15,8 +15,8 @@ import jdk.incubator.vector.VectorSpecies;
  * </pre>
  *
  * Register block: 6 x-rows by 2 vectors (12 accumulators; fits the 16 registers of AVX2 and
- * leaves room on AVX-512), with 4-row and 1-row blocks for the rest. Lanes come in groups of
- * {@link #GROUP} (two vectors).
+ * leaves room on AVX-512), with 4-row and 1-row blocks for the rest; with 512-bit vectors also
+ * 6 and 4 rows by 4 vectors ({@link #WIDE}). Lanes come in groups of {@link #GROUP} (two vectors).
  */
 final class TileMath {
 
@@ -381,8 +381,9 @@ final class TileMath {
 
   /**
    * The q.k of {@link #scores4} four vectors wide (16 accumulators), scaled and stored: the rows after
-   * the six-row blocks on the lanes of {@link #scores6x4}, which the two-vector form ran at half its
-   * rate (a remainder of 8 rows of 128 was an eighth of the time for 6% of the work on a Xeon 6/167).
+   * the six-row blocks on the lanes of {@link #scores6x4}. In the two-vector form the 8 rows left of
+   * 128 took 7.8% of a call's profile for 6.25% of its work, and ran at 70-85% of the six-row loops'
+   * rate alone (Xeon 6/167, docs/BENCHMARKS.md).
    */
   private static void scores4x4(float[] k, int kOff, int kStride, int nk, float[] qt, int qtOff, int qtStride,
       float[] s, int sOff, int sStride, float scale) {
