@@ -25,12 +25,18 @@ import org.junit.jupiter.api.Timeout;
  */
 class GpuCheckScriptTest {
 
-  @Test
-  @Timeout(300)
-  void runWritesHeaderSectionsTimeLimitsAndSummary() throws Exception {
+  /** bin/gpu-check; the test is skipped without it or without coreutils timeout. */
+  private static Path script() {
     Path script = Paths.get("..", "bin", "gpu-check").toAbsolutePath().normalize();
     assumeTrue(Files.isRegularFile(script) && Files.isExecutable(Paths.get("/usr/bin/timeout")),
         "needs bin/gpu-check and coreutils timeout");
+    return script;
+  }
+
+  @Test
+  @Timeout(300)
+  void runWritesHeaderSectionsTimeLimitsAndSummary() throws Exception {
+    Path script = script();
     Path lib = CudaDecodeFakeDeviceTest.buildFakeLibcuda("fake-cuda-script");
     Path bundle = Files.createTempDirectory(lib, "bundle");
     Path jars = Files.createDirectories(bundle.resolve("lib"));
@@ -73,9 +79,7 @@ class GpuCheckScriptTest {
   @Test
   @Timeout(120)
   void sanitizeAndProfileRunTheSectionsAskedFor() throws Exception {
-    Path script = Paths.get("..", "bin", "gpu-check").toAbsolutePath().normalize();
-    assumeTrue(Files.isRegularFile(script) && Files.isExecutable(Paths.get("/usr/bin/timeout")),
-        "needs bin/gpu-check and coreutils timeout");
+    Path script = script();
     Path dir = Files.createTempDirectory(Paths.get("target"), "gpu-check-tools");
     Path tools = Files.createDirectories(dir.resolve("bin"));
     Path bundle = Files.createDirectories(dir.resolve("bundle"));

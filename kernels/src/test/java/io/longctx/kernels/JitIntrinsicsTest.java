@@ -51,6 +51,10 @@ class JitIntrinsicsTest {
   /** The JVM option every launcher passes (bin/longctx, conf/spark-defaults.conf, the test JVMs). */
   static final String TRAP_LIMIT = "-XX:PerMethodTrapLimit=1000";
 
+  /** A compile task's opening tag in the JIT log, and the TileMath method it names. */
+  private static final Pattern TASK = Pattern.compile("<task ([^>]*)>");
+  private static final Pattern TILE_MATH_METHOD = Pattern.compile("method='io\\.longctx\\.kernels\\.TileMath (\\w+) ");
+
   @TempDir
   Path tmp;
 
@@ -86,11 +90,10 @@ class JitIntrinsicsTest {
 
     Map<String, Integer> expected = expectedStores();
     Map<String, Integer> compiles = new LinkedHashMap<>();
-    Pattern task = Pattern.compile("<task ([^>]*)>");
-    Matcher m = task.matcher(xml);
+    Matcher m = TASK.matcher(xml);
     while (m.find()) {
       String head = m.group(1);
-      Matcher method = Pattern.compile("method='io\\.longctx\\.kernels\\.TileMath (\\w+) ").matcher(head);
+      Matcher method = TILE_MATH_METHOD.matcher(head);
       if (!method.find() || !expected.containsKey(method.group(1))
           || (head.contains("level='") && !head.contains("level='4'"))) {
         continue; // another method, or C1 (C2's tasks carry level 4 or no level)
