@@ -192,6 +192,7 @@ public final class Demo {
     o.output = dir.resolve("ppl-scores.parquet").toString();
     o.overwrite = true;
     o.chunkLen = 512;
+    o.perToken = true; // a mismatch then names the positions that differ
     PplJob.Summary summary = PplJob.run(spark, o, out);
     List<Row> got = new ArrayList<>(spark.read().parquet(o.output).collectAsList());
     got.sort(Comparator.comparing((Row r) -> r.<String>getAs("doc_id")));
@@ -206,7 +207,7 @@ public final class Demo {
         String id = r.getAs("doc_id");
         String text = texts[java.util.Arrays.asList(ids).indexOf(id)];
         int[] doc = io.longctx.djl.LlamaTranslator.encode(tok, text);
-        io.longctx.djl.DocumentScore same = ref.score(doc, o.chunkLen, false);
+        io.longctx.djl.DocumentScore same = ref.score(doc, o.chunkLen, true);
         io.longctx.djl.DocumentScore other = ref.score(doc, OTHER_CHUNK, false);
         long n = r.getAs("n_tokens");
         double sum = r.getAs("sum_logprob");
@@ -222,6 +223,10 @@ public final class Demo {
         out.printf("%-10s %8d %16.6f %10.3f %8.4f  %-34s %.1e %s%n", id, n, sum, ppl, bpb,
             exact ? "identical" : "DIFFERENT (" + same.sumLogprob() + ")", rel,
             good ? "ok" : derived ? "MISMATCH" : "MISMATCH (ppl or bits_per_byte)");
+        if (!exact) {
+          printDifferences(out, id, r.getList(r.fieldIndex("logprobs")), same.logprobs(),
+              ref.score(doc, o.chunkLen, true).logprobs());
+        }
       }
     }
     out.println();
@@ -229,6 +234,26 @@ public final class Demo {
     out.printf("demo (ppl): %s (%.1f s)%n", ok ? "every document matches LlamaModel in this process"
         : "MISMATCH against LlamaModel", (System.nanoTime() - t0) / 1e9);
     return ok;
+  }
+
+  /**
+   * The positions whose log-probability the job gave otherwise than LlamaModel, and whether LlamaModel
+   * gives itself the same on a second call: where a mismatch starts tells which layer piece to suspect.
+   */
+  private static void printDifferences(PrintStream out, String id, List<Float> job, float[] model, float[] again) {
+    out.printf("  %s: LlamaModel %s on a second call%n", id,
+        java.util.Arrays.equals(model, again) ? "gives the same logprobs" : "gives OTHER logprobs");
+    if (job.size() != model.length) {
+      out.printf("  %s: the job gave %d logprobs, LlamaModel %d%n", id, job.size(), model.length);
+      return;
+    }
+    int shown = 0;
+    for (int i = 0; i < model.length && shown < 8; i++) {
+      if (Float.floatToRawIntBits(job.get(i)) != Float.floatToRawIntBits(model[i])) {
+        out.printf("  %s: logprob of token %d: job %.9g, LlamaModel %.9g%n", id, i + 1, job.get(i), model[i]);
+        shown++;
+      }
+    }
   }
 
   /** Seeded sentences of {@link #PPL_WORDS} of at least {@code chars} characters. */
