@@ -61,10 +61,6 @@
 
 #include "longctx_mma.cuh"
 
-#ifndef LONGCTX_DYNAMIC_SHARED
-#define LONGCTX_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
-#endif
-
 namespace {
 
 constexpr int kThreads = 128;

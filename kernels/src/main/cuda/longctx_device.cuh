@@ -7,6 +7,11 @@
 #include <climits>
 #include <stdint.h>
 
+// A kernel's dynamic shared memory as an array of T (the host emulation maps it to its own buffer).
+#ifndef LONGCTX_DYNAMIC_SHARED
+#define LONGCTX_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

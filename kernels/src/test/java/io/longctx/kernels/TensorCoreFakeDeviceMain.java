@@ -8,8 +8,9 @@ import java.util.SplittableRandom;
  * Run in a child JVM by {@link CudaTensorCoreEmulationTest} with the emulating fake libcuda on
  * LD_LIBRARY_PATH: the tensor-core forward (flash_forward_tc.cu, through CudaAttention and JCuda) on
  * small awkward shapes, each against the float64 reference by the rounded-P rule
- * ({@link Tolerance#violationRoundedP}). Prints the seed, then one line per case: {@code name=pass}
- * (with its errors and a hash of the output's bits) or {@code name=FAIL: why}.
+ * ({@link Tolerance#violationRoundedP}), on both variants (16 and 32 query rows per warp). Prints the
+ * seed, then one line per case and variant: {@code name=pass} (with its errors and a hash of the
+ * output's bits) or {@code name=FAIL: why}.
  */
 public final class TensorCoreFakeDeviceMain {
   private TensorCoreFakeDeviceMain() {}
@@ -19,9 +20,9 @@ public final class TensorCoreFakeDeviceMain {
    * past Tq), 130 and 200 (a whole and a partial block); Tk 1 to 600 (up to ten 64-key tiles).
    */
   private record Case(CudaAttention.DType type, int[] shape, AttentionOptions opt) {
-    String name() {
-      return String.format(Locale.ROOT, "%s[%d,%d/%d,%d,%d,%d]%s", CudaAttention.kernelFor(type, shape[5]), shape[0],
-          shape[1], shape[2], shape[3], shape[4], shape[5], GpuCheck.maskName(opt).replace(' ', '-'));
+    String name(int rowsPerWarp) {
+      return String.format(Locale.ROOT, "%s[%d,%d/%d,%d,%d,%d]%s", CudaAttention.kernelFor(type, shape[5], rowsPerWarp),
+          shape[0], shape[1], shape[2], shape[3], shape[4], shape[5], GpuCheck.maskName(opt).replace(' ', '-'));
     }
   }
 
@@ -52,33 +53,41 @@ public final class TensorCoreFakeDeviceMain {
         new Case(f16, new int[] {1, 2, 2, 100, 260, 64}, causal),
     };
     for (Case c : cases) {
-      String bad;
-      try {
-        int[] s = c.shape();
-        Tensor q = GpuCheck.rounded(Accuracy.random(rng, s[0], s[1], s[3], s[5], 1), c.type());
-        Tensor k = GpuCheck.rounded(Accuracy.random(rng, s[0], s[2], s[4], s[5], 1), c.type());
-        Tensor v = GpuCheck.rounded(Accuracy.random(rng, s[0], s[2], s[4], s[5], 1), c.type());
-        long[] qp = GpuCheck.lastPositions(s[3], s[4]);
-        if (c.opt().window() == 100 || c.opt().window() == 40) {
-          for (int t = 0; t < qp.length; t++) {
-            qp[t] = (c.opt().window() == 100 ? 123 : 420) + t;
-          }
-        }
-        AttentionState got = GpuCheck.run(cuda, c.type(), q, k, v, qp, c.opt());
-        ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, c.opt());
-        bad = Tolerance.violationRoundedP(got.o(), got.lse(), ref,
-            ReferenceAttention.computeRoundedP(q, k, v, qp, null, c.opt(), c.type()));
-        if (bad == null) {
-          // The output's bits, to compare runs whose cp.async copies land at different times.
-          bad = "pass " + Tolerance.errors(got.o(), got.lse(), ref) + " bits "
-              + Integer.toHexString(31 * Arrays.hashCode(got.o()) + Arrays.hashCode(got.lse()));
-        }
-      } catch (RuntimeException | AssertionError e) {
-        bad = e.toString();
+      long inputs = rng.nextLong(); // both variants get the same inputs: their bits must agree
+      for (int rowsPerWarp : CudaAttention.TC_ROWS_PER_WARP) {
+        System.out.println(c.name(rowsPerWarp) + "=" + run(cuda, c, new SplittableRandom(inputs), rowsPerWarp));
       }
-      System.out.println(c.name() + "=" + (bad.startsWith("pass") ? bad : "FAIL: " + bad));
     }
     System.out.println("fp16-overflow=" + fp16Overflow(cuda, rng));
+  }
+
+  /** One case on one variant: "pass" with errors and the output's bits, or "FAIL: why". */
+  private static String run(CudaAttention cuda, Case c, SplittableRandom rng, int rowsPerWarp) {
+    String bad;
+    try {
+      int[] s = c.shape();
+      Tensor q = GpuCheck.rounded(Accuracy.random(rng, s[0], s[1], s[3], s[5], 1), c.type());
+      Tensor k = GpuCheck.rounded(Accuracy.random(rng, s[0], s[2], s[4], s[5], 1), c.type());
+      Tensor v = GpuCheck.rounded(Accuracy.random(rng, s[0], s[2], s[4], s[5], 1), c.type());
+      long[] qp = GpuCheck.lastPositions(s[3], s[4]);
+      if (c.opt().window() == 100 || c.opt().window() == 40) {
+        for (int t = 0; t < qp.length; t++) {
+          qp[t] = (c.opt().window() == 100 ? 123 : 420) + t;
+        }
+      }
+      AttentionState got = GpuCheck.run(cuda, c.type(), q, k, v, qp, c.opt(), rowsPerWarp);
+      ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, c.opt());
+      bad = Tolerance.violationRoundedP(got.o(), got.lse(), ref,
+          ReferenceAttention.computeRoundedP(q, k, v, qp, null, c.opt(), c.type()));
+      if (bad == null) {
+        // The output's bits, to compare runs whose cp.async copies land at different times.
+        bad = "pass " + Tolerance.errors(got.o(), got.lse(), ref) + " bits "
+            + Integer.toHexString(31 * Arrays.hashCode(got.o()) + Arrays.hashCode(got.lse()));
+      }
+    } catch (RuntimeException | AssertionError e) {
+      bad = e.toString();
+    }
+    return bad.startsWith("pass") ? bad : "FAIL: " + bad;
   }
 
   /** An fp16 overflow in the host-array forward is an error naming the element. */
