@@ -165,10 +165,13 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   // cp.async groups complete in commit order: the loop below always finds [K, V] of its tile in
   // flight, waits for K (wait_group 1) to compute S while V lands, and issues the next tile's K
   // once every warp is past S, so that K lands during P V (single K and V buffers). The m32
-  // variant's Q rows travel in the first K group.
-  if constexpr (MB > 1) load_tile<T, D, NT, kRows>(qs, qg, q0, tq);
+  // variant's Q rows travel in the first K group (only when some tile is visible: a block must not
+  // end with copies into its shared memory still in flight).
   Tile tile = find_tile(0, k_pos, tk, qlo, qhi, causal, window);
-  if (tile.j0 < tk) load_kp<T, D, NT>(ks, kp_s, kg, k_pos, tile, tk);
+  if (tile.j0 < tk) {
+    if constexpr (MB > 1) load_tile<T, D, NT, kRows>(qs, qg, q0, tq);
+    load_kp<T, D, NT>(ks, kp_s, kg, k_pos, tile, tk);
+  }
   cp_async_commit();  // group: (Q and) K (empty when no tile is visible)
   if (tile.j0 < tk) load_tile<T, D, NT>(vs, vg, tile.j0, tk);
   cp_async_commit();  // group: V
@@ -348,13 +351,13 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
 // Entry points: grid (ceil(Tq / kRows), H, B), block Variant::kThreadCount threads (kThreads for m16,
 // kThreadsM32 for m32), Variant::kSmemBytes of dynamic shared memory. One m16 block per
 // SM at ~200 registers (D 128); m32 blocks of 4 warps are bounded for two per SM.
-#define LONGCTX_FORWARD_TC(NAME, T, D, MB)                                                               \
-  extern "C" __global__ void __launch_bounds__(Variant<T, D, MB>::kThreadCount, MB)                                     \
-  NAME(const T* q, const T* k, const T* v, const long long* q_pos, const long long* k_pos, float* o,      \
-       float* lse, int heads, int kv_heads, int tq, int tk, int dim, float scale, float softcap,         \
-       int causal, long long window) {                                                                   \
-    flash_forward_tc<T, D, MB>(q, k, v, q_pos, k_pos, o, lse, heads, kv_heads, tq, tk, scale, softcap,     \
-                               causal, window);                                                          \
+#define LONGCTX_FORWARD_TC(NAME, T, D, MB)                                                              \
+  extern "C" __global__ void __launch_bounds__(Variant<T, D, MB>::kThreadCount, MB)                     \
+  NAME(const T* q, const T* k, const T* v, const long long* q_pos, const long long* k_pos, float* o,     \
+       float* lse, int heads, int kv_heads, int tq, int tk, int dim, float scale, float softcap,        \
+       int causal, long long window) {                                                                  \
+    flash_forward_tc<T, D, MB>(q, k, v, q_pos, k_pos, o, lse, heads, kv_heads, tq, tk, scale, softcap,    \
+                               causal, window);                                                         \
   }
 
 LONGCTX_FORWARD_TC(longctx_forward_tc_f16_d64, __half, 64, 1)

@@ -16,10 +16,17 @@ public final class TensorCoreFakeDeviceMain {
   private TensorCoreFakeDeviceMain() {}
 
   /**
-   * Type, [B, H, Hkv, Tq, Tk, D], mask: Tq 1, 7, 65, 100 (one partial 128-row block; 100: warp 7's rows all
-   * past Tq), 130 and 200 (a whole and a partial block); Tk 1 to 600 (up to ten 64-key tiles).
+   * Type, [B, H, Hkv, Tq, Tk, D], mask, first query position (null: the last Tq of the keys' 0..Tk-1):
+   * Tq 1, 5, 7, 65, 100 (one partial 128-row block; 100: warp 7's rows all past Tq, and at 32 rows per
+   * warp warp 3's second row block), 130 and 200 (a whole and a partial block); Tk 1 to 600 (up to ten
+   * 64-key tiles).
    */
-  private record Case(CudaAttention.DType type, int[] shape, AttentionOptions opt) {
+  private record Case(CudaAttention.DType type, int[] shape, AttentionOptions opt, Long qStart) {
+    /** Queries at the last Tq positions of the keys' 0..Tk-1. */
+    Case(CudaAttention.DType type, int[] shape, AttentionOptions opt) {
+      this(type, shape, opt, null);
+    }
+
     String name(int rowsPerWarp) {
       return String.format(Locale.ROOT, "%s[%d,%d/%d,%d,%d,%d]%s", CudaAttention.kernelFor(type, shape[5], rowsPerWarp),
           shape[0], shape[1], shape[2], shape[3], shape[4], shape[5], GpuCheck.maskName(opt).replace(' ', '-'));
@@ -42,15 +49,17 @@ public final class TensorCoreFakeDeviceMain {
         new Case(bf16, new int[] {2, 2, 1, 130, 130, 64}, causal.withSoftcap(30f)),
         new Case(f16, new int[] {1, 4, 1, 7, 130, 64}, full.withWindow(20)),
         // Query positions 123..252 over keys 0..129 under a window of 100: whole key tiles are skipped.
-        new Case(bf16, new int[] {1, 2, 2, 130, 130, 128}, causal.withWindow(100)),
+        new Case(bf16, new int[] {1, 2, 2, 130, 130, 128}, causal.withWindow(100), 123L),
         // Query positions 420..439 over keys 0..599 under a window of 40: key tiles 0-4 and 7-9 are
         // skipped, the first visible one (5) is the second of find_tile's second batch of 4.
-        new Case(f16, new int[] {1, 1, 1, 20, 600, 64}, causal.withWindow(40)),
+        new Case(f16, new int[] {1, 1, 1, 20, 600, 64}, causal.withWindow(40), 420L),
         // Two 128-row blocks, the second partial, causal: the heavier second block runs first and its
         // diagonal tiles are partial for rows of several warps.
         new Case(bf16, new int[] {1, 2, 1, 200, 200, 128}, causal),
         // One partial 128-row block whose last warp has no row below Tq, over 5 key tiles.
         new Case(f16, new int[] {1, 2, 2, 100, 260, 64}, causal),
+        // Queries before every key, causal: no tile is visible, no copy is issued, (0, -inf) rows.
+        new Case(bf16, new int[] {1, 2, 1, 5, 70, 128}, causal, -10L),
     };
     for (Case c : cases) {
       long inputs = rng.nextLong(); // both variants get the same inputs: their bits must agree
@@ -70,9 +79,9 @@ public final class TensorCoreFakeDeviceMain {
       Tensor k = GpuCheck.rounded(Accuracy.random(rng, s[0], s[2], s[4], s[5], 1), c.type());
       Tensor v = GpuCheck.rounded(Accuracy.random(rng, s[0], s[2], s[4], s[5], 1), c.type());
       long[] qp = GpuCheck.lastPositions(s[3], s[4]);
-      if (c.opt().window() == 100 || c.opt().window() == 40) {
+      if (c.qStart() != null) {
         for (int t = 0; t < qp.length; t++) {
-          qp[t] = (c.opt().window() == 100 ? 123 : 420) + t;
+          qp[t] = c.qStart() + t;
         }
       }
       AttentionState got = GpuCheck.run(cuda, c.type(), q, k, v, qp, c.opt(), rowsPerWarp);
