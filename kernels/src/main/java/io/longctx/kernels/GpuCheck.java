@@ -1,6 +1,7 @@
 package io.longctx.kernels;
 
 import java.util.Arrays;
+import java.util.List;
 import java.util.Locale;
 import java.util.SplittableRandom;
 import jcuda.Pointer;
@@ -76,7 +77,8 @@ public final class GpuCheck {
           for (AttentionOptions opt : masks) {
             String kernel = CudaAttention.kernelFor(type, sh[5], rowsPerWarp);
             boolean roundedP = CudaAttention.usesTensorCores(type, sh[5]);
-            String rule = roundedP ? String.valueOf(Tolerance.ROUNDED_P_FACTOR).replaceAll("\\.0$", "") + "x naive rounded-P"
+            String rule = roundedP
+                ? String.valueOf(Tolerance.ROUNDED_P_FACTOR).replaceAll("\\.0$", "") + "x naive rounded-P"
                 : "2x naive float32";
             String head = String.format(Locale.ROOT, "| %s | [%d,%d/%d,%d,%d,%d] | %s | ", kernel, sh[0], sh[1], sh[2],
                 sh[3], sh[4], sh[5], maskName(opt));
@@ -108,8 +110,8 @@ public final class GpuCheck {
   }
 
   /** The tensor-core variants (rows per warp) a (type, dim) runs: both where tensor cores run, else one. */
-  static java.util.List<Integer> variants(CudaAttention.DType type, int dim) {
-    return CudaAttention.usesTensorCores(type, dim) ? CudaAttention.TC_ROWS_PER_WARP : java.util.List.of(16);
+  static List<Integer> variants(CudaAttention.DType type, int dim) {
+    return CudaAttention.usesTensorCores(type, dim) ? CudaAttention.TC_ROWS_PER_WARP : List.of(16);
   }
 
   /**
