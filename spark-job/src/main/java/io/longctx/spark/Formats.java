@@ -36,11 +36,13 @@ final class Formats {
    * falling back to plain), and arrays as Parquet's two-level lists ({@code repeated float array}),
    * which every Parquet reader accepts, instead of three-level ones with a group per element: 35% less
    * time writing 65,536 rows of 512 floats, and {@code gen} 1.7x faster (docs/BENCHMARKS.md, "Parquet
-   * output", "Prefill in runs"). Spark reads both forms as the same array columns. JSON ignores the
-   * options.
+   * output", "Prefill in runs"). Spark reads both forms as the same array columns. Parquet files are
+   * written by {@link BulkParquetFormat} (a page of a column at a time; Spark's writer for other
+   * schemas). JSON ignores the options.
    */
   static <T> org.apache.spark.sql.DataFrameWriter<T> output(org.apache.spark.sql.DataFrameWriter<T> w, String format) {
-    return w.format(format).option("parquet.enable.dictionary", "false")
+    return w.format(format.equals("parquet") ? BulkParquetFormat.class.getName() : format)
+        .option("parquet.enable.dictionary", "false")
         .option("spark.sql.parquet.writeLegacyFormat", "true");
   }
 
