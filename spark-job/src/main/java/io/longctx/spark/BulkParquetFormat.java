@@ -54,7 +54,10 @@ import org.apache.spark.sql.types.StructType;
  * laid out by its {@link ParquetFileWriter}, and the codec, page size, row-group size and statistics
  * switches are read from the same configuration keys. The pages are version-1 data pages, plain
  * values, levels run-length encoded, as parquet-mr writes them without a dictionary. A schema with
- * any other column type goes to Spark's writer whole. Reading is Spark's Parquet reader unchanged.
+ * any other column type, or a setting beyond that (dictionaries, bloom filters, version-2 pages,
+ * byte-stream split, encryption), goes to Spark's writer whole. Unlike Spark's writer, a file is not
+ * registered with parquet-mr's memory manager (which shrinks row groups when many files are open at
+ * once): each task here writes one file at a time. Reading is Spark's Parquet reader unchanged.
  */
 public final class BulkParquetFormat extends ParquetFileFormat {
   private static final long serialVersionUID = 1L;
@@ -91,7 +94,7 @@ public final class BulkParquetFormat extends ParquetFileFormat {
     public OutputWriter newInstance(String path, StructType dataSchema, TaskAttemptContext context) {
       Configuration conf = context.getConfiguration();
       WriteSupport.WriteContext write = new ParquetWriteSupport().init(conf);
-      List<Leaf> leaves = plan(dataSchema, write.getSchema(), conf);
+      List<Leaf> leaves = plainPagesAsked(conf) ? plan(dataSchema, write.getSchema(), conf) : null;
       if (leaves == null) {
         return spark.newInstance(path, dataSchema, context);
       }
@@ -101,6 +104,31 @@ public final class BulkParquetFormat extends ParquetFileFormat {
         throw new java.io.UncheckedIOException("cannot create Parquet file " + path, e);
       }
     }
+  }
+
+  /**
+   * Whether the configuration asks for nothing beyond what this writer does: version-1 pages, no
+   * dictionary, no bloom filter, no encryption. Anything else is Spark's writer's, so a setting is
+   * never dropped in silence.
+   */
+  static boolean plainPagesAsked(Configuration conf) {
+    if (ParquetOutputFormat.getEnableDictionary(conf)
+        || ParquetOutputFormat.getWriterVersion(conf) != org.apache.parquet.column.ParquetProperties.WriterVersion.PARQUET_1_0
+        || ParquetOutputFormat.getByteStreamSplitEnabled(conf)) {
+      return false;
+    }
+    for (java.util.Map.Entry<String, String> e : conf) {
+      String k = e.getKey();
+      // Per-column switches are the key, '#', the column; statistics switches are honored here.
+      boolean on = Boolean.parseBoolean(e.getValue());
+      if (on && (k.startsWith(ParquetOutputFormat.BLOOM_FILTER_ENABLED)
+          || k.startsWith(ParquetOutputFormat.ENABLE_DICTIONARY + "#")
+          || k.startsWith(ParquetOutputFormat.ENABLE_BYTE_STREAM_SPLIT + "#"))
+          || k.equals(org.apache.parquet.crypto.EncryptionPropertiesFactory.CRYPTO_FACTORY_CLASS_PROPERTY_NAME)) {
+        return false;
+      }
+    }
+    return true;
   }
 
   /** The kinds of value this writer encodes, with the Parquet type Spark gives each. */

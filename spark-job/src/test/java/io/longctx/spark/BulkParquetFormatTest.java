@@ -151,6 +151,21 @@ class BulkParquetFormatTest {
     assertTrue(mid - before <= 1, "the empty output wrote " + (mid - before) + " files");
   }
 
+  @Test
+  void settingsBeyondPlainPagesGoToSparksWriter() {
+    Dataset<Row> df = spark.createDataFrame(rows(7, 60), SCHEMA).coalesce(1);
+    List<Row> want = df.orderBy("id").collectAsList();
+    int k = 0;
+    for (String[] setting : new String[][] {{"parquet.enable.dictionary", "true"},
+        {"parquet.bloom.filter.enabled#s", "true"}, {"parquet.writer.version", "v2"}}) {
+      long before = BulkParquetFormat.filesWritten();
+      String out = dir.resolve("setting-" + k++).toString();
+      Formats.output(df.write(), "parquet").option(setting[0], setting[1]).save(out);
+      assertEquals(before, BulkParquetFormat.filesWritten(), String.join("=", setting) + " went to the bulk writer");
+      assertSameRows(want, read(out, null), String.join("=", setting));
+    }
+  }
+
   /** Equal row lists, or a failure naming the first row that differs (not both lists: megabytes). */
   private static void assertSameRows(List<Row> want, List<Row> got, String why) {
     for (int k = 0; k < Math.min(want.size(), got.size()); k++) {
