@@ -288,8 +288,10 @@ public final class BulkParquetFormat extends ParquetFileFormat {
         }
         pages.close();
         file.end(metadata);
-      } catch (IOException e) {
-        throw new java.io.UncheckedIOException("closing Parquet file " + path, e);
+      } catch (IOException | RuntimeException e) {
+        file.abort(); // closes the stream without a footer: the task fails, and its attempt's files go
+        throw e instanceof IOException io ? new java.io.UncheckedIOException("closing Parquet file " + path, io)
+            : (RuntimeException) e;
       } finally {
         codecs.release();
       }
