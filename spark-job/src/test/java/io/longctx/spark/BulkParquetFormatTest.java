@@ -166,6 +166,19 @@ class BulkParquetFormatTest {
     }
   }
 
+  @Test
+  void everyCodecSparkShips() {
+    Dataset<Row> df = spark.createDataFrame(rows(11, 80), SCHEMA).coalesce(1);
+    List<Row> want = df.orderBy("id").collectAsList();
+    for (String codec : new String[] {"uncompressed", "gzip", "zstd", "lz4_raw"}) {
+      long before = BulkParquetFormat.filesWritten();
+      String out = dir.resolve("codec-" + codec).toString();
+      Formats.output(df.write(), "parquet").option("compression", codec).save(out);
+      assertEquals(before + 1, BulkParquetFormat.filesWritten(), codec);
+      assertSameRows(want, read(out, null), codec);
+    }
+  }
+
   /** Equal row lists, or a failure naming the first row that differs (not both lists: megabytes). */
   private static void assertSameRows(List<Row> want, List<Row> got, String why) {
     for (int k = 0; k < Math.min(want.size(), got.size()); k++) {
