@@ -12,8 +12,9 @@
 //               warp has two independent chains of mma and softmax to interleave. Q then does not
 //               fit in registers beside the two row blocks' accumulators: it waits in shared memory
 //               and its fragments are loaded per 16 dims of S.
-// The m16 variant is the one timed on an H200 (0.40-0.47x PyTorch's flash kernel, docs/BENCHMARKS.md);
-// m32 is selectable (-Dlongctx.cuda.forwardRowsPerWarp=32) and timed beside it by bin/gpu-check.
+// On an H200 (2026-11-26, same run) m32 ran 1.03-1.18x m16 at bf16/fp16 D 128, T 4096-16384, and
+// 0.45-0.56x PyTorch's flash kernel (docs/BENCHMARKS.md): m32 is the default, m16 selectable
+// (-Dlongctx.cuda.forwardRowsPerWarp=16) and timed beside it by bin/gpu-check, to be deleted next.
 // Per tile and warp:
 //   S (16 x 64)  = Q (16 x D) K^T           mma.sync m16n8k16, per row block
 //   online softmax in base 2 (scale * log2 e folded in), rows reduced across the 4-thread quad

@@ -39,8 +39,9 @@ public final class CudaAttention implements AttentionBackend {
   /** Keys per tile of the tensor-core forward (kKeys in flash_forward_tc.cu). */
   static final int TC_KEYS = 64;
   /**
-   * Query rows per warp of the tensor-core forward: 16 (the default, the variant timed on a GPU) or
-   * 32 (FlashAttention-2's layout, not yet timed); bin/gpu-check runs and times both.
+   * Query rows per warp of the tensor-core forward: 32 (the default: FlashAttention-2's layout,
+   * 1.03-1.18x the 16-row variant on an H200, docs/BENCHMARKS.md) or 16 (the first variant, kept one
+   * more GPU session as the fallback, then to be deleted); bin/gpu-check runs and times both.
    */
   public static final String ROWS_PER_WARP_PROPERTY = "longctx.cuda.forwardRowsPerWarp";
   /** The tensor-core forward's variants, by query rows per warp. */
@@ -82,9 +83,9 @@ public final class CudaAttention implements AttentionBackend {
     return type != DType.F32 && TENSOR_CORE_DIMS.contains(dim);
   }
 
-  /** The tensor-core variant {@link #ROWS_PER_WARP_PROPERTY} names (16 unless set). */
+  /** The tensor-core variant {@link #ROWS_PER_WARP_PROPERTY} names (32 unless set). */
   public static int rowsPerWarp() {
-    String v = System.getProperty(ROWS_PER_WARP_PROPERTY, "16").strip();
+    String v = System.getProperty(ROWS_PER_WARP_PROPERTY, "32").strip();
     int r;
     try {
       r = Integer.parseInt(v);

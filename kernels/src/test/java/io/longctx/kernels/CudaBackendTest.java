@@ -55,7 +55,7 @@ class CudaBackendTest {
     for (String kernel : CudaAttention.kernelNames()) {
       assertTrue(all.indexOf(kernel) >= 0, "no fatbin holds kernel " + kernel);
     }
-    assertEquals("longctx_forward_tc_bf16_d128", CudaAttention.kernelFor(CudaAttention.DType.BF16, 128));
+    assertEquals("longctx_forward_tc_m32_bf16_d128", CudaAttention.kernelFor(CudaAttention.DType.BF16, 128));
     assertEquals("longctx_forward_f16", CudaAttention.kernelFor(CudaAttention.DType.F16, 96));
     assertEquals("longctx_forward_f32", CudaAttention.kernelFor(CudaAttention.DType.F32, 128));
   }
@@ -64,8 +64,8 @@ class CudaBackendTest {
   @Test
   void forwardVariantByProperty() {
     try {
-      System.setProperty(CudaAttention.ROWS_PER_WARP_PROPERTY, "32");
-      assertEquals("longctx_forward_tc_m32_bf16_d128", CudaAttention.kernelFor(CudaAttention.DType.BF16, 128));
+      System.setProperty(CudaAttention.ROWS_PER_WARP_PROPERTY, "16");
+      assertEquals("longctx_forward_tc_bf16_d128", CudaAttention.kernelFor(CudaAttention.DType.BF16, 128));
       assertEquals("longctx_forward_f32", CudaAttention.kernelFor(CudaAttention.DType.F32, 128));
       System.setProperty(CudaAttention.ROWS_PER_WARP_PROPERTY, "8");
       IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
@@ -74,7 +74,7 @@ class CudaBackendTest {
     } finally {
       System.clearProperty(CudaAttention.ROWS_PER_WARP_PROPERTY);
     }
-    assertEquals("longctx_forward_tc_f16_d64", CudaAttention.kernelFor(CudaAttention.DType.F16, 64));
+    assertEquals("longctx_forward_tc_m32_f16_d64", CudaAttention.kernelFor(CudaAttention.DType.F16, 64));
   }
 
   @Test
