@@ -73,16 +73,20 @@ public final class BulkParquetFormat extends ParquetFileFormat {
   public OutputWriterFactory prepareWrite(SparkSession session, Job job,
       scala.collection.immutable.Map<String, String> options, StructType dataSchema) {
     // Spark's preparation puts the schema, codec and options into the job's configuration, which
-    // every task's writer receives; its factory writes the files this one cannot.
-    return new Factory(super.prepareWrite(session, job, options, dataSchema));
+    // every task's writer receives; its factory writes the files this one cannot. The settings are
+    // the job's, so they are judged once here, not per file.
+    OutputWriterFactory spark = super.prepareWrite(session, job, options, dataSchema);
+    return new Factory(spark, plainPagesAsked(job.getConfiguration()));
   }
 
   private static final class Factory extends OutputWriterFactory {
     private static final long serialVersionUID = 1L;
     private final OutputWriterFactory spark;
+    private final boolean plainPages;
 
-    Factory(OutputWriterFactory spark) {
+    Factory(OutputWriterFactory spark, boolean plainPages) {
       this.spark = spark;
+      this.plainPages = plainPages;
     }
 
     @Override
@@ -94,7 +98,7 @@ public final class BulkParquetFormat extends ParquetFileFormat {
     public OutputWriter newInstance(String path, StructType dataSchema, TaskAttemptContext context) {
       Configuration conf = context.getConfiguration();
       WriteSupport.WriteContext write = new ParquetWriteSupport().init(conf);
-      List<Leaf> leaves = plainPagesAsked(conf) ? plan(dataSchema, write.getSchema(), conf) : null;
+      List<Leaf> leaves = plainPages ? plan(dataSchema, write.getSchema(), conf) : null;
       if (leaves == null) {
         return spark.newInstance(path, dataSchema, context);
       }
