@@ -77,6 +77,7 @@ public final class LibtorchSdpa implements AutoCloseable {
               + "pytorch-native-cpu (classifier linux-x86_64) must be on the class path, and ~/.djl.ai "
               + "writable for the natives (" + e + ")", e);
     }
+    LibtorchWarmup.ensure();
     NDManager manager = NDManager.newBaseManager(Device.cpu(), ENGINE);
     Model causal = null;
     try {

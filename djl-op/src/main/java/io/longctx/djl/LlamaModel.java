@@ -121,6 +121,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     Map<String, Safetensors.Entry> entries = Safetensors.checkpointEntries(dir);
     Map<String, long[]> expected = cfg.expectedTensors();
     Safetensors.requireExactly(entries, expected, dir);
+    LibtorchWarmup.ensure();
     backend = explicitBackend != null ? explicitBackend : AttentionBackends.select(AttentionBackends.choice());
     NDManager wm = manager.newSubManager();
     try {

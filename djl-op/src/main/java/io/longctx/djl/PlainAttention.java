@@ -25,6 +25,7 @@ public final class PlainAttention {
    */
   public static NDList forward(NDArray q, NDArray k, NDArray v, long[] qPos, long[] kPos, AttentionOptions opt,
       NDArray additiveMask) {
+    LibtorchWarmup.ensure();
     long heads = q.getShape().get(1), kvHeads = k.getShape().get(1);
     long tq = q.getShape().get(2), tk = k.getShape().get(2);
     int dim = (int) q.getShape().get(3);
