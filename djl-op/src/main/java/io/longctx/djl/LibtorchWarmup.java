@@ -5,6 +5,7 @@ import ai.djl.ndarray.NDArray;
 import ai.djl.ndarray.NDManager;
 import java.util.List;
 import java.util.function.UnaryOperator;
+import java.util.logging.Logger;
 
 /**
  * Calls libtorch's MKL-backed element-wise functions once, on one thread, before this project's
@@ -15,7 +16,7 @@ import java.util.function.UnaryOperator;
  * intra-op threads, now and then came back inexact on the second thread's half: tanh with 5.2e-5
  * relative error instead of about 6e-8, in 10 of 94 fresh JVMs (Xeon 6/167, 2026-11-26), every
  * later call exact. It showed as a test flake (plain attention's softcap) and would be a silent
- * error for a user. After one call too small to be split, 0 of 60 fresh JVMs showed it: the
+ * error for a user. After one call too small to be split, 0 of 85 fresh JVMs showed it: the
  * library's first-use set-up, raced by two threads, looks like the cause.
  *
  * <p>A few milliseconds once per JVM. Concurrent first callers of {@link #ensure()} wait for it
@@ -29,6 +30,7 @@ final class LibtorchWarmup {
       NDArray::acos, NDArray::atan, NDArray::tanh, NDArray::erf, NDArray::erfinv, NDArray::trunc);
 
   static {
+    long t0 = System.nanoTime();
     try (NDManager manager = NDManager.newBaseManager(Device.cpu(), "PyTorch")) {
       float[] f = new float[64];
       double[] d = new double[64];
@@ -42,6 +44,9 @@ final class LibtorchWarmup {
         fn.apply(x64);
       }
     }
+    long micros = (System.nanoTime() - t0) / 1000;
+    Logger.getLogger(LibtorchWarmup.class.getName()).fine(() -> "libtorch's MKL math warmed up on one thread in "
+        + micros + " us");
   }
 
   private LibtorchWarmup() {}
