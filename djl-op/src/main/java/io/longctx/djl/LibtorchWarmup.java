@@ -30,6 +30,7 @@ final class LibtorchWarmup {
       NDArray::acos, NDArray::atan, NDArray::tanh, NDArray::erf, NDArray::erfinv, NDArray::trunc);
 
   static {
+    Logger log = Logger.getLogger(LibtorchWarmup.class.getName());
     long t0 = System.nanoTime();
     try (NDManager manager = NDManager.newBaseManager(Device.cpu(), "PyTorch")) {
       float[] f = new float[64];
@@ -43,10 +44,13 @@ final class LibtorchWarmup {
         fn.apply(x32);
         fn.apply(x64);
       }
+      long micros = (System.nanoTime() - t0) / 1000;
+      log.fine(() -> "libtorch's MKL math warmed up on one thread in " + micros + " us");
+    } catch (RuntimeException | LinkageError e) {
+      // An engine that cannot run these cannot run the caller's ops either: let those report it, in
+      // their words, rather than fail this class's initialization for good.
+      log.warning("libtorch warm-up skipped: " + e);
     }
-    long micros = (System.nanoTime() - t0) / 1000;
-    Logger.getLogger(LibtorchWarmup.class.getName()).fine(() -> "libtorch's MKL math warmed up on one thread in "
-        + micros + " us");
   }
 
   private LibtorchWarmup() {}

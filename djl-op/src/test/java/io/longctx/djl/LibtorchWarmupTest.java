@@ -33,8 +33,8 @@ class LibtorchWarmupTest {
   void entryPointRunsTheWarmUp(String entry, @TempDir Path dir) throws Exception {
     Path log = dir.resolve("child.log");
     Process p = new ProcessBuilder(Paths.get(System.getProperty("java.home"), "bin", "java").toString(),
-        "-Dai.djl.offline=true", "--add-modules=jdk.incubator.vector", "-cp", System.getProperty("java.class.path"), Probe.class.getName(), entry,
-        dir.toString()).redirectErrorStream(true).redirectOutput(log.toFile()).start();
+        "-Dai.djl.offline=true", "--add-modules=jdk.incubator.vector", "-cp", System.getProperty("java.class.path"),
+        Probe.class.getName(), entry, dir.toString()).redirectErrorStream(true).redirectOutput(log.toFile()).start();
     boolean ended = p.waitFor(180, TimeUnit.SECONDS);
     if (!ended) {
       p.destroyForcibly().waitFor(10, TimeUnit.SECONDS);
