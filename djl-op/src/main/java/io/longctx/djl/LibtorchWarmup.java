@@ -16,7 +16,7 @@ import java.util.logging.Logger;
  * intra-op threads, now and then came back inexact on the second thread's half: tanh with 5.2e-5
  * relative error instead of about 6e-8, in 10 of 94 fresh JVMs (Xeon 6/167, 2026-11-26), every
  * later call exact. It showed as a test flake (plain attention's softcap) and would be a silent
- * error for a user. After one call too small to be split, 0 of 85 fresh JVMs showed it: the
+ * error for a user. After one call too small to be split, 0 of 110 fresh JVMs showed it: the
  * library's first-use set-up, raced by two threads, looks like the cause.
  *
  * <p>A few milliseconds once per JVM. Concurrent first callers of {@link #ensure()} wait for it
