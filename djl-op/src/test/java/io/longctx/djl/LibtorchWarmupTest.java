@@ -3,6 +3,7 @@ package io.longctx.djl;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import ai.djl.ndarray.NDArray;
 import ai.djl.ndarray.NDManager;
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.Tensor;
@@ -68,10 +69,10 @@ class LibtorchWarmupTest {
       switch (args[0]) {
         case "plain" -> {
           SplittableRandom rng = new SplittableRandom(1);
-          Tensor q = OpChecks.random(rng, 1, 2, 5, 8, 1);
+          Tensor t = OpChecks.random(rng, 1, 2, 5, 8, 1);
           try (NDManager m = NDManager.newBaseManager("PyTorch")) {
-            PlainAttention.forward(OpChecks.nd(m, q, AttentionOp.Layout.BHTD), OpChecks.nd(m, q, AttentionOp.Layout.BHTD),
-                OpChecks.nd(m, q, AttentionOp.Layout.BHTD), null, null, AttentionOptions.DEFAULT.withSoftcap(5f), null);
+            NDArray x = OpChecks.nd(m, t, AttentionOp.Layout.BHTD); // as q, k and v
+            PlainAttention.forward(x, x, x, null, null, AttentionOptions.DEFAULT.withSoftcap(5f), null);
           }
         }
         case "sdpa" -> LibtorchSdpa.open().close();
