@@ -17,11 +17,13 @@
 // (-Dlongctx.cuda.forwardRowsPerWarp=16) and timed beside it by bin/gpu-check, to be deleted next.
 // Per tile and warp:
 //   S (16 x 64)  = Q (16 x D) K^T           mma.sync m16n8k16, per row block
-//   online softmax in base 2 (scale * log2 e folded in), rows reduced across the 4-thread quad
+//   online softmax in base 2, rows reduced across the 4-thread quad: the max over the raw scores,
+//                                           p = ex2(fma(s, scale * log2 e, -max)) (one FFMA, one MUFU)
 //   O (16 x D)  += P (16 x 64) V            P reused from S's accumulators as A fragments,
 //                                           V read with ldmatrix.trans
 // Each (query block, key tile) pair is classified once from position ranges: skipped, fully
-// visible (no mask work) or partial (per-element mask by positions). The ranges are warp-wide
+// visible (no mask work: every key of the tile is below tk and seen by every row) or partial
+// (per-element mask by positions and tk). The ranges are warp-wide
 // min/max reductions that every warp computes itself (find_tile): a skipped tile costs no copy and
 // no barrier. K and V travel in separate cp.async groups: S = Q K^T runs while V lands, and the next
 // visible tile's K lands during P V. With a causal mask or a window the last query block (the one
@@ -85,7 +87,8 @@ struct Tile {
 // waits one memory latency per kScanTiles tiles, not per tile.
 __device__ __forceinline__ Tile find_tile(int j0, const long long* __restrict__ k_pos, int tk, long long qlo,
                                           long long qhi, int causal, long long window) {
-  if (!causal && window <= 0) return {j0 < tk ? j0 : tk, kAll};
+  // kAll also promises that every key of the tile is below tk: such a tile takes no per-element work.
+  if (!causal && window <= 0) return {j0 < tk ? j0 : tk, j0 + kKeys <= tk ? kAll : kPartial};
   const int lane = threadIdx.x % 32;
   for (; j0 < tk; j0 += kScanTiles * kKeys) {
     long long p[2 * kScanTiles];  // lane's keys j0 + lane + 32 m: tile m / 2
@@ -104,7 +107,8 @@ __device__ __forceinline__ Tile find_tile(int j0, const long long* __restrict__ 
       }
       warp_min_max(lo, hi);
       if (any_visible(qlo, qhi, lo, hi, causal, window)) {
-        return {j0 + t * kKeys, all_visible(qlo, qhi, lo, hi, causal, window) ? kAll : kPartial};
+        const bool whole = j0 + (t + 1) * kKeys <= tk;
+        return {j0 + t * kKeys, whole && all_visible(qlo, qhi, lo, hi, causal, window) ? kAll : kPartial};
       }
     }
   }
@@ -206,6 +210,10 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
     row_sum[mb][0] = row_sum[mb][1] = 0.f;
   }
   const float s_scale = softcap > 0.f ? scale / softcap : scale * kLog2e;
+  // The factor between a stored score and its base-2 logit: the raw q.k keeps s_scale until the exp's
+  // fma (max(s) * c is max(s * c) exactly for c > 0, so the running max is the same); a softcapped
+  // score is already a logit.
+  const float s_mul = softcap > 0.f ? 1.f : s_scale;
 
   // Skipped tiles never reach the loop body: no copy, no barrier.
   while (tile.j0 < tk) {
@@ -248,18 +256,25 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
 
 #pragma unroll
     for (int mb = 0; mb < MB; mb++) {
-      // Scores to base-2 logits; masked and out-of-range keys become -inf.
-      // Element i of s[mb][nb] is row g + 8 * (i / 2), key nb * 8 + 2 * t4 + i % 2.
+      // Element i of s[mb][nb] is row g + 8 * (i / 2), key nb * 8 + 2 * t4 + i % 2. Each pass below is one
+      // block-uniform branch around straight-line code: a fully visible tile without softcap (the common
+      // case) takes neither, and its scores go from the mma straight into the max and the exp's fma.
+      if (softcap > 0.f) {
 #pragma unroll
-      for (int nb = 0; nb < kKeys / 8; nb++) {
+        for (int nb = 0; nb < kKeys / 8; nb++) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-          int key = nb * 8 + 2 * t4 + i % 2;
-          float x = s[mb][nb][i] * s_scale;
-          if (softcap > 0.f) x = softcap * tanhf(x) * kLog2e;
-          bool keep = j0 + key < tk &&
-                      (vis == kAll || visible(qp_s[wrow0 - q0 + 16 * mb + g + 8 * (i / 2)], kp_s[key], causal, window));
-          s[mb][nb][i] = keep ? x : -CUDART_INF_F;
+          for (int i = 0; i < 4; i++) s[mb][nb][i] = softcap * tanhf(s[mb][nb][i] * s_scale) * kLog2e;
+        }
+      }
+      if (vis == kPartial) {  // masked keys and keys past tk become -inf
+#pragma unroll
+        for (int nb = 0; nb < kKeys / 8; nb++) {
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            int key = nb * 8 + 2 * t4 + i % 2;
+            bool keep = j0 + key < tk && visible(qp_s[wrow0 - q0 + 16 * mb + g + 8 * (i / 2)], kp_s[key], causal, window);
+            if (!keep) s[mb][nb][i] = -CUDART_INF_F;
+          }
         }
       }
 
@@ -271,14 +286,14 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         for (int nb = 0; nb < kKeys / 8; nb++) mx = fmaxf(mx, fmaxf(s[mb][nb][2 * r], s[mb][nb][2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        float m_new = fmaxf(row_max[mb][r], mx);
+        float m_new = fmaxf(row_max[mb][r], mx * s_mul);
         float m_use = m_new == -CUDART_INF_F ? 0.f : m_new;  // no key yet: exp2(-inf) = 0, never NaN
-        float alpha = exp2f(row_max[mb][r] - m_use);
+        float alpha = exp2_ftz(row_max[mb][r] - m_use);
         float sum = 0.f;
 #pragma unroll
         for (int nb = 0; nb < kKeys / 8; nb++) {
-          s[mb][nb][2 * r] = exp2f(s[mb][nb][2 * r] - m_use);
-          s[mb][nb][2 * r + 1] = exp2f(s[mb][nb][2 * r + 1] - m_use);
+          s[mb][nb][2 * r] = exp2_ftz(fmaf(s[mb][nb][2 * r], s_mul, -m_use));
+          s[mb][nb][2 * r + 1] = exp2_ftz(fmaf(s[mb][nb][2 * r + 1], s_mul, -m_use));
           sum += s[mb][nb][2 * r] + s[mb][nb][2 * r + 1];
         }
         row_sum[mb][r] = row_sum[mb][r] * alpha + sum;

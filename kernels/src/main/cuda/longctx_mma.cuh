@@ -37,6 +37,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
 }
 
+// 2^x with results below float's normal range flushed to 0: one MUFU.EX2, where exp2f (without
+// fast math) adds a range test and two multiplies around it to keep subnormal results. A softmax
+// weight under 2^-126 is nothing beside the row's largest weight of 1.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
 // c (16x8 f32) += a (16x16) * b (16x8), element type T.
 template <typename T>
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);

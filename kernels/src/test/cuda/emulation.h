@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -200,6 +201,12 @@ inline double __longlong_as_double(long long i) {  // used by CUDART_INF
 // The device's fast exp is approximate; the host's is exact: the emulation checks structure
 // (indices, masks, barriers, merges), not the last bits of exp.
 inline float __expf(float x) { return std::exp(x); }
+// ex2.approx.ftz.f32: subnormal inputs and results are zero (the exact exp2 otherwise, as above).
+inline float exp2_ftz(float x) {
+  if (std::fabs(x) < FLT_MIN) x = 0.f;
+  float r = std::exp2(x);
+  return r < FLT_MIN ? 0.f : r;
+}
 
 inline void __syncthreads() {
   emu::maybe_land();

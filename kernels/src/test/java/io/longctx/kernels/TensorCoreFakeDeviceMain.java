@@ -60,6 +60,11 @@ public final class TensorCoreFakeDeviceMain {
         new Case(f16, new int[] {1, 2, 2, 100, 260, 64}, causal),
         // Queries before every key, causal: no tile is visible, no copy is issued, (0, -inf) rows.
         new Case(bf16, new int[] {1, 2, 1, 5, 70, 128}, causal, -10L),
+        // No mask over three whole key tiles and 8 keys of a fourth: the whole tiles take no per-element
+        // work, the last one must still drop the keys past Tk.
+        new Case(f16, new int[] {1, 2, 1, 70, 200, 128}, full),
+        // Queries after every key, causal: both key tiles are fully visible, the second 6 keys long.
+        new Case(bf16, new int[] {1, 2, 1, 5, 70, 64}, causal, 100L),
     };
     for (Case c : cases) {
       long inputs = rng.nextLong(); // both variants get the same inputs: their bits must agree

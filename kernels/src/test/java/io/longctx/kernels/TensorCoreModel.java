@@ -4,9 +4,11 @@ package io.longctx.kernels;
  * A Java model of flash_forward_tc.cu's arithmetic, row by row, to validate the tensor-core rule of
  * {@link Tolerance#violationRoundedP} on the CPU before a GPU runs the kernel. It follows the kernel
  * where the rounding happens: 64-key tiles; S by mma (products of fp16/bf16 values are exact, each
- * k16 step rounds once to float32 into the accumulator); logits in base 2 (scale x log2 e folded in,
- * or scale / softcap then softcap x tanh x log2 e); running max, alpha = exp2(m_old - m_new);
- * p = exp2(x - m) in float32, summed unrounded into four per-thread shares (keys 2*t4, 2*t4+1 of
+ * k16 step rounds once to float32 into the accumulator); logits in base 2: the raw q.k s stays as it
+ * is, its factor c = scale x log2 e applied in the exp's fma (with softcap, s becomes softcap x
+ * tanh(s x scale / softcap) x log2 e and c = 1); running max m = max(m_old, max(s) x c), alpha =
+ * exp2(m_old - m_new); p = exp2(fma(s, c, -m)) in float32 with results below float's normal range
+ * flushed to 0 (ex2.approx.ftz), summed unrounded into four per-thread shares (keys 2*t4, 2*t4+1 of
  * each 8) that are rescaled by alpha with an FMA and added pairwise at the end; P rounded to the
  * input type before P·V (again one float32 rounding per k16 step); o = acc x (1 / l); lse =
  * (m + log2 l) x ln 2. Not modeled: the mma hardware's internal summation order and the last bit of
@@ -40,6 +42,7 @@ final class TensorCoreModel {
     float scale = (float) opt.scaleFor(dim); // the launch passes a float
     float softcap = opt.softcap();
     float sScale = softcap > 0f ? scale / softcap : scale * LOG2E;
+    float sMul = softcap > 0f ? 1f : sScale; // s_mul in the kernel
     CudaAttention.DType pType = mistake == Mistake.WRONG_P_TYPE
         ? (type == CudaAttention.DType.F16 ? CudaAttention.DType.BF16 : CudaAttention.DType.F16) : type;
     float[] o = new float[batch * tq * heads * dim];
@@ -75,19 +78,18 @@ final class TensorCoreModel {
                 }
                 s = (float) step;
               }
-              float xs = s * sScale;
               if (softcap > 0f) {
-                xs = softcap * (float) Math.tanh(xs) * LOG2E;
+                s = softcap * (float) Math.tanh(s * sScale) * LOG2E;
               }
-              x[key] = xs;
-              mx = Math.max(mx, xs);
+              x[key] = s;
+              mx = Math.max(mx, s);
             }
-            float mNew = Math.max(rowMax, mx);
+            float mNew = Math.max(rowMax, mx * sMul);
             float mUse = mNew == Float.NEGATIVE_INFINITY ? 0f : mNew;
             float alpha = exp2(rowMax - mUse);
             float[] tileShare = new float[4];
             for (int key = 0; key < KEYS; key++) {
-              x[key] = exp2(x[key] - mUse); // now p, float32
+              x[key] = exp2(Math.fma(x[key], sMul, -mUse)); // now p, float32
             }
             for (int t4 = 0; t4 < 4; t4++) {
               for (int nb = 0; nb < KEYS / 8; nb++) {
@@ -127,7 +129,9 @@ final class TensorCoreModel {
     return new float[][] {o, lse};
   }
 
+  /** ex2.approx.ftz.f32 (but exact): subnormal inputs and results are 0; exp2(-inf) = 0. */
   private static float exp2(float x) {
-    return (float) Math.pow(2, x); // exp2f; exp2(-inf) = 0
+    float r = (float) Math.pow(2, Math.abs(x) < Float.MIN_NORMAL ? 0f : x);
+    return r < Float.MIN_NORMAL ? 0f : r;
   }
 }
