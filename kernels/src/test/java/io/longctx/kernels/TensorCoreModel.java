@@ -7,7 +7,7 @@ package io.longctx.kernels;
  * k16 step rounds once to float32 into the accumulator); logits in base 2: the raw q.k s stays as it
  * is, its factor c = scale x log2 e applied in the exp's fma (with softcap, s becomes softcap x
  * tanh(s x scale / softcap) x log2 e and c = 1); running max m = max(m_old, max(s) x c), alpha =
- * exp2(m_old - m_new); p = exp2(fma(s, c, -m)) in float32 with results below float's normal range
+ * exp2(m_old - m_new), exactly 1 when the max stands still; p = exp2(fma(s, c, -m)) in float32 with results below float's normal range
  * flushed to 0 (ex2.approx.ftz), summed unrounded into four per-thread shares (keys 2*t4, 2*t4+1 of
  * each 8) that are rescaled by alpha with an FMA and added pairwise at the end; P rounded to the
  * input type before P·V (again one float32 rounding per k16 step); o = acc x (1 / l); lse =
@@ -86,7 +86,7 @@ final class TensorCoreModel {
             }
             float mNew = Math.max(rowMax, mx * sMul);
             float mUse = mNew == Float.NEGATIVE_INFINITY ? 0f : mNew;
-            float alpha = exp2(rowMax - mUse);
+            float alpha = mNew == rowMax ? 1f : exp2(rowMax - mUse); // exactly 1 while the max stands still
             float[] tileShare = new float[4];
             for (int key = 0; key < KEYS; key++) {
               x[key] = exp2(Math.fma(x[key], sMul, -mUse)); // now p, float32
