@@ -46,13 +46,11 @@ constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kRows == kThreads / 32 * 16 && kRows == kThreadsM32 / 32 * 32, "warps x rows per warp = kRows");
 
 // The variant with MB m16 row blocks per warp: its threads, and its dynamic shared memory (K and V
-// tiles, the key positions of a partial tile, the block's query positions, and for m32 the block's
-// Q rows; rows padded to D + 8).
+// tiles, and for m32 the block's Q rows; rows padded to D + 8).
 template <typename T, int D, int MB>
 struct Variant {
   static constexpr int kThreadCount = kRows / (16 * MB) * 32;
-  static constexpr int kSmemBytes =
-      (2 * kKeys + (MB > 1 ? kRows : 0)) * (D + 8) * (int)sizeof(T) + (kKeys + kRows) * (int)sizeof(long long);
+  static constexpr int kSmemBytes = (2 * kKeys + (MB > 1 ? kRows : 0)) * (D + 8) * (int)sizeof(T);
 };
 
 // Copies rows [row0, row0 + ROWS) of a [rows, D] matrix into shared memory (row stride D + 8), NT
@@ -115,17 +113,6 @@ __device__ __forceinline__ Tile find_tile(int j0, const long long* __restrict__ 
   return {tk, kPartial};
 }
 
-// Issues a key tile's K copies and, for a partial tile, stores its key positions (plain stores, only
-// the per-element mask reads them; published by the barrier after K's wait).
-template <typename T, int D, int NT>
-__device__ __forceinline__ void load_kp(T* ks, long long* kp_s, const T* kg, const long long* __restrict__ k_pos,
-                                        Tile tile, int tk) {
-  load_tile<T, D, NT>(ks, kg, tile.j0, tk);
-  if (tile.vis == kPartial) {
-    for (int i = threadIdx.x; i < kKeys; i += NT) kp_s[i] = tile.j0 + i < tk ? k_pos[tile.j0 + i] : 0;
-  }
-}
-
 template <typename T, int D, int MB>
 __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                  const long long* __restrict__ q_pos, const long long* __restrict__ k_pos,
@@ -136,9 +123,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   LONGCTX_DYNAMIC_SHARED(float4, smem_raw);  // 16-byte aligned, as cp.async and ldmatrix need
   T* ks = reinterpret_cast<T*>(smem_raw);
   T* vs = ks + kKeys * kStride;
-  long long* kp_s = reinterpret_cast<long long*>(vs + kKeys * kStride);  // key positions of a partial tile
-  long long* qp_s = kp_s + kKeys;  // the block's query positions, for the per-element mask
-  T* qs = reinterpret_cast<T*>(qp_s + kRows);  // m32: the block's Q rows
+  T* qs = vs + kKeys * kStride;  // m32: the block's Q rows
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
@@ -161,9 +146,6 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
     qhi = max(qhi, q_pos[q0 + i]);
   }
   warp_min_max(qlo, qhi);
-  // Query positions wait in shared memory (plain stores, published by the first tile's barrier), not
-  // in registers: the m32 variant has none to spare for them.
-  for (int i = threadIdx.x; i < kRows; i += NT) qp_s[i] = q0 + i < tq ? q_pos[q0 + i] : 0;
   // This warp's rows: 16 MB from wrow0; this thread's are wrow0 + 16 mb + g and 8 below that.
   const int wrow0 = q0 + warp * 16 * MB;
 
@@ -175,7 +157,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   Tile tile = find_tile(0, k_pos, tk, qlo, qhi, causal, window);
   if (tile.j0 < tk) {
     if constexpr (MB > 1) load_tile<T, D, NT, kRows>(qs, qg, q0, tq);
-    load_kp<T, D, NT>(ks, kp_s, kg, k_pos, tile, tk);
+    load_tile<T, D, NT>(ks, kg, tile.j0, tk);
   }
   cp_async_commit();  // group: (Q and) K (empty when no tile is visible)
   if (tile.j0 < tk) load_tile<T, D, NT>(vs, vg, tile.j0, tk);
@@ -219,8 +201,41 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   while (tile.j0 < tk) {
     const int j0 = tile.j0, vis = tile.vis;
     const Tile next = find_tile(j0 + kKeys, k_pos, tk, qlo, qhi, causal, window);  // while K and V fly
+
+    // A partial tile's mask as bits (bit 4 nb + i of keep[mb]: element i of s[mb][nb] below), worked out
+    // while K lands and the score registers are free: this thread's 16 keys and 2 MB rows, each
+    // position read once, from global memory (every warp of the block reads the same ones: L1/L2).
+    uint32_t keep[MB];
+    if (vis == kPartial) {
+      long long qp[MB][2];
+#pragma unroll
+      for (int mb = 0; mb < MB; mb++) {
+        keep[mb] = 0u;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+          const int t = wrow0 + 16 * mb + g + 8 * r;
+          qp[mb][r] = t < tq ? q_pos[t] : 0;  // a row past tq is never written
+        }
+      }
+#pragma unroll
+      for (int nb = 0; nb < kKeys / 8; nb++) {
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+          const int key = nb * 8 + 2 * t4 + c;
+          const bool in = j0 + key < tk;
+          const long long kp = in ? k_pos[j0 + key] : 0;
+#pragma unroll
+          for (int mb = 0; mb < MB; mb++) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+              keep[mb] |= (uint32_t)(in & visible(qp[mb][r], kp, causal, window)) << (4 * nb + 2 * r + c);
+            }
+          }
+        }
+      }
+    }
     cp_async_wait_1();  // this thread's K (and Q) copies landed; V may still be in flight
-    __syncthreads();    // everyone's K copies, zero rows and kp_s are visible
+    __syncthreads();    // everyone's K copies and zero rows are visible
 
     // S = Q K^T for this warp's rows and the tile's 64 keys (8 blocks of 8 keys per row block).
     float s[MB][kKeys / 8][4];
@@ -271,9 +286,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         for (int nb = 0; nb < kKeys / 8; nb++) {
 #pragma unroll
           for (int i = 0; i < 4; i++) {
-            int key = nb * 8 + 2 * t4 + i % 2;
-            bool keep = j0 + key < tk && visible(qp_s[wrow0 - q0 + 16 * mb + g + 8 * (i / 2)], kp_s[key], causal, window);
-            if (!keep) s[mb][nb][i] = -CUDART_INF_F;
+            if (!((keep[mb] >> (4 * nb + i)) & 1u)) s[mb][nb][i] = -CUDART_INF_F;
           }
         }
       }
@@ -314,8 +327,8 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
     }
 
     cp_async_wait_0();  // V landed
-    __syncthreads();    // everyone's V is visible, and every warp is past its reads of ks and kp_s
-    if (next.j0 < tk) load_kp<T, D, NT>(ks, kp_s, kg, k_pos, next, tk);
+    __syncthreads();    // everyone's V is visible, and every warp is past its reads of ks
+    if (next.j0 < tk) load_tile<T, D, NT>(ks, kg, next.j0, tk);
     cp_async_commit();  // group: the next K, landing during P V
 
     // O += P V, 16 keys per step; P's accumulators are already laid out as A fragments.

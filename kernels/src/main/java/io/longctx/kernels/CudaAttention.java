@@ -106,12 +106,11 @@ public final class CudaAttention implements AttentionBackend {
 
   /**
    * Dynamic shared memory of a tensor-core forward variant (Variant::kSmemBytes in flash_forward_tc.cu):
-   * K and V tiles, the key positions of a tile and the block's query positions, and for 32 rows per
-   * warp the block's Q rows; rows padded by 16 bytes.
+   * K and V tiles, and for 32 rows per warp the block's Q rows; rows padded by 16 bytes.
    */
   static int tcSmemBytes(DType type, int dim, int rowsPerWarp) {
     int rows = 2 * TC_KEYS + (rowsPerWarp == 32 ? TC_ROWS_PER_BLOCK : 0);
-    return rows * (dim + 8) * type.bytes + 8 * (TC_KEYS + TC_ROWS_PER_BLOCK);
+    return rows * (dim + 8) * type.bytes;
   }
 
   /** The fatbin that defines a kernel, by the naming of the three .cu files. */
