@@ -36,16 +36,16 @@ __device__ __forceinline__ void warp_min_max(long long& lo, long long& hi) {
 
 // Positions are any 64-bit value: a window compares the exact distance q - k (k <= q) as an
 // unsigned number, never q - window, which overflows near LLONG_MIN.
+// The comparisons here and in visible are combined with & and |, not && and ||: per score element,
+// a short circuit became a branch (and a divergence point) in the compiled mask.
 __device__ __forceinline__ bool within_window(long long q, long long k, long long window) {
-  return window <= 0 || (unsigned long long)q - (unsigned long long)k < (unsigned long long)window;
+  return (window <= 0) | ((unsigned long long)q - (unsigned long long)k < (unsigned long long)window);
 }
 
-// Whether a query at qp sees a key at kp (causal: kp <= qp; window w > 0: qp - w < kp <= qp). The
-// comparisons are combined with & and |, not && and ||: per score element, a short circuit became
-// a branch (and a divergence point) in the compiled mask.
+// Whether a query at qp sees a key at kp (causal: kp <= qp; window w > 0: qp - w < kp <= qp).
 __device__ __forceinline__ bool visible(long long qp, long long kp, int causal, long long window) {
   if (!causal && window <= 0) return true;
-  return (kp <= qp) & ((window <= 0) | ((unsigned long long)qp - (unsigned long long)kp < (unsigned long long)window));
+  return (kp <= qp) & within_window(qp, kp, window);
 }
 
 // Whether some query in [qlo, qhi] may see some key in [klo, khi] (false: skip the pair).
