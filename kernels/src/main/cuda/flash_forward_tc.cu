@@ -24,9 +24,10 @@
 // Each (query block, key tile) pair is classified once from position ranges: skipped, fully
 // visible (no mask work: every key of the tile is below tk and seen by every row) or partial
 // (per-element mask by positions and tk). The ranges are warp-wide min/max reductions that every
-// warp computes itself (find_tile): a skipped tile costs no copy and no barrier. K and V travel in separate cp.async groups: S = Q K^T runs while V lands, and the next
-// visible tile's K lands during P V. With a causal mask or a window the last query block (the one
-// that sees the most keys) is launched first. Shared memory is dynamic (Variant::kSmemBytes;
+// warp computes itself (find_tile): a skipped tile costs no copy and no barrier. K and V travel in
+// separate cp.async groups: S = Q K^T runs while V lands, and the next visible tile's K lands during
+// P V. With a causal mask or a window the last query block (the one that sees the most keys) is
+// launched first. Shared memory is dynamic (Variant::kSmemBytes;
 // CudaAttention.tcSmemBytes computes the same).
 
 #include <math_constants.h>

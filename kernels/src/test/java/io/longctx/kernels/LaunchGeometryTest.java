@@ -59,7 +59,8 @@ class LaunchGeometryTest {
     assertEquals(CudaAttention.TC_THREADS_M32 / 32 * 32, CudaAttention.TC_ROWS_PER_BLOCK, "32 query rows per warp");
     // CudaAttention.tcSmemBytes is the formula of Variant::kSmemBytes; the source must still say so.
     String src = Files.readString(Path.of("src", "main", "cuda", "flash_forward_tc.cu"));
-    assertTrue(src.replaceAll("\\s+", " ").contains("kSmemBytes = (2 * kKeys + (MB > 1 ? kRows : 0)) * (D + 8) * (int)sizeof(T);"),
+    assertTrue(src.replaceAll("\\s+", " ")
+        .contains("kSmemBytes = (2 * kKeys + (MB > 1 ? kRows : 0)) * (D + 8) * (int)sizeof(T);"),
         "Variant::kSmemBytes changed: change tcSmemBytes with it");
     assertEquals((2 * 64 + 128) * 136 * 2, CudaAttention.tcSmemBytes(CudaAttention.DType.BF16, 128, 32));
     assertEquals(2 * 64 * 72 * 2, CudaAttention.tcSmemBytes(CudaAttention.DType.F16, 64, 16));

@@ -7,12 +7,13 @@ package io.longctx.kernels;
  * k16 step rounds once to float32 into the accumulator); logits in base 2: the raw q.k s stays as it
  * is, its factor c = scale x log2 e applied in the exp's fma (with softcap, s becomes softcap x
  * tanh(s x scale / softcap) x log2 e and c = 1); running max m = max(m_old, max(s) x c), alpha =
- * exp2(m_old - m_new), exactly 1 when the max stands still; p = exp2(fma(s, c, -m)) in float32 with results below float's normal range
- * flushed to 0 (ex2.approx.ftz), summed unrounded into four per-thread shares (keys 2*t4, 2*t4+1 of
- * each 8) that are rescaled by alpha with an FMA and added pairwise at the end; P rounded to the
- * input type before P·V (again one float32 rounding per k16 step); o = acc x (1 / l); lse =
- * (m + log2 l) x ln 2. Not modeled: the mma hardware's internal summation order and the last bit of
- * exp2f/log2f/tanhf (both far below the P rounding this rule is about).
+ * exp2(m_old - m_new), exactly 1 when the max stands still; p = exp2(fma(s, c, -m)) in float32 with
+ * results below float's normal range flushed to 0 (ex2.approx.ftz), summed unrounded into four
+ * per-thread shares (keys 2*t4, 2*t4+1 of each 8) that are rescaled by alpha with an FMA and added
+ * pairwise at the end; P rounded to the input type before P·V (again one float32 rounding per k16
+ * step); o = acc x (1 / l); lse = (m + log2 l) x ln 2. Not modeled: the mma hardware's internal
+ * summation order and the last bit of ex2/log2f/tanhf (both far below the P rounding this rule is
+ * about).
  */
 final class TensorCoreModel {
 
