@@ -23,8 +23,8 @@
 //                                           V read with ldmatrix.trans
 // Each (query block, key tile) pair is classified once from position ranges: skipped, fully
 // visible (no mask work: every key of the tile is below tk and seen by every row) or partial
-// (per-element mask by positions and tk). The ranges are warp-wide min/max reductions that every
-// warp computes itself (find_tile): a skipped tile costs no copy and no barrier. K and V travel in
+// (per-element mask by positions and tk), by warp votes over the tile's key positions that every
+// warp takes itself (find_tile): a skipped tile costs no copy and no barrier. K and V travel in
 // separate cp.async groups: S = Q K^T runs while V lands, and the next visible tile's K lands during
 // P V. With a causal mask or a window the last query block (the one that sees the most keys) is
 // launched first. Shared memory is dynamic (Variant::kSmemBytes;
@@ -79,10 +79,15 @@ struct Tile {
 // The first key tile at or after j0 that some query in [qlo, qhi] may see, and whether it needs the
 // per-element mask. Every warp runs this itself on the same inputs and reaches the same answer, so
 // the choice is block-uniform with no shared memory and no barrier: a skipped tile costs one
-// coalesced 512-byte read of positions (L1/L2 after the first warp) and 10 shuffle pairs, not a
+// coalesced 512-byte read of positions (L1/L2 after the first warp) and three warp votes, not a
 // serial scan of 64 positions by one thread between two barriers. The positions of kScanTiles tiles
-// are loaded together before any is reduced, so a run of skipped tiles (a causal block's future)
+// are loaded together before any is tested, so a run of skipped tiles (a causal block's future)
 // waits one memory latency per kScanTiles tiles, not per tile.
+// The verdicts are any_visible / all_visible of the tile's position range, taken as votes over its
+// keys instead of a min/max reduction (5 rounds of 64-bit shuffles): klo <= qhi is "some k <= qhi";
+// khi >= qlo || within_window(qlo, khi) is "some k >= qlo or within the window of qlo" (when every k
+// is below qlo the nearest one, khi, is the one that decides); khi <= qlo && within_window(qhi, klo)
+// is "every k <= qlo and within the window of qhi" (for k <= qlo <= qhi the farthest, klo, decides).
 __device__ __forceinline__ Tile find_tile(int j0, const long long* __restrict__ k_pos, int tk, long long qlo,
                                           long long qhi, int causal, long long window) {
   // kAll also promises that every key of the tile is below tk: such a tile takes no per-element work.
@@ -95,18 +100,18 @@ __device__ __forceinline__ Tile find_tile(int j0, const long long* __restrict__ 
 #pragma unroll
     for (int t = 0; t < kScanTiles; t++) {
       if (j0 + t * kKeys >= tk) break;  // warp-uniform
-      long long lo = LLONG_MAX, hi = LLONG_MIN;  // identities: keys past tk leave the range alone
+      bool below_qhi = false, reaches_qlo = false, all_seen = true;  // identities: keys past tk count for nothing
 #pragma unroll
       for (int m = 2 * t; m < 2 * t + 2; m++) {
         if (j0 + lane + 32 * m < tk) {
-          lo = min(lo, p[m]);
-          hi = max(hi, p[m]);
+          below_qhi |= p[m] <= qhi;
+          reaches_qlo |= (p[m] >= qlo) | within_window(qlo, p[m], window);
+          all_seen &= (p[m] <= qlo) & within_window(qhi, p[m], window);
         }
       }
-      warp_min_max(lo, hi);
-      if (any_visible(qlo, qhi, lo, hi, causal, window)) {
+      if (__any_sync(0xffffffffu, below_qhi) && __any_sync(0xffffffffu, reaches_qlo)) {
         const bool whole = j0 + (t + 1) * kKeys <= tk;
-        return {j0 + t * kKeys, whole && all_visible(qlo, qhi, lo, hi, causal, window) ? kAll : kPartial};
+        return {j0 + t * kKeys, whole && __all_sync(0xffffffffu, all_seen) ? kAll : kPartial};
       }
     }
   }

@@ -257,6 +257,16 @@ inline int __any_sync(unsigned, int pred) {
   return any;
 }
 
+inline int __all_sync(unsigned, int pred) {
+  int w = emu::warp(), l = emu::lane();
+  emu::uslot[w][l] = pred ? 1u : 0u;
+  emu::warp_barrier[w]->arrive_and_wait();
+  int all = 1;
+  for (int i = 0; i < 32; i++) all &= emu::uslot[w][i];
+  emu::warp_barrier[w]->arrive_and_wait();
+  return all;
+}
+
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
   std::lock_guard<std::mutex> g(emu::atomic_mutex);
   unsigned long long old = *p;
