@@ -25,8 +25,8 @@
 // visible (no mask work: every key of the tile is below tk and seen by every row) or partial
 // (per-element mask by positions and tk), by warp votes over the tile's key positions that every
 // warp takes itself (find_tile): a skipped tile costs no copy and no barrier. K and V travel in
-// separate cp.async groups: S = Q K^T runs while V lands, and the next visible tile's K lands during
-// P V. With a causal mask or a window the last query block (the one that sees the most keys) is
+// separate cp.async groups, two barriers per tile: S = Q K^T runs while V lands, and the next visible
+// tile's K lands during P V. With a causal mask or a window the last query block (the one that sees the most keys) is
 // launched first. Shared memory is dynamic (Variant::kSmemBytes;
 // CudaAttention.tcSmemBytes computes the same).
 
@@ -154,21 +154,21 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   // This warp's rows: 16 MB from wrow0; this thread's are wrow0 + 16 mb + g and 8 below that.
   const int wrow0 = q0 + warp * 16 * MB;
 
-  // cp.async groups complete in commit order: the loop below always finds [K, V] of its tile in
-  // flight, waits for K (wait_group 1) to compute S while V lands, and issues the next tile's K
-  // once every warp is past S, so that K lands during P V (single K and V buffers). The m32
-  // variant's Q rows travel in the first K group (only when some tile is visible: a block must not
-  // end with copies into its shared memory still in flight).
+  // Single K and V buffers, two barriers per tile (FlashAttention-2's order): the loop finds its
+  // tile's K in flight; once K has landed, one barrier makes it visible and also tells that every
+  // warp is past P V of the last tile, so V is issued then and lands during S and the softmax; a
+  // second barrier after V's wait makes V visible and tells that every warp is past S, so the next
+  // tile's K is issued then and lands during P V. The m32 variant's Q rows travel in the first K
+  // group (only when some tile is visible: a block must not end with copies into its shared memory
+  // still in flight).
   Tile tile = find_tile(0, k_pos, tk, qlo, qhi, causal, window);
   if (tile.j0 < tk) {
     if constexpr (MB > 1) load_tile<T, D, NT, kRows>(qs, qg, q0, tq);
     load_tile<T, D, NT>(ks, kg, tile.j0, tk);
   }
   cp_async_commit();  // group: (Q and) K (empty when no tile is visible)
-  if (tile.j0 < tk) load_tile<T, D, NT>(vs, vg, tile.j0, tk);
-  cp_async_commit();  // group: V
 
-  // m16: Q -> registers while the first K and V fly: this warp's 16 rows as D/16 mma A fragments,
+  // m16: Q -> registers while the first K flies: this warp's 16 rows as D/16 mma A fragments,
   // register j holding row g + 8 (j % 2), columns 16 kc + 2 t4 + 8 (j / 2) and the next (one 4-byte
   // read); rows past tq are zero. Straight from global memory: Q is read once per block.
   uint32_t qf[MB == 1 ? D / 16 : 1][4];
@@ -205,7 +205,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   // Skipped tiles never reach the loop body: no copy, no barrier.
   while (tile.j0 < tk) {
     const int j0 = tile.j0, vis = tile.vis;
-    const Tile next = find_tile(j0 + kKeys, k_pos, tk, qlo, qhi, causal, window);  // while K and V fly
+    const Tile next = find_tile(j0 + kKeys, k_pos, tk, qlo, qhi, causal, window);  // while K flies
 
     // A partial tile's mask as bits (bit 4 nb + i of keep[mb]: element i of s[mb][nb] below), worked out
     // while K lands and the score registers are free: this thread's 16 keys and 2 MB rows, each
@@ -239,8 +239,10 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         }
       }
     }
-    cp_async_wait_1();  // this thread's K (and Q) copies landed; V may still be in flight
-    __syncthreads();    // everyone's K copies and zero rows are visible
+    cp_async_wait_0();  // this thread's K (and Q) copies landed
+    __syncthreads();    // everyone's K copies and zero rows are visible; every warp is past P V (reads of vs)
+    load_tile<T, D, NT>(vs, vg, j0, tk);
+    cp_async_commit();  // group: V, landing during S and the softmax
 
     // S = Q K^T for this warp's rows and the tile's 64 keys (8 blocks of 8 keys per row block).
     float s[MB][kKeys / 8][4];
@@ -358,10 +360,6 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         }
       }
     }
-    if (next.j0 >= tk) break;  // block-uniform
-    __syncthreads();  // every warp is past its reads of vs
-    load_tile<T, D, NT>(vs, vg, next.j0, tk);
-    cp_async_commit();  // group: the next V, landing during the next S
     tile = next;
   }
 
