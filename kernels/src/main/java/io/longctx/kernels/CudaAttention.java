@@ -326,6 +326,12 @@ public final class CudaAttention implements AttentionBackend {
   /** The same on the tensor-core variant of {@code rowsPerWarp} rows per warp where one runs. */
   float[][] forwardArrays(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt, DType type,
       int rowsPerWarp) {
+    return forwardArrays(q, k, v, qPos, kPos, opt, type, rowsPerWarp, null);
+  }
+
+  /** The same on {@code other}'s kernel instead of this build's when not null (see {@link OtherBuildKernel}). */
+  float[][] forwardArrays(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt, DType type,
+      int rowsPerWarp, OtherBuildKernel other) {
     CpuAttention.Problem p = new CpuAttention.Problem(q, k, v, qPos, kPos, opt);
     requireDim(p.dim);
     Objects.requireNonNull(type, "type");
@@ -347,7 +353,7 @@ public final class CudaAttention implements AttentionBackend {
       forwardOnDevice(new DeviceTensor(dq, type, q.batch(), q.heads(), q.tokens(), q.dim()),
           new DeviceTensor(dk, type, k.batch(), k.heads(), k.tokens(), k.dim()),
           new DeviceTensor(dv, type, v.batch(), v.heads(), v.tokens(), v.dim()),
-          dqp, dkp, opt, dout, dlse, stream, rowsPerWarp);
+          dqp, dkp, opt, dout, dlse, stream, rowsPerWarp, other);
       copyOutputs(dout, dlse, o, lse, stream);
       check("cuStreamSynchronize", JCudaDriver.cuStreamSynchronize(stream));
     } finally {
@@ -368,6 +374,33 @@ public final class CudaAttention implements AttentionBackend {
   /** The same on the tensor-core variant of {@code rowsPerWarp} (16 or 32) query rows per warp. */
   public void forwardOnDevice(DeviceTensor q, DeviceTensor k, DeviceTensor v, DeviceBuffer qPos, DeviceBuffer kPos,
       AttentionOptions opt, DeviceBuffer o, DeviceBuffer lse, CUstream stream, int rowsPerWarp) {
+    forwardOnDevice(q, k, v, qPos, kPos, opt, o, lse, stream, rowsPerWarp, null);
+  }
+
+  /**
+   * A tensor-core forward kernel as another commit built it, loaded from that build's fatbin (the
+   * A/B of {@code bin/gpu-check run ab}, {@link GpuForwardAB}): launched in place of this build's
+   * kernel of the same name, with the same arguments and grid, and {@code smemBytes} of dynamic
+   * shared memory (what that build's kernel needs, or more).
+   */
+  record OtherBuildKernel(String label, String name, CUfunction function, int smemBytes) {}
+
+  /** Loads the kernel {@code name} of another build's fatbin, and opts it in to {@code smemBytes}. */
+  OtherBuildKernel loadOtherBuild(String label, byte[] fatbin, String name, int smemBytes) {
+    check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
+    CUmodule module = new CUmodule();
+    check("cuModuleLoadData(" + label + ")", JCudaDriver.cuModuleLoadData(module, fatbin));
+    CUfunction f = new CUfunction();
+    check("cuModuleGetFunction(" + name + " of " + label + ")", JCudaDriver.cuModuleGetFunction(f, module, name));
+    check("cuFuncSetAttribute(" + name + " of " + label + ", max dynamic shared memory " + smemBytes + ")",
+        JCudaDriver.cuFuncSetAttribute(f, CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smemBytes));
+    return new OtherBuildKernel(label, name, f, smemBytes);
+  }
+
+  void forwardOnDevice(DeviceTensor q, DeviceTensor k, DeviceTensor v, DeviceBuffer qPos, DeviceBuffer kPos,
+      AttentionOptions opt, DeviceBuffer o, DeviceBuffer lse, CUstream stream, int rowsPerWarp,
+      OtherBuildKernel other) {
     requireRowsPerWarp(rowsPerWarp, "rowsPerWarp");
     if (q.type() != k.type() || k.type() != v.type()) {
       throw new IllegalArgumentException("q, k and v must share one element type, got " + q.type() + ", "
@@ -399,13 +432,18 @@ public final class CudaAttention implements AttentionBackend {
         Pointer.to(new float[] {(float) scale}), Pointer.to(new float[] {opt.softcap()}),
         Pointer.to(new int[] {opt.causal() ? 1 : 0}), Pointer.to(new long[] {opt.window()}));
     String name = kernelFor(q.type(), q.dim(), rowsPerWarp);
+    if (other != null && !other.name().equals(name)) {
+      throw new IllegalArgumentException(other.label() + "'s " + other.name() + " cannot stand in for " + name);
+    }
     boolean tc = usesTensorCores(q.type(), q.dim());
     int rowsPerBlock = tc ? TC_ROWS_PER_BLOCK : PLAIN_ROWS_PER_BLOCK;
     int threads = !tc ? THREADS : rowsPerWarp == 32 ? TC_THREADS_M32 : TC_THREADS;
     check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
-    check("cuLaunchKernel(" + name + ")", JCudaDriver.cuLaunchKernel(kernels.get(name),
-        (q.tokens() + rowsPerBlock - 1) / rowsPerBlock, q.heads(), q.batch(), threads, 1, 1,
-        tc ? tcSmemBytes(q.type(), q.dim(), rowsPerWarp) : 0, stream, params, null));
+    check("cuLaunchKernel(" + name + (other != null ? " of " + other.label() : "") + ")",
+        JCudaDriver.cuLaunchKernel(other != null ? other.function() : kernels.get(name),
+            (q.tokens() + rowsPerBlock - 1) / rowsPerBlock, q.heads(), q.batch(), threads, 1, 1,
+            other != null ? other.smemBytes() : tc ? tcSmemBytes(q.type(), q.dim(), rowsPerWarp) : 0, stream,
+            params, null));
   }
 
   /**

@@ -196,6 +196,12 @@ public final class GpuCheck {
   /** Median kernel time in ms over 10 launches after 3 warm-up launches, by CUDA events. */
   static double time(CudaAttention cuda, CudaAttention.DType type, int b, int h, int t, int d, AttentionOptions opt,
       SplittableRandom rng, int rowsPerWarp) {
+    return time(cuda, type, b, h, t, d, opt, rng, rowsPerWarp, null);
+  }
+
+  /** The same on another build's kernel when {@code other} is not null ({@link GpuForwardAB}). */
+  static double time(CudaAttention cuda, CudaAttention.DType type, int b, int h, int t, int d, AttentionOptions opt,
+      SplittableRandom rng, int rowsPerWarp, CudaAttention.OtherBuildKernel other) {
     Tensor q = Tensor.random(rng, b, h, t, d);
     long[] pos = ReferenceAttention.iota(t);
     CUstream stream = new CUstream();
@@ -210,7 +216,7 @@ public final class GpuCheck {
       CudaAttention.DeviceTensor tk = new CudaAttention.DeviceTensor(dk, type, b, h, t, d);
       CudaAttention.DeviceTensor tv = new CudaAttention.DeviceTensor(dv, type, b, h, t, d);
       return medianMs(stream, 3, 10, () -> cuda.forwardOnDevice(tq, tk, tv, dp, dp, opt, dout, dlse, stream,
-          rowsPerWarp));
+          rowsPerWarp, other));
     } finally {
       JCudaDriver.cuStreamDestroy(stream);
     }

@@ -38,22 +38,9 @@ class GpuCheckScriptTest {
   void runWritesHeaderSectionsTimeLimitsAndSummary() throws Exception {
     Path script = script();
     Path lib = CudaDecodeFakeDeviceTest.buildFakeLibcuda("fake-cuda-script");
-    Path bundle = Files.createTempDirectory(lib, "bundle");
-    Path jars = Files.createDirectories(bundle.resolve("lib"));
-    jar(Paths.get("target", "classes"), jars.resolve("longctx-kernels.jar"));
-    for (String entry : System.getProperty("java.class.path").split(File.pathSeparator)) {
-      if (entry.contains("jcuda") && entry.endsWith(".jar")) {
-        Files.copy(Paths.get(entry), jars.resolve(Paths.get(entry).getFileName()));
-      }
-    }
+    Path bundle = bundle(lib);
     Path out = Files.createTempDirectory(lib, "out");
-    ProcessBuilder pb = new ProcessBuilder("bash", script.toString(), "run", "--smoke", "forward", "decode")
-        .redirectErrorStream(true);
-    pb.environment().put("GPU_CHECK_BUNDLE", bundle.toString());
-    pb.environment().put("OUT", out.toString());
-    pb.environment().put("LD_LIBRARY_PATH", lib.toString());
-    pb.environment().put("PATH", Paths.get(System.getProperty("java.home"), "bin") + File.pathSeparator
-        + System.getenv("PATH"));
+    ProcessBuilder pb = fakeDeviceRun(script, lib, bundle, out, "run", "--smoke", "forward", "decode");
     pb.environment().put("GPU_CHECK_DECODE_S", "2"); // the emulated decode smoke run takes far longer
     Child p = Child.run(pb, 240);
     String text = p.output();
@@ -72,9 +59,64 @@ class GpuCheckScriptTest {
   }
 
   /**
+   * {@code run --smoke ab} on the fake libcuda: the builds of {@code ab/revisions.txt} are loaded
+   * (the fake device runs this build's emulated kernel under every name, so this tests the section's
+   * plumbing, not old kernels), each checked and timed beside this build's; a listed build without a
+   * fatbin is an ERROR row and the section fails, with every other row still made.
+   */
+  @Test
+  @Timeout(300)
+  void abChecksAndTimesEveryBuildAndReportsAMissingOne() throws Exception {
+    Path script = script();
+    Path lib = CudaDecodeFakeDeviceTest.buildFakeLibcuda("fake-cuda-ab");
+    Path bundle = bundle(lib);
+    Path ab = Files.createDirectories(bundle.resolve("ab"));
+    Files.writeString(ab.resolve("revisions.txt"), "older 0123abc an older build\nabsent 4567def never compiled\n");
+    Files.write(ab.resolve("older.fatbin"), new byte[] {1, 2, 3}); // the fake libcuda ignores a module's bytes
+    Path out = Files.createTempDirectory(lib, "out");
+    Child p = Child.run(fakeDeviceRun(script, lib, bundle, out, "run", "--smoke", "ab"), 240);
+    List<String> file = Files.readAllLines(out.resolve("gpu-check.txt"));
+    String all = String.join("\n", file);
+    assertEquals(1, p.exit(), p.output());
+    for (String prefix : List.of("=== section ab (time limit 150 s) ===", "| older | 0123abc | an older build | yes, ",
+        "| absent | 4567def | never compiled | ERROR", "| this build | [1,2/2,5,130,128] | causal | ",
+        "| older | [1,2/2,5,130,128] | causal | ", "| this build | 1 | 2 | 128 | 128 | true | ",
+        "| older | 1 | 2 | 128 | 128 | true | ", "summary ab: 4 pass, 0 FAIL, 1 ERROR", "sections: ab=1")) {
+      assertTrue(file.stream().anyMatch(l -> l.startsWith(prefix)), "no line '" + prefix + "' in\n" + all);
+    }
+    assertTrue(file.stream().noneMatch(l -> l.startsWith("| absent | 1 |")), all);
+  }
+
+  /** A bundle of the build's classes and the JCuda jars (no runtime: the script falls back to java on PATH). */
+  private static Path bundle(Path dir) throws Exception {
+    Path bundle = Files.createTempDirectory(dir, "bundle");
+    Path jars = Files.createDirectories(bundle.resolve("lib"));
+    jar(Paths.get("target", "classes"), jars.resolve("longctx-kernels.jar"));
+    for (String entry : System.getProperty("java.class.path").split(File.pathSeparator)) {
+      if (entry.contains("jcuda") && entry.endsWith(".jar")) {
+        Files.copy(Paths.get(entry), jars.resolve(Paths.get(entry).getFileName()));
+      }
+    }
+    return bundle;
+  }
+
+  /** bin/gpu-check with the given arguments on the fake libcuda in {@code lib}. */
+  private static ProcessBuilder fakeDeviceRun(Path script, Path lib, Path bundle, Path out, String... args) {
+    List<String> cmd = new java.util.ArrayList<>(List.of("bash", script.toString()));
+    cmd.addAll(List.of(args));
+    ProcessBuilder pb = new ProcessBuilder(cmd).redirectErrorStream(true);
+    pb.environment().put("GPU_CHECK_BUNDLE", bundle.toString());
+    pb.environment().put("OUT", out.toString());
+    pb.environment().put("LD_LIBRARY_PATH", lib.toString());
+    pb.environment().put("PATH", Paths.get(System.getProperty("java.home"), "bin") + File.pathSeparator
+        + System.getenv("PATH"));
+    return pb;
+  }
+
+  /**
    * {@code run --sanitize} and {@code run --profile} take the sections asked for (stand-in
-   * compute-sanitizer and ncu on PATH record what they were run on); {@code --sanitize sdpa} alone is
-   * exit 2 before anything is written.
+   * compute-sanitizer and ncu on PATH record what they were run on); {@code --sanitize sdpa} alone and
+   * {@code --profile} with {@code ab} are exit 2 before anything is written.
    */
   @Test
   @Timeout(120)
@@ -108,6 +150,9 @@ class GpuCheckScriptTest {
     String before = Files.readString(out.resolve("gpu-check.txt"));
     String refused = runScript(script, bundle, out, path, 2, "run", "--sanitize", "sdpa");
     assertTrue(refused.contains("--sanitize checks our kernels (forward, decode), not PyTorch's (sdpa)"), refused);
+    assertEquals(before, Files.readString(out.resolve("gpu-check.txt")));
+    String noAb = runScript(script, bundle, out, path, 2, "run", "--profile", "forward", "ab");
+    assertTrue(noAb.contains("ab is a plain run's section"), noAb);
     assertEquals(before, Files.readString(out.resolve("gpu-check.txt")));
   }
 
