@@ -43,6 +43,31 @@ class CudaTensorCoreEmulationTest {
   }
 
   /**
+   * The kernel's key-tile scan (find_tile, which decides by warp votes) against the range rule
+   * (any_visible / all_visible of each tile's min and max position) on random positions, query
+   * ranges, masks and tile starts: src/test/cuda/tile_scan_test.cpp, one emulated warp per scan.
+   */
+  @Test
+  @Timeout(300)
+  void keyTileScanAgreesWithTheRangeRule() throws Exception {
+    Path include = CudaDecodeEmulationTest.cudaInclude();
+    assumeTrue(include != null, "no CUDA headers (cuda_fp16.h) here: the host emulation needs them");
+    assumeTrue(CudaDecodeEmulationTest.onPath("g++"), "no g++ on PATH: the host emulation needs it");
+    Path dir = Paths.get("target", "tc-emulation").toAbsolutePath();
+    Files.createDirectories(dir);
+    Path exe = dir.resolve("tile_scan_test");
+    Child gcc = Child.run(new ProcessBuilder("g++", "-std=c++20", "-O1", "-pthread", "-I" + include,
+        "-I" + Paths.get("src", "main", "cuda").toAbsolutePath(), "-I" + Paths.get("src", "test", "cuda").toAbsolutePath(),
+        "-o", exe.toString(), Paths.get("src", "test", "cuda", "tile_scan_test.cpp").toAbsolutePath().toString()), 170);
+    assertEquals(0, gcc.exit(), "g++ failed: " + gcc.output());
+    long seed = Accuracy.seed();
+    Child run = Child.run(new ProcessBuilder(exe.toString(), Long.toUnsignedString(seed), "300"), 120);
+    assertEquals(0, run.exit(), "seed " + seed + " (replay: -Dlongctx.seed=" + seed + "):\n" + run.output());
+    assertTrue(run.output().contains("300 trials, ") && run.output().contains(
+        "seed " + Long.toUnsignedString(seed) + ": 0 failures"), run.output());
+  }
+
+  /**
    * The kernel on the fake device with cp.async copies landing at their wait, at their issue and at
    * random points: each run passes on every case, and all three give the same bits (a race-free
    * kernel's output does not depend on when its copies land).
