@@ -25,9 +25,9 @@
 // visible (no mask work: every key of the tile is below tk and seen by every row) or partial
 // (per-element mask by positions and tk), by warp votes over the tile's key positions that every
 // warp takes itself (find_tile): a skipped tile costs no copy and no barrier. K and V travel in
-// separate cp.async groups, two barriers per tile: S = Q K^T runs while V lands, and the next visible
-// tile's K lands during P V. With a causal mask or a window the last query block (the one that sees the most keys) is
-// launched first. Shared memory is dynamic (Variant::kSmemBytes;
+// separate cp.async groups, two barriers per tile: S = Q K^T runs while V lands, and the next
+// visible tile's K lands during P V. With a causal mask or a window the last query block (the one
+// that sees the most keys) is launched first. Shared memory is dynamic (Variant::kSmemBytes;
 // CudaAttention.tcSmemBytes computes the same).
 
 #include <math_constants.h>

@@ -48,7 +48,9 @@ __device__ __forceinline__ bool visible(long long qp, long long kp, int causal, 
   return (kp <= qp) & within_window(qp, kp, window);
 }
 
-// Whether some query in [qlo, qhi] may see some key in [klo, khi] (false: skip the pair).
+// Whether some query in [qlo, qhi] may see some key in [klo, khi] (false: skip the pair). The tensor-core
+// forward takes this verdict by warp votes over a tile's keys instead (find_tile); tile_scan_test.cpp
+// holds those votes to this function.
 __device__ __forceinline__ bool any_visible(long long qlo, long long qhi, long long klo, long long khi, int causal,
                                             long long window) {
   if (!causal && window <= 0) return true;

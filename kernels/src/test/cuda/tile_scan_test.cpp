@@ -71,7 +71,9 @@ int main(int argc, char** argv) {
     }
     // Query ranges anywhere around the keys, or starting or ending exactly at (or next to) one of
     // them, often a tile's first, where a rule's < against <= shows.
-    auto near_key = [&] { return kp[uni(0, 1) ? uni(0, (tk - 1) / tc::kKeys) * tc::kKeys : uni(0, tk - 1)] + uni(-1, 1); };
+    auto near_key = [&] {
+      return kp[uni(0, 1) ? uni(0, (tk - 1) / tc::kKeys) * tc::kKeys : uni(0, tk - 1)] + uni(-1, 1);
+    };
     const long long qa = uni(0, 1) ? near_key() : kp[0] + uni(-tk / 2, 2 * tk);
     const long long qb = uni(0, 1) ? qa : uni(0, 1) ? near_key() : qa + uni(0, tk);
     const long long qlo = std::min(qa, qb), qhi = std::max(qa, qb);
@@ -89,8 +91,8 @@ int main(int argc, char** argv) {
       for (int l = 0; l < 32; l++) {
         if (got[l].j0 != want.j0 || (want.j0 < tk && got[l].vis != want.vis)) {
           if (failures++ < 5) {
-            std::printf("MISMATCH trial %d lane %d: tk %d pattern %d base %lld q [%lld, %lld] causal %d window %lld j0 %d:"
-                        " find_tile (%d, %d), range rule (%d, %d)\n",
+            std::printf("MISMATCH trial %d lane %d: tk %d pattern %d base %lld q [%lld, %lld] causal %d window %lld"
+                        " j0 %d: find_tile (%d, %d), range rule (%d, %d)\n",
                         trial, l, tk, pattern, base, qlo, qhi, causal, window, j0, got[l].j0, got[l].vis, want.j0,
                         want.vis);
           }

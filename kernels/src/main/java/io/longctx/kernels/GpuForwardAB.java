@@ -165,7 +165,8 @@ public final class GpuForwardAB {
   /** Every build on each timing shape, two alternating rounds; ratios against this build's faster round. */
   static void time(CudaAttention cuda, List<Build> builds, SplittableRandom rng, CheckReport report, boolean smoke) {
     report.line("");
-    report.line("| build | B | H | T | D | causal | ms, round 1 / 2 (median of 10 each) | TFLOP/s (faster round) | this build's ms / its ms |");
+    report.line("| build | B | H | T | D | causal | ms, round 1 / 2 (median of 10 each) | TFLOP/s (faster round)"
+        + " | this build's ms / its ms |");
     report.line("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     int b = 1, h = smoke ? 2 : 16;
     for (int t : smoke ? new int[] {128} : new int[] {4096, 8192, 16384}) {
