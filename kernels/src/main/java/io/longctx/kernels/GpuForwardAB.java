@@ -108,7 +108,7 @@ public final class GpuForwardAB {
       String head = "| " + f[0] + " | " + (f.length > 1 ? f[1] : "?") + " | " + (f.length > 2 ? f[2] : "") + " | ";
       Path file = dir.resolve(f[0] + ".fatbin");
       if (!Files.isRegularFile(file)) {
-        report.errorRow(head + "no " + file + " (was commit " + (f.length > 1 ? f[1] : "?")
+        report.errorRow(head + "ERROR: no " + file + " (was commit " + (f.length > 1 ? f[1] : "?")
             + " in the clone that made the bundle?) |");
         continue;
       }
