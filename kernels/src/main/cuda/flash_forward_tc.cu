@@ -54,17 +54,23 @@ struct Variant {
 };
 
 // Copies rows [row0, row0 + ROWS) of a [rows, D] matrix into shared memory (row stride D + 8), NT
-// threads sharing the work; rows at or past `valid` are zero.
+// threads sharing the work; rows at or past `valid` are zero. Thread t copies the 16-byte chunk
+// t % kChunks of rows t / kChunks + i NT / kChunks: its addresses are one 64-bit base and constant
+// offsets (one wide multiply per tile, not one per chunk).
 template <typename T, int D, int NT, int ROWS = kKeys>
 __device__ __forceinline__ void load_tile(T* smem, const T* g, int row0, int valid) {
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  for (int idx = threadIdx.x; idx < ROWS * kChunks; idx += NT) {
-    int r = idx / kChunks, c = idx % kChunks;
-    T* dst = smem + r * (D + 8) + c * 8;
-    if (row0 + r < valid) {
-      cp_async16(dst, g + (long long)(row0 + r) * D + c * 8);
+  constexpr int kChunks = D / 8;            // 16-byte chunks per row
+  constexpr int kRowStep = NT / kChunks;    // rows between one thread's chunks
+  static_assert(NT % kChunks == 0 && ROWS % kRowStep == 0, "whole rows per pass, whole passes per tile");
+  const int r0 = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
+  const T* src = g + ((long long)row0 + r0) * D + c * 8;
+  T* dst = smem + r0 * (D + 8) + c * 8;
+#pragma unroll
+  for (int i = 0; i < ROWS / kRowStep; i++) {
+    if (row0 + r0 + i * kRowStep < valid) {
+      cp_async16(dst + i * kRowStep * (D + 8), src + i * kRowStep * D);
     } else {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(dst + i * kRowStep * (D + 8)) = make_uint4(0, 0, 0, 0);
     }
   }
 }
