@@ -25,21 +25,10 @@ class CudaTensorCoreEmulationTest {
   @Test
   @Timeout(300)
   void emulatedLdmatrixAndMmaMatchTheFragmentTablesAndAMatmul() throws Exception {
-    Path include = CudaDecodeEmulationTest.cudaInclude();
-    assumeTrue(include != null, "no CUDA headers (cuda_fp16.h) here: the host emulation needs them");
-    assumeTrue(CudaDecodeEmulationTest.onPath("g++"), "no g++ on PATH: the host emulation needs it");
-    Path dir = Paths.get("target", "tc-emulation").toAbsolutePath();
-    Files.createDirectories(dir);
-    Path exe = dir.resolve("tc_emulation_test");
-    Child gcc = Child.run(new ProcessBuilder("g++", "-std=c++20", "-O1", "-pthread", "-I" + include,
-        "-I" + Paths.get("src", "main", "cuda").toAbsolutePath(), "-I" + Paths.get("src", "test", "cuda").toAbsolutePath(),
-        "-o", exe.toString(), Paths.get("src", "test", "cuda", "tc_emulation_test.cpp").toAbsolutePath().toString()), 170);
-    assertEquals(0, gcc.exit(), "g++ failed: " + gcc.output());
     long seed = Accuracy.seed();
-    Child run = Child.run(new ProcessBuilder(exe.toString(), Long.toUnsignedString(seed), "16"), 60);
-    assertEquals(0, run.exit(), "seed " + seed + " (replay: -Dlongctx.seed=" + seed + "):\n" + run.output());
-    assertTrue(run.output().contains("16 trials x 2 types x 8 warps, seed " + Long.toUnsignedString(seed) + ": 0 failures"),
-        run.output());
+    String out = runHostTest("tc_emulation_test", seed, 16, 60);
+    assertTrue(out.contains("16 trials x 2 types x 8 warps, seed " + Long.toUnsignedString(seed) + ": 0 failures"),
+        out);
   }
 
   /**
@@ -50,21 +39,32 @@ class CudaTensorCoreEmulationTest {
   @Test
   @Timeout(300)
   void keyTileScanAgreesWithTheRangeRule() throws Exception {
+    long seed = Accuracy.seed();
+    String out = runHostTest("tile_scan_test", seed, 300, 120);
+    assertTrue(out.contains("300 trials, ") && out.contains("seed " + Long.toUnsignedString(seed) + ": 0 failures"),
+        out);
+  }
+
+  /**
+   * Builds src/test/cuda/{@code name}.cpp against the emulation and the kernel sources, runs it with
+   * {@code SEED TRIALS}, asserts exit status 0 (the seed to replay in the message) and returns its
+   * output; skips the test without g++ or the CUDA headers.
+   */
+  private static String runHostTest(String name, long seed, int trials, int seconds) throws Exception {
     Path include = CudaDecodeEmulationTest.cudaInclude();
     assumeTrue(include != null, "no CUDA headers (cuda_fp16.h) here: the host emulation needs them");
     assumeTrue(CudaDecodeEmulationTest.onPath("g++"), "no g++ on PATH: the host emulation needs it");
-    Path dir = Paths.get("target", "tc-emulation").toAbsolutePath();
-    Files.createDirectories(dir);
-    Path exe = dir.resolve("tile_scan_test");
+    Path dir = Files.createDirectories(Paths.get("target", "tc-emulation").toAbsolutePath());
+    Path exe = dir.resolve(name);
     Child gcc = Child.run(new ProcessBuilder("g++", "-std=c++20", "-O1", "-pthread", "-I" + include,
-        "-I" + Paths.get("src", "main", "cuda").toAbsolutePath(), "-I" + Paths.get("src", "test", "cuda").toAbsolutePath(),
-        "-o", exe.toString(), Paths.get("src", "test", "cuda", "tile_scan_test.cpp").toAbsolutePath().toString()), 170);
+        "-I" + Paths.get("src", "main", "cuda").toAbsolutePath(),
+        "-I" + Paths.get("src", "test", "cuda").toAbsolutePath(),
+        "-o", exe.toString(), Paths.get("src", "test", "cuda", name + ".cpp").toAbsolutePath().toString()), 170);
     assertEquals(0, gcc.exit(), "g++ failed: " + gcc.output());
-    long seed = Accuracy.seed();
-    Child run = Child.run(new ProcessBuilder(exe.toString(), Long.toUnsignedString(seed), "300"), 120);
+    Child run = Child.run(new ProcessBuilder(exe.toString(), Long.toUnsignedString(seed), String.valueOf(trials)),
+        seconds);
     assertEquals(0, run.exit(), "seed " + seed + " (replay: -Dlongctx.seed=" + seed + "):\n" + run.output());
-    assertTrue(run.output().contains("300 trials, ") && run.output().contains(
-        "seed " + Long.toUnsignedString(seed) + ": 0 failures"), run.output());
+    return run.output();
   }
 
   /**
