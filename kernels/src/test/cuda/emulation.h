@@ -247,25 +247,20 @@ inline float __shfl_xor_sync(unsigned, float x, int off) {
   return y;
 }
 
-inline int __any_sync(unsigned, int pred) {
+namespace emu {
+// The warp's predicates as a 32-bit mask (bit l: lane l), through the per-warp slots; the votes below.
+inline unsigned ballot(int pred) {
   int w = emu::warp(), l = emu::lane();
   emu::uslot[w][l] = pred ? 1u : 0u;
   emu::warp_barrier[w]->arrive_and_wait();
-  int any = 0;
-  for (int i = 0; i < 32; i++) any |= emu::uslot[w][i];
+  unsigned bits = 0;
+  for (int i = 0; i < 32; i++) bits |= emu::uslot[w][i] << i;
   emu::warp_barrier[w]->arrive_and_wait();
-  return any;
+  return bits;
 }
-
-inline int __all_sync(unsigned, int pred) {
-  int w = emu::warp(), l = emu::lane();
-  emu::uslot[w][l] = pred ? 1u : 0u;
-  emu::warp_barrier[w]->arrive_and_wait();
-  int all = 1;
-  for (int i = 0; i < 32; i++) all &= emu::uslot[w][i];
-  emu::warp_barrier[w]->arrive_and_wait();
-  return all;
-}
+}  // namespace emu
+inline int __any_sync(unsigned, int pred) { return emu::ballot(pred) != 0u; }
+inline int __all_sync(unsigned, int pred) { return emu::ballot(pred) == 0xffffffffu; }
 
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
   std::lock_guard<std::mutex> g(emu::atomic_mutex);

@@ -181,7 +181,13 @@ public final class GpuCheck {
 
   static AttentionState run(CudaAttention cuda, CudaAttention.DType type, Tensor q, Tensor k, Tensor v, long[] qPos,
       AttentionOptions opt, int rowsPerWarp) {
-    float[][] out = cuda.forwardArrays(q, k, v, qPos, null, opt, type, rowsPerWarp);
+    return run(cuda, type, q, k, v, qPos, opt, rowsPerWarp, null);
+  }
+
+  /** The same on another build's kernel when {@code other} is not null ({@link GpuForwardAB}). */
+  static AttentionState run(CudaAttention cuda, CudaAttention.DType type, Tensor q, Tensor k, Tensor v, long[] qPos,
+      AttentionOptions opt, int rowsPerWarp, CudaAttention.OtherBuildKernel other) {
+    float[][] out = cuda.forwardArrays(q, k, v, qPos, null, opt, type, rowsPerWarp, other);
     int rows = q.batch() * q.tokens();
     // Not AttentionState.of on NaN (the device's poison where the kernel wrote nothing): that must
     // show as a failed check, not an exception.

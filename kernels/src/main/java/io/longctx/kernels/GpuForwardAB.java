@@ -140,15 +140,10 @@ public final class GpuForwardAB {
           String head = String.format(Locale.ROOT, "| %s | [%d,%d/%d,%d,%d,%d] | %s | ", b.label(), sh[0], sh[1], sh[2],
               sh[3], sh[4], DIM, GpuCheck.maskName(opt));
           try {
-            float[][] out = cuda.forwardArrays(q, k, v, qPos, null, opt, TYPE, ROWS_PER_WARP, b.kernel());
-            boolean unwritten = false;
-            for (float x : out[1]) {
-              unwritten |= Float.isNaN(x); // the poison: an entry the kernel did not write
-            }
-            String bad = unwritten ? "an lse entry was never written (NaN poison left)"
-                : Tolerance.violationRoundedP(out[0], out[1], ref, naive);
-            report.row(head + (unwritten ? "" : Tolerance.errors(out[0], out[1], ref)) + " | "
-                + (bad == null ? "pass" : "FAIL: " + bad) + " |", bad == null);
+            AttentionState got = GpuCheck.run(cuda, TYPE, q, k, v, qPos, opt, ROWS_PER_WARP, b.kernel());
+            String bad = Tolerance.violationRoundedP(got.o(), got.lse(), ref, naive);
+            report.row(head + Tolerance.errors(got.o(), got.lse(), ref) + " | " + (bad == null ? "pass" : "FAIL: " + bad)
+                + " |", bad == null);
           } catch (RuntimeException | OutOfMemoryError e) {
             report.errorRow(head + " | " + CheckReport.errorText(e) + " |");
             String lost = CheckReport.contextLost(e);

@@ -102,14 +102,20 @@ class GpuCheckScriptTest {
 
   /** bin/gpu-check with the given arguments on the fake libcuda in {@code lib}. */
   private static ProcessBuilder fakeDeviceRun(Path script, Path lib, Path bundle, Path out, String... args) {
+    ProcessBuilder pb = scriptRun(script, bundle, out, Paths.get(System.getProperty("java.home"), "bin")
+        + File.pathSeparator + System.getenv("PATH"), args);
+    pb.environment().put("LD_LIBRARY_PATH", lib.toString());
+    return pb;
+  }
+
+  /** bin/gpu-check with the given arguments, bundle, results folder and PATH. */
+  private static ProcessBuilder scriptRun(Path script, Path bundle, Path out, String path, String... args) {
     List<String> cmd = new java.util.ArrayList<>(List.of("bash", script.toString()));
     cmd.addAll(List.of(args));
     ProcessBuilder pb = new ProcessBuilder(cmd).redirectErrorStream(true);
     pb.environment().put("GPU_CHECK_BUNDLE", bundle.toString());
     pb.environment().put("OUT", out.toString());
-    pb.environment().put("LD_LIBRARY_PATH", lib.toString());
-    pb.environment().put("PATH", Paths.get(System.getProperty("java.home"), "bin") + File.pathSeparator
-        + System.getenv("PATH"));
+    pb.environment().put("PATH", path);
     return pb;
   }
 
@@ -159,13 +165,7 @@ class GpuCheckScriptTest {
   /** Runs bin/gpu-check with the given arguments; asserts its exit status and returns its output. */
   private static String runScript(Path script, Path bundle, Path out, String path, int exit, String... args)
       throws Exception {
-    List<String> cmd = new java.util.ArrayList<>(List.of("bash", script.toString()));
-    cmd.addAll(List.of(args));
-    ProcessBuilder pb = new ProcessBuilder(cmd).redirectErrorStream(true);
-    pb.environment().put("GPU_CHECK_BUNDLE", bundle.toString());
-    pb.environment().put("OUT", out.toString());
-    pb.environment().put("PATH", path);
-    Child p = Child.run(pb, 60);
+    Child p = Child.run(scriptRun(script, bundle, out, path, args), 60);
     assertEquals(exit, p.exit(), String.join(" ", args) + ":\n" + p.output());
     return p.output();
   }
