@@ -54,24 +54,25 @@ struct Variant {
 };
 
 // Copies rows [row0, row0 + ROWS) of a [rows, D] matrix into shared memory (row stride D + 8), NT
-// threads sharing the work; rows at or past `valid` are zero. Thread t copies the 16-byte chunk
-// t % kChunks of rows t / kChunks + i NT / kChunks: its addresses are one 64-bit base and constant
-// offsets (one wide multiply per tile, not one per chunk).
+// threads sharing the work; rows at or past `valid` (a sequence's last tile) repeat row valid - 1, a
+// real row: a Q row past tq is never written out, and a key past tk is masked (a tile holding one is
+// never kAll), so its P is 0, as for the tile's other masked keys. Thread t copies the 16-byte
+// chunk t % kChunks of rows t / kChunks + i NT / kChunks. Every chunk is a cp.async: zeroing the rows
+// past `valid` instead (a shared store under a per-row test) made ptxas compute each chunk's address
+// under its own predicate, about 10 integer instructions a chunk, 16 chunks a tile per thread; a
+// separate path for whole tiles, as cheap as this in the loop, cost the m32 D 128 kernel 124 bytes of
+// register spills (sm_90a).
 template <typename T, int D, int NT, int ROWS = kKeys>
 __device__ __forceinline__ void load_tile(T* smem, const T* g, int row0, int valid) {
   constexpr int kChunks = D / 8;            // 16-byte chunks per row
   constexpr int kRowStep = NT / kChunks;    // rows between one thread's chunks
   static_assert(NT % kChunks == 0 && ROWS % kRowStep == 0, "whole rows per pass, whole passes per tile");
   const int r0 = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
-  const T* src = g + ((long long)row0 + r0) * D + c * 8;
   T* dst = smem + r0 * (D + 8) + c * 8;
 #pragma unroll
   for (int i = 0; i < ROWS / kRowStep; i++) {
-    if (row0 + r0 + i * kRowStep < valid) {
-      cp_async16(dst + i * kRowStep * (D + 8), src + i * kRowStep * D);
-    } else {
-      *reinterpret_cast<uint4*>(dst + i * kRowStep * (D + 8)) = make_uint4(0, 0, 0, 0);
-    }
+    const int row = min(row0 + r0 + i * kRowStep, valid - 1);
+    cp_async16(dst + i * kRowStep * (D + 8), g + (long long)row * D + c * 8);
   }
 }
 

@@ -48,10 +48,15 @@ int cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n, void*, int, size_t) { *n
 int cuStreamCreate(void** s, unsigned int) { *s = &fake_handle; return 0; }
 int cuStreamDestroy_v2(void*) { return 0; }
 int cuStreamSynchronize(void*) { return 0; }
+// Past each allocation's end lie kGuardBytes of all-ones bits, NaN in every float type: a kernel that
+// reads past the end of an input (a tile's rows past the sequence, say) turns results into NaN, where a
+// GPU might have read a neighbour's finite values, or faulted.
+constexpr size_t kGuardBytes = 64 << 10;
 int cuMemAlloc_v2(CUdeviceptr_t* p, size_t bytes) {
-  void* m = std::malloc(bytes);
+  void* m = std::malloc(bytes + kGuardBytes);
   if (!m) return 2;  // CUDA_ERROR_OUT_OF_MEMORY
   std::memset(m, 0x5a, bytes);  // garbage, as device memory would be
+  std::memset(static_cast<char*>(m) + bytes, 0xff, kGuardBytes);
   *p = reinterpret_cast<CUdeviceptr_t>(m);
   return 0;
 }
