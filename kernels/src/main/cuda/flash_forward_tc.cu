@@ -26,8 +26,8 @@
 // (per-element mask by positions and tk), by warp votes over the tile's key positions that every
 // warp takes itself (find_tile): a skipped tile costs no copy and no barrier. K and V travel in
 // separate cp.async groups, two barriers per tile: S = Q K^T runs while V lands, and the next
-// visible tile's K lands during P V. With a causal mask or a window the last query block (the one
-// that sees the most keys) is launched first. Shared memory is dynamic (Variant::kSmemBytes;
+// visible tile's K lands during P V. With a causal mask or a window the query blocks that see the most
+// keys are launched first, over all heads. Shared memory is dynamic (Variant::kSmemBytes;
 // CudaAttention.tcSmemBytes computes the same).
 
 #include <math_constants.h>
@@ -140,12 +140,27 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
   // With a causal mask (a window is one-sided too) the last query block sees the most keys when
-  // positions rise along the sequence, as they do in a prefill. Blocks start roughly in blockIdx.x
-  // order, so blockIdx.x 0 takes the last block: the longest blocks start first and the short ones
-  // fill the tail of the last wave (longest-first scheduling), instead of a few long blocks
-  // running alone at the end.
-  const int qb = causal || window > 0 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int b = blockIdx.z, h = blockIdx.y, q0 = qb * kRows;
+  // positions rise along the sequence, as they do in a prefill. Blocks start roughly in the order of
+  // their linear index (x fastest), so that index is dealt out longest first over the whole grid:
+  // the last query block of every (batch, head), then the one before it, and so on. The short blocks
+  // then fill the tail of the last wave (longest-processing-time-first scheduling) instead of a few
+  // long ones running alone at the end. Reversing blockIdx.x alone (before 2026-11-26, seventh
+  // session) did that per head only: the heads launched in a later wave started their long blocks
+  // late; in a model of the launch (264 block slots, an H200's 132 SMs x 2, B 1, H 16, causal) the
+  // last block ended at 1.6x the ideal at T 4096, 1.3x at 8192 and 1.1x at 16384, against 1.0x now.
+  int qb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  if (causal || window > 0) {
+    const unsigned long long heads_batch = (unsigned long long)gridDim.y * gridDim.z;
+    const unsigned long long linear = blockIdx.x + gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z);
+    qb = gridDim.x - 1 - (int)(linear / heads_batch);
+    h = (int)(linear % heads_batch % gridDim.y);
+    b = (int)(linear % heads_batch / gridDim.y);
+  }
+  const int q0 = qb * kRows;
+  // b and h wait for the output in local memory: once they are no longer blockIdx (which the output
+  // code reread for free), keeping them in registers across the tile loop spilled the m32 D 128
+  // kernel's loop state (sm_90a: 100 / 128 bytes, 14 local accesses per tile).
+  volatile int out_b = b, out_h = h;
   const int kvh = h / (heads / kv_heads);
   const T* qg = q + ((long long)b * heads + h) * tq * D;
   const T* kg = k + ((long long)b * kv_heads + kvh) * tk * D;
@@ -379,7 +394,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const int t = wrow0 + 16 * mb + g + 8 * r;
       if (t >= tq) continue;
-      const long long out = ((long long)b * tq + t) * heads + h;
+      const long long out = ((long long)out_b * tq + t) * heads + out_h;
       const float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
       for (int nd = 0; nd < D / 8; nd++) {
