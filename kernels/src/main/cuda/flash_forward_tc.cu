@@ -54,10 +54,11 @@ struct Variant {
 };
 
 // Copies rows [row0, row0 + ROWS) of a [rows, D] matrix into shared memory (row stride D + 8), NT
-// threads sharing the work; rows at or past `valid` (a sequence's last tile) repeat row valid - 1, a
-// real row: a Q row past tq is never written out, and a key past tk is masked (a tile holding one is
-// never kAll), so its P is 0, as for the tile's other masked keys. Thread t copies the 16-byte
-// chunk t % kChunks of rows t / kChunks + i NT / kChunks. Every chunk is a cp.async: zeroing the rows
+// threads sharing the work (valid > row0: a copied tile starts at a real row); rows at or past
+// `valid` (in a sequence's last tile) repeat row valid - 1: a Q row past tq is never written out,
+// and a key past tk is masked (a tile holding one is never kAll), so its P is 0, as for the tile's
+// other masked keys. Thread t copies the 16-byte chunk t % kChunks of rows t / kChunks + i NT /
+// kChunks. Every chunk is a cp.async: zeroing the rows
 // past `valid` instead (a shared store under a per-row test) made ptxas compute each chunk's address
 // under its own predicate, about 10 integer instructions a chunk, 16 chunks a tile per thread; a
 // separate path for whole tiles, as cheap as this in the loop, cost the m32 D 128 kernel 124 bytes of
@@ -147,11 +148,13 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   // long ones running alone at the end. Reversing blockIdx.x alone (before 2026-11-26, seventh
   // session) did that per head only: the heads launched in a later wave started their long blocks
   // late; in a model of the launch (264 block slots, an H200's 132 SMs x 2, B 1, H 16, causal) the
-  // last block ended at 1.6x the ideal at T 4096, 1.3x at 8192 and 1.1x at 16384, against 1.0x now.
+  // last block ended at 1.6x the ideal at T 4096, 1.3x at 8192 and 1.1x at 16384, against 1.0x now
+  // (kernels/src/gpu/launch-order-model.py).
   int qb = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   if (causal || window > 0) {
     const unsigned long long heads_batch = (unsigned long long)gridDim.y * gridDim.z;
-    const unsigned long long linear = blockIdx.x + gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z);
+    const unsigned long long linear =
+        blockIdx.x + gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z);
     qb = gridDim.x - 1 - (int)(linear / heads_batch);
     h = (int)(linear % heads_batch % gridDim.y);
     b = (int)(linear % heads_batch / gridDim.y);
