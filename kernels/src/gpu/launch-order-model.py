@@ -20,11 +20,18 @@ def makespan(durations, slots):
     return end
 
 
+def positive(text):
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive count, got {text}")
+    return n
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--slots", type=int, default=264)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--slots", type=positive, default=264)
+    ap.add_argument("--heads", type=positive, default=16)
+    ap.add_argument("--batch", type=positive, default=1)
     a = ap.parse_args()
     hb = a.heads * a.batch
     print("T       ideal  per-head longest first  grid longest first")
