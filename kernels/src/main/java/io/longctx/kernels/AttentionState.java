@@ -45,8 +45,8 @@ public final class AttentionState {
 
   /**
    * Wraps arrays in our own convention (natural-log lse, -inf for no keys) without copying. NaN
-   * anywhere or an lse of +inf is rejected with the row and head named; use {@link #fromForeign}
-   * for producers that write +inf for empty rows or base-2 lse.
+   * anywhere, an infinite o or an lse of +inf is rejected with the row and head named; use {@link
+   * #fromForeign} for producers that write +inf for empty rows or base-2 lse.
    */
   public static AttentionState of(float[] o, float[] lse, int rows, int heads, int dim) {
     AttentionState s = wrap(o, lse, rows, heads, dim);
@@ -124,8 +124,9 @@ public final class AttentionState {
             + ": our states use -Infinity for 'no keys'; convert foreign states with AttentionState.fromForeign");
       }
       for (int d = i * dim, end = d + dim; d < end; d++) {
-        if (Float.isNaN(o[d])) {
-          throw nanError(i, "o");
+        if (!Float.isFinite(o[d])) { // an output is a weighted mean of values: finite, or the producer overflowed
+          throw new IllegalArgumentException(o[d] + " in attention state o at row " + i / heads + ", head " + i % heads
+              + ", dim " + (d - i * dim));
         }
       }
     }
@@ -271,8 +272,11 @@ public final class AttentionState {
     for (int d = 0; d < dim; d++) {
       float x = aO[ao + d];
       float y = bO[bo + d];
-      if (x != x || y != y) {
-        throw new IllegalArgumentException("cannot merge attention state entry " + p + ": NaN in o at dim " + d);
+      // Infinite o is refused as NaN is: a weight of 0 (lse far below the other's) times inf, or +inf
+      // beside -inf, would write NaN without a word.
+      if (!Float.isFinite(x) || !Float.isFinite(y)) {
+        throw new IllegalArgumentException("cannot merge attention state entry " + p + ": "
+            + (Float.isFinite(x) ? y : x) + " in o at dim " + d);
       }
       outO[oo + d] = (float) (wa * x + wb * y);
     }

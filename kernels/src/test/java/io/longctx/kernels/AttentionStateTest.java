@@ -223,6 +223,35 @@ class AttentionStateTest {
   }
 
   /**
+   * An infinite o is refused like NaN, when a state is made and when raw arrays merge: merged, it
+   * gave NaN without a word (inf times a weight of 0 when its lse is far below the other's, or +inf
+   * beside -inf).
+   */
+  @Test
+  void infiniteOIsRejectedNamingWhere() {
+    float[] o = new float[2 * 3 * 4];
+    o[5 * 4 + 3] = Float.POSITIVE_INFINITY; // row 1, head 2, dim 3
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> AttentionState.of(o, new float[2 * 3], 2, 3, 4));
+    assertTrue(e.getMessage().contains("Infinity in attention state o at row 1, head 2, dim 3"), e.getMessage());
+    e = assertThrows(IllegalArgumentException.class, () -> AttentionState.fromForeign(o, new float[2 * 3], 2, 3, 4,
+        AttentionState.LseBase.E));
+    assertTrue(e.getMessage().contains("row 1, head 2, dim 3"), e.getMessage());
+    float[][] cases = { // o of a, lse of a, o of b, lse of b
+        {Float.POSITIVE_INFINITY, 1f, 0f, 2f, 3f, 1000f}, // weight of a underflows to 0: 0 * inf
+        {Float.POSITIVE_INFINITY, 1f, 0f, Float.NEGATIVE_INFINITY, 3f, 0f}, // +inf beside -inf
+        {1f, 2f, 0f, 3f, Float.NEGATIVE_INFINITY, 5f}};
+    for (float[] c : cases) {
+      float[] outO = new float[2], outL = new float[1];
+      e = assertThrows(IllegalArgumentException.class, () -> AttentionState.mergeInto(new float[] {c[0], c[1]},
+          new float[] {c[2]}, 0, new float[] {c[3], c[4]}, new float[] {c[5]}, 0, outO, outL, 0, 1, 2));
+      int dim = Float.isFinite(c[0]) && Float.isFinite(c[3]) ? 1 : 0;
+      assertTrue(e.getMessage().contains("entry 0: " + (Float.isFinite(c[0]) ? c[dim + 3] : c[0]) + " in o at dim " + dim),
+          e.getMessage());
+    }
+  }
+
+  /**
    * The merge's o loop is the scalar formula, bit for bit, at dims around vector widths, and a NaN
    * is named by its dim: any faster form of the loop must keep both.
    */
