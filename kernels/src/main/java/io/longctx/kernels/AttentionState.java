@@ -179,11 +179,13 @@ public final class AttentionState {
   /**
    * The merge on raw arrays, for callers that keep states in their own buffers (the Spark
    * aggregator): merges {@code pairs} consecutive (row, head) entries of a (starting at entry
-   * {@code aAt}) with those of b (at {@code bAt}) into out (at {@code outAt}). out may alias a or
-   * b. Rejects NaN and +inf lse, naming the entry. The lse is rounded to float32 once per merge.
+   * {@code aAt}) with those of b (at {@code bAt}) into out (at {@code outAt}). out may be a or b at
+   * the same entry (in place); any other overlap, and ranges past an array's end, are rejected.
+   * Rejects NaN and +inf lse, naming the entry. The lse is rounded to float32 once per merge.
    */
   public static void mergeInto(float[] aO, float[] aL, int aAt, float[] bO, float[] bL, int bAt,
       float[] outO, float[] outL, int outAt, int pairs, int dim) {
+    checkRanges(aO, aL, aL.length, aAt, bO, bL, bL.length, bAt, outO, outL, outL.length, outAt, pairs, dim);
     for (int p = 0; p < pairs; p++) {
       outL[outAt + p] = (float) mergeEntry(aO, aL[aAt + p], (aAt + p) * dim, bO, bL[bAt + p], (bAt + p) * dim,
           outO, (outAt + p) * dim, dim, p);
@@ -199,9 +201,42 @@ public final class AttentionState {
    */
   static void mergeInto(float[] aO, double[] aL, int aAt, float[] bO, double[] bL, int bAt,
       float[] outO, double[] outL, int outAt, int pairs, int dim) {
+    checkRanges(aO, aL, aL.length, aAt, bO, bL, bL.length, bAt, outO, outL, outL.length, outAt, pairs, dim);
     for (int p = 0; p < pairs; p++) {
       outL[outAt + p] = mergeEntry(aO, aL[aAt + p], (aAt + p) * dim, bO, bL[bAt + p], (bAt + p) * dim,
           outO, (outAt + p) * dim, dim, p);
+    }
+  }
+
+  /**
+   * The raw merge's preconditions: entries in range in every array, and out either apart from a and
+   * b or on them entry for entry (an entry is read whole before it is written, so in place works;
+   * shifted, out would overwrite entries not yet read).
+   */
+  private static void checkRanges(float[] aO, Object aL, int aLen, int aAt, float[] bO, Object bL, int bLen, int bAt,
+      float[] outO, Object outL, int outLen, int outAt, int pairs, int dim) {
+    if (pairs < 0 || dim < 1) {
+      throw new IllegalArgumentException("mergeInto needs pairs >= 0 and dim >= 1, got pairs=" + pairs + " dim=" + dim);
+    }
+    checkRange("a", aO.length, aLen, aAt, pairs, dim);
+    checkRange("b", bO.length, bLen, bAt, pairs, dim);
+    checkRange("out", outO.length, outLen, outAt, pairs, dim);
+    for (int i = 0; i < 2; i++) {
+      Object xO = i == 0 ? aO : bO, xL = i == 0 ? aL : bL;
+      int xAt = i == 0 ? aAt : bAt;
+      if ((xO == outO || xL == outL) && xAt != outAt && Math.abs((long) xAt - outAt) < pairs) {
+        throw new IllegalArgumentException("mergeInto: out (entries " + outAt + ".." + ((long) outAt + pairs)
+            + ") overlaps " + (i == 0 ? "a" : "b") + " (entries " + xAt + ".." + ((long) xAt + pairs)
+            + ") at another entry; in place it must start at the same entry");
+      }
+    }
+  }
+
+  private static void checkRange(String name, int oLength, int lseLength, int at, int pairs, int dim) {
+    long end = (long) at + pairs;
+    if (at < 0 || end > lseLength || end * dim > oLength) {
+      throw new IllegalArgumentException("mergeInto: entries " + at + ".." + end + " of " + name + " (dim " + dim
+          + ") do not fit its arrays: lse of " + lseLength + ", o of " + oLength + " floats");
     }
   }
 
@@ -315,10 +350,15 @@ public final class AttentionState {
   }
 
   public float lse(int row, int head) {
-    return lse[row * heads + head];
+    return lse[entry(row, head)];
   }
 
   public float o(int row, int head, int d) {
-    return o[(row * heads + head) * dim + d];
+    return o[entry(row, head) * dim + java.util.Objects.checkIndex(d, dim)];
+  }
+
+  /** Index of (row, head); an index out of the shape is an error, not a neighbour's entry. */
+  private int entry(int row, int head) {
+    return java.util.Objects.checkIndex(row, rows) * heads + java.util.Objects.checkIndex(head, heads);
   }
 }

@@ -316,7 +316,7 @@ public final class CpuAttention implements AttentionBackend {
     if (splitLen < 1) {
       throw new IllegalArgumentException("splitLen must be >= 1, got " + splitLen);
     }
-    int splits = Math.max(1, (p.tk + splitLen - 1) / splitLen);
+    int splits = p.tk == 0 ? 1 : (p.tk - 1) / splitLen + 1; // not tk + splitLen - 1: that can overflow int
     // Rows of one (batch, kv head): the query heads of its group times the query tokens.
     int groupRows = p.group * p.tq;
     int bq = groupRows <= TileMath.GROUP ? TileMath.GROUP : blockQ;
@@ -471,10 +471,45 @@ public final class CpuAttention implements AttentionBackend {
       this.dim = q.dim();
       this.rows = Math.multiplyExact(batch, tq);
       Math.multiplyExact(Math.multiplyExact(rows, heads), dim);
-      double scale = opt.scaleFor(dim);
       // The scale (divided by the softcap when capping) multiplies each finished q.k (TileWorker).
       this.softcap = opt.softcap();
-      this.qScale = (float) (softcap > 0 ? scale / softcap : scale);
+      this.qScale = scoreScale(opt, dim);
+      if (softcap > 0) {
+        requireFinite(q, "q");
+        requireFinite(k, "k");
+      }
+    }
+
+    /**
+     * The float32 factor of every q.k: the scale, divided by the softcap when capping. Refused when
+     * float32 cannot hold it as a normal number: 0 would make every score 0, a subnormal loses bits,
+     * and infinity turns 0 scores into NaN.
+     */
+    static float scoreScale(AttentionOptions opt, int dim) {
+      double scale = opt.scaleFor(dim);
+      double f = opt.softcap() > 0 ? scale / opt.softcap() : scale;
+      if (!(Math.abs(f) >= Float.MIN_NORMAL && Math.abs(f) <= Float.MAX_VALUE)) {
+        throw new IllegalArgumentException("the score scale " + f + " (scale " + scale
+            + (opt.softcap() > 0 ? " / softcap " + opt.softcap() : "") + ") is outside float32's normal range "
+            + Float.MIN_NORMAL + ".." + Float.MAX_VALUE);
+      }
+      return (float) f;
+    }
+
+    /**
+     * With a softcap an infinite q.k becomes a finite score of -cap or +cap, so an Infinity in q or k
+     * would not show in the scores as it does without one: it is looked for in the inputs.
+     */
+    private static void requireFinite(Tensor t, String name) {
+      float[] x = t.data();
+      for (int i = 0; i < x.length; i++) {
+        if (!Float.isFinite(x[i])) {
+          int d = t.dim(), row = i / d, tokens = Math.max(1, t.tokens());
+          throw new IllegalArgumentException(name + " holds " + x[i] + " at batch " + row / tokens / t.heads()
+              + ", head " + row / tokens % t.heads() + ", token " + row % tokens + ", dim " + i % d
+              + ": attention inputs must be finite");
+        }
+      }
     }
   }
 

@@ -222,7 +222,7 @@ public final class CudaDecode {
     }
     long tk = start[kChunks.size()];
     int group = q.heads() / k0.heads();
-    long splits = Math.max(1, (tk + splitLen - 1) / splitLen);
+    long splits = Math.max(1, (tk + splitLen - 1) / splitLen); // long: no overflow
     int dmax = q.dim() <= 128 ? 128 : 256;
     long groupRows = (long) group * q.tokens();
     int maxRows = maxRowsPerCta(q.type(), q.dim());
@@ -350,8 +350,7 @@ public final class CudaDecode {
 
   /** The factor folded into q: the scale, divided by the softcap when capping (s = cap * tanh(q'.k)). */
   static float qscale(AttentionOptions opt, int dim) {
-    double scale = opt.scaleFor(dim);
-    return (float) (opt.softcap() > 0 ? scale / opt.softcap() : scale);
+    return CpuAttention.Problem.scoreScale(opt, dim);
   }
 
   private static void partial(CudaAttention cuda, Plan plan, String name, Workspace ws, CudaAttention.DeviceTensor q,

@@ -37,8 +37,14 @@ public record Tensor(float[] data, int batch, int heads, int tokens, int dim) {
     return x;
   }
 
-  /** Offset of row (b, h, t), i.e. of element (b, h, t, 0). */
+  /**
+   * Offset of row (b, h, t), i.e. of element (b, h, t, 0); t may equal {@code tokens}, the end of
+   * the (b, h) rows. An index out of the shape is an error, not a neighbour's offset.
+   */
   public int offset(int b, int h, int t) {
+    Objects.checkIndex(b, batch);
+    Objects.checkIndex(h, heads);
+    Objects.checkIndex(t, tokens + 1);
     return ((b * heads + h) * tokens + t) * dim;
   }
 

@@ -378,7 +378,8 @@ final class TileWorker {
     int d = p.dim;
     int flaggedRows = 0;
     for (int i = 0; i < rows; i++) {
-      if (um != null && !um.accepts(seenMin[i], seenMax[i])) {
+      // A unified-max row is also recomputed when its sum overflowed (many keys near the upper bound).
+      if (um != null && (!um.accepts(seenMin[i], seenMax[i]) || !Float.isFinite(sum[i]))) {
         flags[i] = true;
         flaggedRows++;
         continue;

@@ -13,11 +13,18 @@ public record UnifiedMax(float phi, float lower, float upper) {
 
   public static final float DEFAULT_LOWER = -40f;
   public static final float DEFAULT_UPPER = 40f;
+  /**
+   * The widest bounds: the kernels' float32 exp flushes results below e^-87.3 to 0 and clamps its
+   * argument at 88 (e^88 < Float.MAX_VALUE), so beyond them an accepted row would get weights of 0
+   * (an empty row) or all the same weight, without a word.
+   */
+  public static final float MIN_LOWER = -87f;
+  public static final float MAX_UPPER = 88f;
 
   public UnifiedMax {
-    if (!Float.isFinite(phi) || !Float.isFinite(lower) || !Float.isFinite(upper) || !(lower < 0 && 0 < upper)) {
-      throw new IllegalArgumentException(
-          "unified max needs finite phi and bounds lower < 0 < upper, got phi=" + phi + " lower=" + lower + " upper=" + upper);
+    if (!Float.isFinite(phi) || !(MIN_LOWER <= lower && lower < 0 && 0 < upper && upper <= MAX_UPPER)) {
+      throw new IllegalArgumentException("unified max needs a finite phi and bounds " + MIN_LOWER + " <= lower < 0 < upper <= "
+          + MAX_UPPER + " (float32 exp's range), got phi=" + phi + " lower=" + lower + " upper=" + upper);
     }
   }
 

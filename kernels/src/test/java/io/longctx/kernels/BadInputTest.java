@@ -46,6 +46,48 @@ class BadInputTest {
     assertMessage(() -> new UnifiedMax(0, 1, 2), "lower < 0 < upper");
   }
 
+  /** Inputs that once gave a wrong answer without a word (a review of 2026-11-27): each refused now, saying where. */
+  @Test
+  void inputsThatOnceAnsweredWrongInSilenceAreRefused() {
+    Tensor q = Tensor.random(rng, 1, 2, 3, 8);
+    Tensor k = Tensor.random(rng, 1, 1, 5, 8);
+    Tensor v = Tensor.random(rng, 1, 1, 5, 8);
+    // Infinity in q or k under a softcap: the infinite score was capped to +-cap, a finite answer.
+    AttentionOptions capped = AttentionOptions.DEFAULT.withSoftcap(30f);
+    q.data()[q.offset(0, 1, 2) + 6] = Float.POSITIVE_INFINITY;
+    assertMessage(() -> cpu.forward(q, k, v, null, null, capped), "q holds Infinity at batch 0, head 1, token 2, dim 6");
+    assertMessage(() -> cpu.decode(q, k, v, null, null, capped, 2), "q holds Infinity at batch 0, head 1, token 2, dim 6");
+    q.data()[q.offset(0, 1, 2) + 6] = 0;
+    k.data()[k.offset(0, 0, 4) + 1] = Float.NEGATIVE_INFINITY;
+    assertMessage(() -> cpu.forward(q, k, v, null, null, capped), "k holds -Infinity at batch 0, head 0, token 4, dim 1");
+    k.data()[k.offset(0, 0, 4) + 1] = 0;
+    // A score scale float32 holds only as 0 or a subnormal: every score was 0 (or lost bits).
+    assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT.withScale(1e-8).withSoftcap(1e38f)),
+        "score scale", "softcap", "normal range");
+    assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT.withScale(2e-40)), "score scale");
+    // Unified-max bounds past float32 exp's range: every weight e^88, or all 0 (an empty row).
+    assertMessage(() -> new UnifiedMax(0f, -40f, 200f), "upper <= 88");
+    assertMessage(() -> new UnifiedMax(95f, -1000f, 40f), "-87.0 <= lower");
+    // Indexes out of the shape read a neighbour's entry.
+    AttentionState st = AttentionState.empty(2, 2, 3);
+    assertThrows(IndexOutOfBoundsException.class, () -> st.lse(0, 2));
+    assertThrows(IndexOutOfBoundsException.class, () -> st.lse(-1, 1));
+    assertThrows(IndexOutOfBoundsException.class, () -> st.o(0, 0, 3));
+    assertThrows(IndexOutOfBoundsException.class, () -> st.o(2, 0, 0));
+    assertThrows(IndexOutOfBoundsException.class, () -> q.offset(0, 2, 0));
+    assertThrows(IndexOutOfBoundsException.class, () -> q.offset(0, 0, 4));
+    assertEquals(q.offset(0, 1, 0), q.offset(0, 0, 3), "t = tokens is the end of the (b, h) rows");
+    // The raw merge: out shifted over an input overwrote entries before reading them; ranges unchecked.
+    float[] buf = {1, 2, 3, 0}, bufL = new float[4], b = {10, 20, 30}, bL = new float[3];
+    assertMessage(() -> AttentionState.mergeInto(buf, bufL, 0, b, bL, 0, buf, bufL, 1, 3, 1), "overlaps a");
+    assertMessage(() -> AttentionState.mergeInto(b, bL, 0, buf, bufL, 0, buf, bufL, 1, 3, 1), "overlaps b");
+    assertMessage(() -> AttentionState.mergeInto(buf, bufL, 0, b, bL, 0, new float[3], new float[3], 0, -1, 1), "pairs >= 0");
+    assertMessage(() -> AttentionState.mergeInto(buf, bufL, 0, b, bL, 0, new float[6], new float[3], 0, 3, 2),
+        "entries 0..3 of a (dim 2)", "o of 4 floats");
+    AttentionState.mergeInto(buf, bufL, 0, b, bL, 0, buf, bufL, 0, 3, 1); // in place, entry for entry: fine
+    assertEquals(5.5f, buf[0]);
+  }
+
   @Test
   void nonFiniteInputsAreNamedByPosition() {
     Tensor q = Accuracy.random(rng, 1, 2, 9, 32, 1);
