@@ -326,6 +326,39 @@ class AttentionOpTest {
     }
   }
 
+  /**
+   * NaN and Infinity in the inputs are named on every path: libtorch's kernel passed them on to its
+   * output without a word. So are a scale float32 cannot hold and chunk positions past Long.MAX_VALUE.
+   */
+  @Test
+  void nonFiniteInputsAreNamedOnTheLibtorchPathToo() {
+    try (NDManager m = manager.newSubManager()) {
+      AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
+      for (int which = 0; which < 3; which++) {
+        NDArray q = m.randomNormal(new Shape(1, 2, 64, 16));
+        NDArray k = m.randomNormal(new Shape(1, 2, 64, 16));
+        NDArray v = m.randomNormal(new Shape(1, 2, 64, 16));
+        NDArray bad = which == 0 ? q : which == 1 ? k : v;
+        float[] x = bad.toFloatArray();
+        x[(64 + 9) * 16 + 3] = which == 0 ? Float.NaN : Float.POSITIVE_INFINITY; // head 1, token 9, dim 3
+        NDArray b = m.create(x, bad.getShape());
+        NDArray qq = which == 0 ? b : q, kk = which == 1 ? b : k, vv = which == 2 ? b : v;
+        for (Path path : new Path[] {Path.JAVA, Path.LIBTORCH}) {
+          IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+              () -> OP.forward(qq, kk, vv, null, null, causal, Layout.BHTD, path), path + ", case " + which);
+          assertTrue(e.getMessage().contains("head 1"), path + ", case " + which + ": " + e.getMessage());
+        }
+      }
+      NDArray q = m.randomNormal(new Shape(1, 2, 64, 16));
+      assertMessage(() -> OP.forward(q, q, q, null, null, AttentionOptions.DEFAULT.withScale(1e-45), Layout.BHTD,
+          Path.LIBTORCH), "score scale");
+      NDArray one = m.randomNormal(new Shape(1, 2, 1, 16));
+      NDArray chunk = m.randomNormal(new Shape(1, 2, 4, 16));
+      assertMessage(() -> OP.decode(one, List.of(chunk), List.of(chunk), new long[] {Long.MAX_VALUE - 1},
+          new long[] {Long.MAX_VALUE - 1}, causal, Layout.BHTD), "pass Long.MAX_VALUE");
+    }
+  }
+
   private static void assertMessage(org.junit.jupiter.api.function.Executable call, String part) {
     IllegalArgumentException e = assertThrows(IllegalArgumentException.class, call);
     assertTrue(e.getMessage().contains(part), "message '" + e.getMessage() + "' should mention '" + part + "'");

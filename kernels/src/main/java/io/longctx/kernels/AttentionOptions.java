@@ -51,6 +51,22 @@ public record AttentionOptions(double scale, float softcap, boolean causal, long
     return Double.isNaN(scale) ? 1.0 / Math.sqrt(dim) : scale;
   }
 
+  /**
+   * The float32 factor every q.k is multiplied by for head dimension {@code dim}: the scale, divided
+   * by the softcap when capping (the score is then cap * tanh(factor * q.k)). Refused when float32
+   * cannot hold it as a normal number: 0 would make every score 0, a subnormal loses bits, and
+   * infinity turns 0 scores into NaN.
+   */
+  public float scoreScale(int dim) {
+    double s = scaleFor(dim);
+    double f = softcap > 0 ? s / softcap : s;
+    if (!(Math.abs(f) >= Float.MIN_NORMAL && Math.abs(f) <= Float.MAX_VALUE)) {
+      throw new IllegalArgumentException("the score scale " + f + " (scale " + s + (softcap > 0 ? " / softcap " + softcap : "")
+          + ") is outside float32's normal range " + Float.MIN_NORMAL + ".." + Float.MAX_VALUE);
+    }
+    return (float) f;
+  }
+
   /** True when a window or causal mask applies at all. */
   public boolean masked() {
     return causal || window > 0;

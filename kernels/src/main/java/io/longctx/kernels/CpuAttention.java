@@ -473,27 +473,11 @@ public final class CpuAttention implements AttentionBackend {
       Math.multiplyExact(Math.multiplyExact(rows, heads), dim);
       // The scale (divided by the softcap when capping) multiplies each finished q.k (TileWorker).
       this.softcap = opt.softcap();
-      this.qScale = scoreScale(opt, dim);
+      this.qScale = opt.scoreScale(dim);
       if (softcap > 0) {
         requireFinite(q, "q");
         requireFinite(k, "k");
       }
-    }
-
-    /**
-     * The float32 factor of every q.k: the scale, divided by the softcap when capping. Refused when
-     * float32 cannot hold it as a normal number: 0 would make every score 0, a subnormal loses bits,
-     * and infinity turns 0 scores into NaN.
-     */
-    static float scoreScale(AttentionOptions opt, int dim) {
-      double scale = opt.scaleFor(dim);
-      double f = opt.softcap() > 0 ? scale / opt.softcap() : scale;
-      if (!(Math.abs(f) >= Float.MIN_NORMAL && Math.abs(f) <= Float.MAX_VALUE)) {
-        throw new IllegalArgumentException("the score scale " + f + " (scale " + scale
-            + (opt.softcap() > 0 ? " / softcap " + opt.softcap() : "") + ") is outside float32's normal range "
-            + Float.MIN_NORMAL + ".." + Float.MAX_VALUE);
-      }
-      return (float) f;
     }
 
     /**

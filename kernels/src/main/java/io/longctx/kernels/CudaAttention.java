@@ -424,7 +424,7 @@ public final class CudaAttention implements AttentionBackend {
       return;
     }
     double scale = opt.scaleFor(q.dim());
-    CpuAttention.Problem.scoreScale(opt, q.dim()); // the CPU kernels' check: a scale float32 holds
+    opt.scoreScale(q.dim()); // refuses a scale float32 holds only as 0, a subnormal or infinity
     Pointer params = Pointer.to(
         Pointer.to(q.buffer().ptr), Pointer.to(k.buffer().ptr), Pointer.to(v.buffer().ptr),
         Pointer.to(qPos.ptr), Pointer.to(kPos.ptr), Pointer.to(o.ptr), Pointer.to(lse.ptr),

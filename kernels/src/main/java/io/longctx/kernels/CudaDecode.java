@@ -328,7 +328,7 @@ public final class CudaDecode {
     }
     requireBytes("o", o, 4L * plan.states() * plan.dim());
     requireBytes("lse", lse, 4L * plan.states());
-    float qscale = qscale(opt, plan.dim());
+    float qscale = opt.scoreScale(plan.dim()); // folded into q: s = cap * tanh(q'.k) when capping
     CUdeviceptr none = new CUdeviceptr();
     CUdeviceptr kp = kPos != null ? kPos.ptr : none;
     CudaAttention.check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(cuda.context()));
@@ -346,11 +346,6 @@ public final class CudaDecode {
     CudaAttention.check("cuLaunchKernel(longctx_decode_combine)", JCudaDriver.cuLaunchKernel(
         cuda.kernel("longctx_decode_combine"), Math.toIntExact((states + WARPS - 1) / WARPS), 1, 1,
         THREADS, 1, 1, 0, stream, params, null));
-  }
-
-  /** The factor folded into q: the scale, divided by the softcap when capping (s = cap * tanh(q'.k)). */
-  static float qscale(AttentionOptions opt, int dim) {
-    return CpuAttention.Problem.scoreScale(opt, dim);
   }
 
   private static void partial(CudaAttention cuda, Plan plan, String name, Workspace ws, CudaAttention.DeviceTensor q,

@@ -97,7 +97,7 @@ class CudaDecodeEmulationTest {
       b.putInt(x);
     }
     b.putLong(plan.tk()).putLong(opt.window());
-    b.putFloat(CudaDecode.qscale(opt, plan.dim())).putFloat(opt.softcap());
+    b.putFloat(opt.scoreScale(plan.dim())).putFloat(opt.softcap());
     b.putFloat(um != null ? um.phi() : 0f).putFloat(um != null ? um.lower() : UnifiedMax.DEFAULT_LOWER)
         .putFloat(um != null ? um.upper() : UnifiedMax.DEFAULT_UPPER);
     for (long s : plan.chunkStart()) {
