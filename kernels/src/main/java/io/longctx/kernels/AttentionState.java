@@ -44,9 +44,10 @@ public final class AttentionState {
   }
 
   /**
-   * Wraps arrays in our own convention (natural-log lse, -inf for no keys) without copying. NaN
-   * anywhere, an infinite o or an lse of +inf is rejected with the row and head named; use {@link
-   * #fromForeign} for producers that write +inf for empty rows or base-2 lse.
+   * Wraps arrays in our own convention (natural-log lse, -inf and o = 0 for no keys) without copying.
+   * NaN anywhere, an infinite o, an lse of +inf or a non-zero o beside an lse of -inf is rejected
+   * with the row and head named; use {@link #fromForeign} for producers that write +inf for empty
+   * rows or base-2 lse.
    */
   public static AttentionState of(float[] o, float[] lse, int rows, int heads, int dim) {
     AttentionState s = wrap(o, lse, rows, heads, dim);
@@ -127,6 +128,10 @@ public final class AttentionState {
         if (!Float.isFinite(o[d])) { // an output is a weighted mean of values: finite, or the producer overflowed
           throw new IllegalArgumentException(o[d] + " in attention state o at row " + i / heads + ", head " + i % heads
               + ", dim " + (d - i * dim));
+        }
+        if (l == Float.NEGATIVE_INFINITY && o[d] != 0) { // kept as it is by a merge of one state, so caught here
+          throw new IllegalArgumentException("attention state o is " + o[d] + " at row " + i / heads + ", head " + i % heads
+              + ", dim " + (d - i * dim) + ", where lse is -Infinity: a row that saw no key is (o = 0, lse = -inf)");
         }
       }
     }

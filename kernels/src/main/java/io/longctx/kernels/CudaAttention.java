@@ -474,6 +474,12 @@ public final class CudaAttention implements AttentionBackend {
   public CpuAttention.DecodeResult decodeChunks(Tensor q, List<Tensor> kChunks, List<Tensor> vChunks,
       long[] qPos, long[] kPos, AttentionOptions opt, int splitLen, UnifiedMax um, DType type) {
     CudaDecode.Plan plan = hostPlan(q, kChunks, vChunks, qPos, kPos, opt, splitLen, type);
+    if (opt.softcap() > 0) { // as the CPU kernels: a capped infinite q.k would be a finite score
+      q.requireFinite("q");
+      for (int c = 0; c < kChunks.size(); c++) {
+        kChunks.get(c).requireFinite("k chunk " + c);
+      }
+    }
     float[] o = new float[Math.toIntExact(plan.states() * plan.dim())];
     float[] lse = new float[Math.toIntExact(plan.states())];
     long[] qp = qPos != null ? qPos : ReferenceAttention.iota(q.tokens());

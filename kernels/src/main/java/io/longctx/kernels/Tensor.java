@@ -48,6 +48,21 @@ public record Tensor(float[] data, int batch, int heads, int tokens, int dim) {
     return ((b * heads + h) * tokens + t) * dim;
   }
 
+  /**
+   * Throws, naming the first NaN or infinity by (batch, head, token, dim). The kernels see most of
+   * them in the scores; with a softcap an infinite q.k is capped to a finite score instead, so the
+   * softcapped paths look in q and k first.
+   */
+  public void requireFinite(String name) {
+    for (int i = 0; i < data.length; i++) {
+      if (!Float.isFinite(data[i])) {
+        int d = i % dim, rest = i / dim, t = rest % tokens, bh = rest / tokens;
+        throw new IllegalArgumentException(name + " " + shape() + " holds " + data[i] + " at (batch " + bh / heads
+            + ", head " + bh % heads + ", token " + t + ", dim " + d + "): attention inputs must be finite");
+      }
+    }
+  }
+
   public String shape() {
     return shape(batch, heads, tokens, dim);
   }

@@ -237,6 +237,15 @@ class AttentionStateTest {
     e = assertThrows(IllegalArgumentException.class, () -> AttentionState.fromForeign(o, new float[2 * 3], 2, 3, 4,
         AttentionState.LseBase.E));
     assertTrue(e.getMessage().contains("row 1, head 2, dim 3"), e.getMessage());
+    // "No keys" is (0, -inf): a non-zero o beside -inf came back as it was from a merge of one state.
+    float[] lse = new float[2 * 3];
+    lse[4] = Float.NEGATIVE_INFINITY; // row 1, head 1
+    float[] o2 = new float[2 * 3 * 4];
+    o2[4 * 4 + 1] = 5f;
+    e = assertThrows(IllegalArgumentException.class, () -> AttentionState.of(o2, lse, 2, 3, 4));
+    assertTrue(e.getMessage().contains("o is 5.0 at row 1, head 1, dim 1, where lse is -Infinity"), e.getMessage());
+    o2[4 * 4 + 1] = -0f;
+    AttentionState.of(o2, lse, 2, 3, 4); // -0 is a zero
     float[][] cases = { // o of a, lse of a, o of b, lse of b
         {Float.POSITIVE_INFINITY, 1f, 0f, 2f, 3f, 1000f}, // weight of a underflows to 0: 0 * inf
         {Float.POSITIVE_INFINITY, 1f, 0f, Float.NEGATIVE_INFINITY, 3f, 0f}, // +inf beside -inf

@@ -55,11 +55,11 @@ class BadInputTest {
     // Infinity in q or k under a softcap: the infinite score was capped to +-cap, a finite answer.
     AttentionOptions capped = AttentionOptions.DEFAULT.withSoftcap(30f);
     q.data()[q.offset(0, 1, 2) + 6] = Float.POSITIVE_INFINITY;
-    assertMessage(() -> cpu.forward(q, k, v, null, null, capped), "q holds Infinity at batch 0, head 1, token 2, dim 6");
-    assertMessage(() -> cpu.decode(q, k, v, null, null, capped, 2), "q holds Infinity at batch 0, head 1, token 2, dim 6");
+    assertMessage(() -> cpu.forward(q, k, v, null, null, capped), "q [1, 2, 3, 8] holds Infinity at (batch 0, head 1, token 2, dim 6)");
+    assertMessage(() -> cpu.decode(q, k, v, null, null, capped, 2), "q [1, 2, 3, 8] holds Infinity at (batch 0, head 1, token 2, dim 6)");
     q.data()[q.offset(0, 1, 2) + 6] = 0;
     k.data()[k.offset(0, 0, 4) + 1] = Float.NEGATIVE_INFINITY;
-    assertMessage(() -> cpu.forward(q, k, v, null, null, capped), "k holds -Infinity at batch 0, head 0, token 4, dim 1");
+    assertMessage(() -> cpu.forward(q, k, v, null, null, capped), "k [1, 1, 5, 8] holds -Infinity at (batch 0, head 0, token 4, dim 1)");
     k.data()[k.offset(0, 0, 4) + 1] = 0;
     // A score scale float32 holds only as 0 or a subnormal: every score was 0 (or lost bits).
     assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT.withScale(1e-8).withSoftcap(1e38f)),
