@@ -479,7 +479,6 @@ public final class CpuAttention implements AttentionBackend {
         k.requireFinite("k");
       }
     }
-
   }
 
   /** The CPU kernels: always usable. */

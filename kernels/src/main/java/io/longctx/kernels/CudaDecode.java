@@ -222,7 +222,7 @@ public final class CudaDecode {
     }
     long tk = start[kChunks.size()];
     int group = q.heads() / k0.heads();
-    long splits = Math.max(1, (tk + splitLen - 1) / splitLen); // long: no overflow
+    long splits = Math.max(1, (tk + splitLen - 1) / splitLen);
     int dmax = q.dim() <= 128 ? 128 : 256;
     long groupRows = (long) group * q.tokens();
     int maxRows = maxRowsPerCta(q.type(), q.dim());
