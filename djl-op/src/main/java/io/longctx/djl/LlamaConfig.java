@@ -134,7 +134,24 @@ public final class LlamaConfig {
     }
     b.vocabSize = f.positiveInt("vocab_size");
     b.rmsNormEps = f.positiveDouble("rms_norm_eps", 1e-6);
-    b.ropeTheta = f.positiveDouble("rope_theta", 10000.0);
+    // Transformers 5 writes the rotary settings as one object, rope_parameters (rope_theta inside it,
+    // with the scaling fields); older configs use rope_theta and rope_scaling. Read either, never a mix.
+    String rope = "rope_scaling";
+    if (f.has("rope_parameters") && !o.get("rope_parameters").isJsonNull()) {
+      if (!o.get("rope_parameters").isJsonObject()) {
+        throw f.error("rope_parameters", "must be an object or null");
+      }
+      for (String old : new String[] {"rope_theta", "rope_scaling"}) {
+        if (f.has(old) && !o.get(old).isJsonNull()) {
+          throw f.error(old, "given beside rope_parameters: one or the other, not both");
+        }
+      }
+      rope = "rope_parameters";
+      b.ropeTheta = new Fields(o.getAsJsonObject("rope_parameters"), f.source, "rope_parameters.")
+          .positiveDouble("rope_theta", 10000.0);
+    } else {
+      b.ropeTheta = f.positiveDouble("rope_theta", 10000.0);
+    }
     b.tieWordEmbeddings = f.bool("tie_word_embeddings", false);
     if (f.has("partial_rotary_factor") && f.positiveDouble("partial_rotary_factor", 1.0) != 1.0) {
       throw f.error("partial_rotary_factor", "only 1.0 (rotary over the whole head) is supported");
@@ -161,25 +178,26 @@ public final class LlamaConfig {
       }
       default -> throw new AssertionError(b.modelType);
     }
-    parseRopeScaling(o, f, b);
+    parseRopeScaling(o, f, b, rope);
     return new LlamaConfig(b);
   }
 
-  private static void parseRopeScaling(JsonObject o, Fields f, Builder b) {
-    JsonElement rs = o.get("rope_scaling");
+  /** The rotary scaling of object {@code field} of the config (rope_scaling, or rope_parameters). */
+  private static void parseRopeScaling(JsonObject o, Fields f, Builder b, String field) {
+    JsonElement rs = o.get(field);
     b.ropeScaling = RopeScaling.NONE;
     b.ropeFactor = 1.0;
     if (rs == null || rs.isJsonNull()) {
       return;
     }
     if (!rs.isJsonObject()) {
-      throw f.error("rope_scaling", "must be an object or null");
+      throw f.error(field, "must be an object or null");
     }
-    Fields r = new Fields(rs.getAsJsonObject(), f.source, "rope_scaling.");
+    Fields r = new Fields(rs.getAsJsonObject(), f.source, field + ".");
     // Newer configs say rope_type, older ones type.
     String type = r.string("rope_type", r.string("type", null));
     if (type == null) {
-      throw f.error("rope_scaling.rope_type", "missing");
+      throw f.error(field + ".rope_type", "missing");
     }
     switch (type) {
       case "default" -> {
@@ -196,15 +214,15 @@ public final class LlamaConfig {
         b.highFreqFactor = r.positiveDouble("high_freq_factor", Double.NaN);
         b.originalMaxPositions = r.positiveInt("original_max_position_embeddings");
         if (!(b.highFreqFactor > b.lowFreqFactor)) {
-          throw f.error("rope_scaling.high_freq_factor", "must exceed low_freq_factor, got " + b.highFreqFactor
+          throw f.error(field + ".high_freq_factor", "must exceed low_freq_factor, got " + b.highFreqFactor
               + " <= " + b.lowFreqFactor);
         }
       }
-      default -> throw f.error("rope_scaling.rope_type", "\"" + type
+      default -> throw f.error(field + ".rope_type", "\"" + type
           + "\" is not supported (default, linear, llama3)");
     }
     if (r.has("attention_factor") && r.positiveDouble("attention_factor", 1.0) != 1.0) {
-      throw f.error("rope_scaling.attention_factor", "only 1.0 is supported");
+      throw f.error(field + ".attention_factor", "only 1.0 is supported");
     }
   }
 

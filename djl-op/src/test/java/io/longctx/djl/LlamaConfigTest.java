@@ -73,6 +73,25 @@ class LlamaConfigTest {
         parse("\"model_type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"default\"}").ropeScaling);
   }
 
+  /**
+   * Transformers 5's layout: rope_theta and the scaling inside rope_parameters. It was ignored before
+   * (the default theta 10000 scored the model without a word).
+   */
+  @Test
+  void ropeParametersAreRead() {
+    LlamaConfig c = parse("\"model_type\": \"llama\", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500000.0}");
+    assertEquals(500000.0, c.ropeTheta);
+    assertEquals(LlamaConfig.RopeScaling.NONE, c.ropeScaling);
+    LlamaConfig l3 = parse("\"model_type\": \"llama\", \"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": 500000,"
+        + " \"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4, \"original_max_position_embeddings\": 64}");
+    assertEquals(LlamaConfig.RopeScaling.LLAMA3, l3.ropeScaling);
+    assertEquals(500000.0, l3.ropeTheta);
+    refused("\"model_type\": \"llama\", \"rope_theta\": 10000, \"rope_parameters\": {\"rope_type\": \"default\","
+        + " \"rope_theta\": 500000}", "rope_theta", "beside rope_parameters");
+    refused("\"model_type\": \"llama\", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4}",
+        "rope_parameters.rope_type", "yarn");
+  }
+
   @Test
   void unsupportedValuesAreRefusedByName() {
     refused("\"model_type\": \"gpt2\"", "model_type", "gpt2");
