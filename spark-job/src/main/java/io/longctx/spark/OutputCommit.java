@@ -43,8 +43,12 @@ public final class OutputCommit {
   /** Marks a directory as a complete longctx output; written last into the staging directory. */
   public static final String MARKER = "_LONGCTX";
 
-  /** Files a longctx output may hold: Spark's parts and _SUCCESS, our marker, their checksums. */
-  static final Pattern OWN_FILE = Pattern.compile("\\.?(part-[^/]*|_SUCCESS|" + MARKER + ")(\\.crc)?");
+  /**
+   * Files a longctx output may hold: Spark's parts (part-NNNNN-UUID-cNNN and an extension, as Spark
+   * names them: a user's "part-notes.txt" is not one), _SUCCESS, our marker, their checksums.
+   */
+  static final Pattern OWN_FILE = Pattern.compile("\\.?(part-\\d{5,}-\\p{XDigit}{8}(-\\p{XDigit}{4}){3}-\\p{XDigit}{12}"
+      + "(-c\\d{3})?(\\.[A-Za-z0-9]+)*|_SUCCESS|" + MARKER + ")(\\.crc)?");
 
   /**
    * TEST-ONLY: a JVM system property (never a Spark --conf) naming a failure to inject in {@link

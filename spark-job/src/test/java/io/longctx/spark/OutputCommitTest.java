@@ -144,6 +144,21 @@ class OutputCommitTest {
     assertRefused(run(args(out, true)), out, snapshot(out), "holds a file longctx did not write (my-notes.txt)");
   }
 
+  /** Only Spark's own part names count as ours: --overwrite deleted a user's "part-my-notes.txt" before. */
+  @Test
+  void onlySparksPartNamesAreOurs() {
+    for (String own : List.of("part-00000-4565989e-12d8-4eb4-8d6f-19e846a7bdd8-c000.json",
+        "part-00011-cbd7c8df-11ce-419e-92d6-24496147af24-c000.snappy.parquet",
+        ".part-00000-cbd7c8df-11ce-419e-92d6-24496147af24-c000.snappy.parquet.crc", "_SUCCESS", "._SUCCESS.crc",
+        OutputCommit.MARKER)) {
+      assertTrue(OutputCommit.OWN_FILE.matcher(own).matches(), own);
+    }
+    for (String foreign : List.of("part-my-notes.txt", "part-0.jsonl", ".part-notes.crc", "part-00000.json",
+        "my-notes.txt", "_SUCCESS.bak")) {
+      assertTrue(!OutputCommit.OWN_FILE.matcher(foreign).matches(), foreign);
+    }
+  }
+
   @Test
   void aFailedMoveInPutsTheOldOutputBack() throws Exception {
     Path out = tmp.resolve("out");
