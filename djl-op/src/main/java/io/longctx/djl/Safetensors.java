@@ -277,7 +277,24 @@ public final class Safetensors {
       }
     }
     out.rewind();
+    requireFinite(e, out.asFloatBuffer());
     return out;
+  }
+
+  /**
+   * A NaN or infinite weight is refused, naming the file, tensor and element: it made every score of
+   * a document NaN (exit 0, NaN in every column) or surfaced as an attention error naming no tensor.
+   */
+  private static void requireFinite(Entry e, java.nio.FloatBuffer f) {
+    for (int i = 0, n = f.limit(); i < n; i++) {
+      float x = f.get(i);
+      if (!Float.isFinite(x)) {
+        long cols = e.shape().length > 1 ? e.shape()[e.shape().length - 1] : 1;
+        throw new IllegalArgumentException(e.file() + ": tensor " + e.name() + " holds " + x + " at element " + i
+            + (e.shape().length > 1 ? " (row " + i / cols + ", column " + i % cols + ")" : "")
+            + ": weights must be finite");
+      }
+    }
   }
 
   /** {@link #readAsFloat32} as a float[]. */

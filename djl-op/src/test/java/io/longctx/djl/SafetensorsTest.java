@@ -108,6 +108,15 @@ class SafetensorsTest {
         "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
             + "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", data, -1);
     assertError(() -> Safetensors.readHeader(f6), "overlap.safetensors", "overlap");
+    // A NaN or infinite weight (every score of a document came out NaN, exit 0, before).
+    Map<String, Safetensors.Tensor> bad = new LinkedHashMap<>();
+    bad.put("w", new Safetensors.Tensor("F32", new long[] {2, 3}, new float[] {0, 1, 2, 3, Float.NaN, 5}));
+    bad.put("h", new Safetensors.Tensor("BF16", new long[] {2}, new float[] {1, Float.NEGATIVE_INFINITY}));
+    Path f8 = tmp.resolve("nan.safetensors");
+    Safetensors.write(f8, bad);
+    Map<String, Safetensors.Entry> e8 = Safetensors.readHeader(f8);
+    assertError(() -> Safetensors.readFloats(e8.get("w")), "nan.safetensors", "tensor w", "NaN", "row 1, column 1");
+    assertError(() -> Safetensors.readFloats(e8.get("h")), "tensor h", "-Infinity", "element 1");
     Path f7 = tmp.resolve("tiny.safetensors");
     Files.write(f7, new byte[] {1, 2, 3});
     assertError(() -> Safetensors.readHeader(f7), "tiny.safetensors", "not a safetensors file");
