@@ -88,10 +88,15 @@ final class Args {
     if (v == null) {
       return dflt;
     }
+    double x;
     try {
-      return Double.parseDouble(v.trim());
+      x = Double.parseDouble(v.trim());
     } catch (NumberFormatException e) {
       throw new IllegalArgumentException(name + " needs a number, got " + v);
     }
+    if (!Double.isFinite(x)) { // NaN is the options' own "not given" (e.g. --scale NaN read as the default)
+      throw new IllegalArgumentException(name + " needs a finite number, got " + v);
+    }
+    return x;
   }
 }

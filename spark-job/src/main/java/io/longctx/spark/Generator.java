@@ -37,7 +37,7 @@ public final class Generator implements Serializable {
 
   public long docLength(int i) {
     long min = minTokens < 0 ? tokens : minTokens;
-    return docs == 1 ? tokens : tokens - (tokens - min) * i / (docs - 1);
+    return docs == 1 ? tokens : tokens - Math.multiplyExact(tokens - min, (long) i) / (docs - 1);
   }
 
   public static String docId(int i) {

@@ -226,6 +226,17 @@ public final class LongctxMain {
       throw new IllegalArgumentException("gen needs docs, tokens, heads, kv-heads, dim >= 1, heads % kv-heads == 0, "
           + "queries-per-doc >= 0 and format parquet|json");
     }
+    if (a.get("--min-tokens") != null && (g.minTokens < 1 || g.minTokens > g.tokens)) {
+      throw new IllegalArgumentException("--min-tokens must be 1.." + g.tokens + " (--tokens), got " + g.minTokens);
+    }
+    try { // positions run on across documents: their sum must fit a long (a wrapped sum wrote an empty corpus)
+      long total = 0;
+      for (int i = 0; i < g.docs; i++) {
+        total = Math.addExact(total, g.docLength(i));
+      }
+    } catch (ArithmeticException e) {
+      throw new IllegalArgumentException("--docs " + g.docs + " x --tokens " + g.tokens + " is more tokens than a long counts");
+    }
     return Sessions.run("longctx gen", a.get("--master"), a.confs, spark -> {
       long t0 = System.nanoTime();
       g.write(spark, dir, a.flag("--overwrite"));

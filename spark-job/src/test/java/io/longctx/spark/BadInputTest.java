@@ -171,6 +171,19 @@ class BadInputTest {
     assertEquals(2, LongctxMain.run(new String[] {"score", "--keys", "/nonexistent/k.parquet", "--queries", "q",
         "--output", tmp.resolve("x").toString()}, System.out, e));
     assertTrue(err.toString().contains("/nonexistent/k.parquet: no such file"), err.toString());
+    // Flags that once went through: --scale NaN read as the default scale; --min-tokens 0 crashed half-way
+    // (keys written, no queries); a --tokens whose sum over documents wrapped wrote an empty corpus.
+    assertEquals(2, LongctxMain.run(new String[] {"score", "--keys", "k", "--queries", "q", "--output", "o",
+        "--scale", "NaN"}, System.out, e));
+    assertTrue(err.toString().contains("--scale needs a finite number, got NaN"), err.toString());
+    String g = tmp.resolve("g").toString();
+    assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "10", "--min-tokens", "0",
+        "--output", g}, System.out, e));
+    assertTrue(err.toString().contains("--min-tokens must be 1..10"), err.toString());
+    assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "3", "--tokens", "4611686018427387904",
+        "--output", g}, System.out, e));
+    assertTrue(err.toString().contains("more tokens than a long counts"), err.toString());
+    assertTrue(!java.nio.file.Files.exists(tmp.resolve("g")), "nothing written");
     ByteArrayOutputStream out = new ByteArrayOutputStream();
     for (String cmd : new String[] {"score", "gen", "demo"}) {
       assertEquals(0, LongctxMain.run(new String[] {cmd, "--help"}, new PrintStream(out, true), e));
