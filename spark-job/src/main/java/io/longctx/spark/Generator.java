@@ -40,6 +40,22 @@ public final class Generator implements Serializable {
     return docs == 1 ? tokens : tokens - Math.multiplyExact(tokens - min, (long) i) / (docs - 1);
   }
 
+  /**
+   * The corpus's tokens, every document's length summed. Refused when the sum passes a long (key ids
+   * run on across documents: a wrapped sum wrote an empty corpus).
+   */
+  public long totalTokens() {
+    long total = 0;
+    try {
+      for (int i = 0; i < docs; i++) {
+        total = Math.addExact(total, docLength(i));
+      }
+    } catch (ArithmeticException e) {
+      throw new IllegalArgumentException("--docs " + docs + " x --tokens " + tokens + " is more tokens than a long counts");
+    }
+    return total;
+  }
+
   public static String docId(int i) {
     return String.format("doc-%05d", i);
   }
@@ -89,11 +105,11 @@ public final class Generator implements Serializable {
   }
 
   public void write(SparkSession spark, String dir, boolean overwrite) throws IOException {
+    long total = totalTokens(); // refuses a sum past a long before anything is written
     long[] starts = new long[docs + 1];
     for (int i = 0; i < docs; i++) {
       starts[i + 1] = starts[i] + docLength(i);
     }
-    long total = starts[docs];
     int parts = partitions > 0 ? partitions
         : (int) Math.max(spark.sparkContext().defaultParallelism(), Math.min(4096, total * (kvHeads * 2L + (prefill ? heads : 0)) * dim / (4L << 20)));
     Generator g = this;

@@ -229,21 +229,10 @@ public final class LongctxMain {
     if (a.get("--min-tokens") != null && (g.minTokens < 1 || g.minTokens > g.tokens)) {
       throw new IllegalArgumentException("--min-tokens must be 1.." + g.tokens + " (--tokens), got " + g.minTokens);
     }
-    try { // positions run on across documents: their sum must fit a long (a wrapped sum wrote an empty corpus)
-      long total = 0;
-      for (int i = 0; i < g.docs; i++) {
-        total = Math.addExact(total, g.docLength(i));
-      }
-    } catch (ArithmeticException e) {
-      throw new IllegalArgumentException("--docs " + g.docs + " x --tokens " + g.tokens + " is more tokens than a long counts");
-    }
+    long total = g.totalTokens();
     return Sessions.run("longctx gen", a.get("--master"), a.confs, spark -> {
       long t0 = System.nanoTime();
       g.write(spark, dir, a.flag("--overwrite"));
-      long total = 0;
-      for (int i = 0; i < g.docs; i++) {
-        total += g.docLength(i);
-      }
       err.printf(Locale.ROOT, "longctx gen: %d document%s, %d tokens, %d queries -> %s/%s%s (%.1f s)%n", g.docs,
           g.docs == 1 ? "" : "s", total, (long) g.docs * g.queriesPerDoc, dir, g.keysName(), g.queriesPerDoc > 0 ? ", " + g.queriesName() : "",
           (System.nanoTime() - t0) / 1e9);
