@@ -27,7 +27,7 @@ for spec in "no-mask 0 kAll" "causal-full 1 kAll" "causal-partial 1 kPartial"; d
   python3 - "$src" "$tmp/k.cu" "$causal" "$vis" <<'PY'
 import sys
 s = open(sys.argv[1]).read()
-head = "  constexpr int NT = Variant<T, D, MB>::kThreadCount;\n"
+head = "  constexpr int NT = kThreads;\n"
 loop = "const int j0 = tile.j0, vis = tile.vis;"
 if head not in s or loop not in s:
     sys.exit("sass-count: the kernel no longer has the lines this script specialises; update the script")

@@ -5,16 +5,12 @@
 //
 // Block: 128 query rows; key tiles of 64 in shared memory (rows padded by 8 elements so ldmatrix is
 // free of bank conflicts), one K and one V tile shared by all warps, so each tile is copied once per
-// 128 query rows. Two variants, by query rows per warp (MB m16 row blocks each):
-//   m16 (MB 1): 8 warps of 16 rows; Q fragments read straight from global memory into registers.
-//   m32 (MB 2): 4 warps of 32 rows, as FlashAttention-2 lays out D 128; every K and V fragment a
-//               warp loads feeds two mma instead of one (a third fewer ldmatrix per mma), and each
-//               warp has two independent chains of mma and softmax to interleave. Q then does not
-//               fit in registers beside the two row blocks' accumulators: it waits in shared memory
-//               and its fragments are loaded per 16 dims of S.
-// On an H200 (2026-11-26, same run) m32 ran 1.03-1.18x m16 at bf16/fp16 D 128, T 4096-16384, and
-// 0.45-0.56x PyTorch's flash kernel (docs/BENCHMARKS.md): m32 is the default, m16 selectable
-// (-Dlongctx.cuda.forwardRowsPerWarp=16) and timed beside it by bin/gpu-check, to be deleted next.
+// 128 query rows. 4 warps of 32 query rows (two m16 row blocks each), as FlashAttention-2 lays out
+// D 128: every K and V fragment a warp loads feeds two mma (one per row block), and each warp has two
+// independent chains of mma and softmax to interleave. Q does not fit in registers beside the two row
+// blocks' accumulators: it waits in shared memory and its fragments are loaded per 16 dims of S.
+// On an H200 this layout ran 1.03-1.18x (2026-11-26) and 1.33-1.49x (2026-11-27) a layout of 8 warps
+// of 16 rows with Q in registers (docs/BENCHMARKS.md), which was then deleted.
 // Per tile and warp:
 //   S (16 x 64)  = Q (16 x D) K^T           mma.sync m16n8k16, per row block
 //   online softmax in base 2, rows reduced across the 4-thread quad: the max over the raw scores,
@@ -27,7 +23,7 @@
 // warp takes itself (find_tile): a skipped tile costs no copy and no barrier. K and V travel in
 // separate cp.async groups, two barriers per tile: S = Q K^T runs while V lands, and the next
 // visible tile's K lands during P V. With a causal mask or a window the query blocks that see the most
-// keys are launched first, over all heads. Shared memory is dynamic (Variant::kSmemBytes;
+// keys are launched first, over all heads. Shared memory is dynamic (smem_bytes();
 // CudaAttention.tcSmemBytes computes the same).
 
 #include <math_constants.h>
@@ -36,22 +32,20 @@
 
 namespace {
 
-constexpr int kThreads = 256;     // m16 variant: 8 warps of 16 rows
-constexpr int kThreadsM32 = 128;  // m32 variant: 4 warps of 32 rows
-constexpr int kRows = 128;        // query rows per block, both variants
+constexpr int kThreads = 128;     // 4 warps
+constexpr int kRowBlocks = 2;     // m16 row blocks per warp: 32 query rows
+constexpr int kRows = 128;        // query rows per block
 constexpr int kKeys = 64;         // keys per tile
 constexpr int kScanTiles = 4;     // key tiles whose positions one step of find_tile loads at once
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-static_assert(kRows == kThreads / 32 * 16 && kRows == kThreadsM32 / 32 * 32, "warps x rows per warp = kRows");
+static_assert(kRows == kThreads / 32 * 16 * kRowBlocks, "warps x rows per warp = kRows");
 
-// The variant with MB m16 row blocks per warp: its threads, and its dynamic shared memory (K and V
-// tiles, and for m32 the block's Q rows; rows padded to D + 8).
-template <typename T, int D, int MB>
-struct Variant {
-  static constexpr int kThreadCount = kRows / (16 * MB) * 32;
-  static constexpr int kSmemBytes = (2 * kKeys + (MB > 1 ? kRows : 0)) * (D + 8) * (int)sizeof(T);
-};
+// Dynamic shared memory: the K and V tiles and the block's Q rows, rows padded to D + 8.
+template <typename T, int D>
+constexpr int smem_bytes() {
+  return (2 * kKeys + kRows) * (D + 8) * (int)sizeof(T);
+}
 
 // Copies rows [row0, row0 + ROWS) of a [rows, D] matrix into shared memory (row stride D + 8), NT
 // threads sharing the work (valid > row0: a copied tile starts at a real row); rows at or past
@@ -61,7 +55,7 @@ struct Variant {
 // kChunks. Every chunk is a cp.async: zeroing the rows
 // past `valid` instead (a shared store under a per-row test) made ptxas compute each chunk's address
 // under its own predicate, about 10 integer instructions a chunk, 16 chunks a tile per thread; a
-// separate path for whole tiles, as cheap as this in the loop, cost the m32 D 128 kernel 124 bytes of
+// separate path for whole tiles, as cheap as this in the loop, cost the D 128 kernel 124 bytes of
 // register spills (sm_90a).
 template <typename T, int D, int NT, int ROWS = kKeys>
 __device__ __forceinline__ void load_tile(T* smem, const T* g, int row0, int valid) {
@@ -126,17 +120,17 @@ __device__ __forceinline__ Tile find_tile(int j0, const long long* __restrict__ 
   return {tk, kPartial};
 }
 
-template <typename T, int D, int MB>
+template <typename T, int D>
 __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                  const long long* __restrict__ q_pos, const long long* __restrict__ k_pos,
                                  float* __restrict__ o, float* __restrict__ lse, int heads, int kv_heads, int tq,
                                  int tk, float scale, float softcap, int causal, long long window) {
-  constexpr int NT = Variant<T, D, MB>::kThreadCount;
+  constexpr int NT = kThreads;
   constexpr int kStride = D + 8;
   LONGCTX_DYNAMIC_SHARED(float4, smem_raw);  // 16-byte aligned, as cp.async and ldmatrix need
   T* ks = reinterpret_cast<T*>(smem_raw);
   T* vs = ks + kKeys * kStride;
-  T* qs = vs + kKeys * kStride;  // m32: the block's Q rows
+  T* qs = vs + kKeys * kStride;  // the block's Q rows
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
@@ -161,7 +155,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   }
   const int q0 = qb * kRows;
   // b and h wait for the output in local memory: once they are no longer blockIdx (which the output
-  // code reread for free), keeping them in registers across the tile loop spilled the m32 D 128
+  // code reread for free), keeping them in registers across the tile loop spilled the D 128
   // kernel's loop state (sm_90a: 100 / 128 bytes, 14 local accesses per tile).
   volatile int out_b = b, out_h = h;
   const int kvh = h / (heads / kv_heads);
@@ -176,48 +170,33 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
     qhi = max(qhi, q_pos[q0 + i]);
   }
   warp_min_max(qlo, qhi);
-  // This warp's rows: 16 MB from wrow0; this thread's are wrow0 + 16 mb + g and 8 below that.
-  const int wrow0 = q0 + warp * 16 * MB;
+  // This warp's rows: 32 from wrow0; this thread's are wrow0 + 16 mb + g and 8 below that.
+  const int wrow0 = q0 + warp * 16 * kRowBlocks;
 
   // Single K and V buffers, two barriers per tile (FlashAttention-2's order): the loop finds its
   // tile's K in flight; once K has landed, one barrier makes it visible and also tells that every
   // warp is past P V of the last tile, so V is issued then and lands during S and the softmax; a
   // second barrier after V's wait makes V visible and tells that every warp is past S, so the next
-  // tile's K is issued then and lands during P V. The m32 variant's Q rows travel in the first K
-  // group (only when some tile is visible: a block must not end with copies into its shared memory
-  // still in flight).
+  // tile's K is issued then and lands during P V. The block's Q rows travel in the first K group
+  // (only when some tile is visible: a block must not end with copies into its shared memory still
+  // in flight).
   Tile tile = find_tile(0, k_pos, tk, qlo, qhi, causal, window);
   if (tile.j0 < tk) {
-    if constexpr (MB > 1) load_tile<T, D, NT, kRows>(qs, qg, q0, tq);
+    load_tile<T, D, NT, kRows>(qs, qg, q0, tq);
     load_tile<T, D, NT>(ks, kg, tile.j0, tk);
   }
   cp_async_commit();  // group: (Q and) K (empty when no tile is visible)
 
-  // m16: Q -> registers while the first K flies: this warp's 16 rows as D/16 mma A fragments,
-  // register j holding row g + 8 (j % 2), columns 16 kc + 2 t4 + 8 (j / 2) and the next (one 4-byte
-  // read); rows past tq are zero. Straight from global memory: Q is read once per block.
-  uint32_t qf[MB == 1 ? D / 16 : 1][4];
-  if constexpr (MB == 1) {
+  float acc[kRowBlocks][D / 8][4];
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++) {
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const int r = wrow0 + g + 8 * (j % 2);
-        qf[kc][j] = r < tq ? *reinterpret_cast<const uint32_t*>(qg + (long long)r * D + kc * 16 + 2 * t4 + 8 * (j / 2))
-                           : 0u;
-      }
-    }
-  }
-
-  float acc[MB][D / 8][4];
-#pragma unroll
-  for (int mb = 0; mb < MB; mb++) {
+  for (int mb = 0; mb < kRowBlocks; mb++) {
 #pragma unroll
     for (int i = 0; i < D / 8; i++) acc[mb][i][0] = acc[mb][i][1] = acc[mb][i][2] = acc[mb][i][3] = 0.f;
   }
-  float row_max[MB][2], row_sum[MB][2];  // row_sum: this thread's share; the quad sums at the end
+  // row_sum: this thread's share; the quad sums at the end
+  float row_max[kRowBlocks][2], row_sum[kRowBlocks][2];
 #pragma unroll
-  for (int mb = 0; mb < MB; mb++) {
+  for (int mb = 0; mb < kRowBlocks; mb++) {
     row_max[mb][0] = row_max[mb][1] = -CUDART_INF_F;
     row_sum[mb][0] = row_sum[mb][1] = 0.f;
   }
@@ -233,13 +212,13 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
     const Tile next = find_tile(j0 + kKeys, k_pos, tk, qlo, qhi, causal, window);  // while K flies
 
     // A partial tile's mask as bits (bit 4 nb + i of keep[mb]: element i of s[mb][nb] below), worked out
-    // while K lands and the score registers are free: this thread's 16 keys and 2 MB rows, each
+    // while K lands and the score registers are free: this thread's 16 keys and 4 rows, each
     // position read once, from global memory (every warp of the block reads the same ones: L1/L2).
-    uint32_t keep[MB];
+    uint32_t keep[kRowBlocks];
     if (vis == kPartial) {
-      long long qp[MB][2];
+      long long qp[kRowBlocks][2];
 #pragma unroll
-      for (int mb = 0; mb < MB; mb++) {
+      for (int mb = 0; mb < kRowBlocks; mb++) {
         keep[mb] = 0u;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -255,7 +234,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
           const bool in = j0 + key < tk;
           const long long kp = in ? k_pos[j0 + key] : 0;
 #pragma unroll
-          for (int mb = 0; mb < MB; mb++) {
+          for (int mb = 0; mb < kRowBlocks; mb++) {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
               keep[mb] |= (uint32_t)(in & visible(qp[mb][r], kp, causal, window)) << (4 * nb + 2 * r + c);
@@ -270,31 +249,26 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
     cp_async_commit();  // group: V, landing during S and the softmax
 
     // S = Q K^T for this warp's rows and the tile's 64 keys (8 blocks of 8 keys per row block).
-    float s[MB][kKeys / 8][4];
+    float s[kRowBlocks][kKeys / 8][4];
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++) {
+    for (int mb = 0; mb < kRowBlocks; mb++) {
 #pragma unroll
       for (int i = 0; i < kKeys / 8; i++) s[mb][i][0] = s[mb][i][1] = s[mb][i][2] = s[mb][i][3] = 0.f;
     }
 #pragma unroll
     for (int kc = 0; kc < D / 16; kc++) {
-      uint32_t qa[MB][4];
+      uint32_t qa[kRowBlocks][4];
 #pragma unroll
-      for (int mb = 0; mb < MB; mb++) {
-        if constexpr (MB == 1) {
-#pragma unroll
-          for (int j = 0; j < 4; j++) qa[mb][j] = qf[kc][j];
-        } else {
-          // Matrices 0-3: rows 0-7 / 8-15 of the row block at dims 0-7, then both at dims 8-15.
-          ldmatrix_x4(qa[mb], &qs[(warp * 16 * MB + 16 * mb + lane % 16) * kStride + kc * 16 + lane / 16 * 8]);
-        }
+      for (int mb = 0; mb < kRowBlocks; mb++) {
+        // Matrices 0-3: rows 0-7 / 8-15 of the row block at dims 0-7, then both at dims 8-15.
+        ldmatrix_x4(qa[mb], &qs[(warp * 16 * kRowBlocks + 16 * mb + lane % 16) * kStride + kc * 16 + lane / 16 * 8]);
       }
 #pragma unroll
       for (int nb = 0; nb < kKeys / 16; nb++) {
         uint32_t kf[4];
         ldmatrix_x4(kf, &ks[(nb * 16 + lane / 16 * 8 + lane % 8) * kStride + kc * 16 + (lane / 8) % 2 * 8]);
 #pragma unroll
-        for (int mb = 0; mb < MB; mb++) {
+        for (int mb = 0; mb < kRowBlocks; mb++) {
           mma<T>(s[mb][2 * nb], qa[mb], kf[0], kf[1]);
           mma<T>(s[mb][2 * nb + 1], qa[mb], kf[2], kf[3]);
         }
@@ -302,7 +276,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
     }
 
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++) {
+    for (int mb = 0; mb < kRowBlocks; mb++) {
       // Element i of s[mb][nb] is row g + 8 * (i / 2), key nb * 8 + 2 * t4 + i % 2. Each pass below is one
       // block-uniform branch around straight-line code: a fully visible tile without softcap (the common
       // case) takes neither, and its scores go from the mma straight into the max and the exp's fma.
@@ -366,9 +340,9 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
     // O += P V, 16 keys per step; P's accumulators are already laid out as A fragments.
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; kk++) {
-      uint32_t pa[MB][4];
+      uint32_t pa[kRowBlocks][4];
 #pragma unroll
-      for (int mb = 0; mb < MB; mb++) {
+      for (int mb = 0; mb < kRowBlocks; mb++) {
         pa[mb][0] = pack<T>(s[mb][2 * kk][0], s[mb][2 * kk][1]);
         pa[mb][1] = pack<T>(s[mb][2 * kk][2], s[mb][2 * kk][3]);
         pa[mb][2] = pack<T>(s[mb][2 * kk + 1][0], s[mb][2 * kk + 1][1]);
@@ -379,7 +353,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         uint32_t vf[4];
         ldmatrix_x4_trans(vf, &vs[(kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride + nd * 16 + lane / 16 * 8]);
 #pragma unroll
-        for (int mb = 0; mb < MB; mb++) {
+        for (int mb = 0; mb < kRowBlocks; mb++) {
           mma<T>(acc[mb][2 * nd], pa[mb], vf[0], vf[1]);
           mma<T>(acc[mb][2 * nd + 1], pa[mb], vf[2], vf[3]);
         }
@@ -389,7 +363,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   }
 
 #pragma unroll
-  for (int mb = 0; mb < MB; mb++) {
+  for (int mb = 0; mb < kRowBlocks; mb++) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       float l = row_sum[mb][r];
@@ -412,23 +386,19 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
 
 }  // namespace
 
-// Entry points: grid (ceil(Tq / kRows), H, B), block Variant::kThreadCount threads (kThreads for m16,
-// kThreadsM32 for m32), Variant::kSmemBytes of dynamic shared memory. One m16 block per
-// SM at ~200 registers (D 128); m32 blocks of 4 warps are bounded for two per SM.
-#define LONGCTX_FORWARD_TC(NAME, T, D, MB)                                                              \
-  extern "C" __global__ void __launch_bounds__(Variant<T, D, MB>::kThreadCount, MB)                     \
+// Entry points: grid (ceil(Tq / kRows), H, B), block kThreads threads, smem_bytes() of dynamic shared
+// memory; bounded for two blocks per SM. The names keep "m32" (32 rows per warp) so that bin/gpu-check's
+// A/B finds the same kernel in fatbins of earlier commits.
+#define LONGCTX_FORWARD_TC(NAME, T, D)                                                                  \
+  extern "C" __global__ void __launch_bounds__(kThreads, 2)                                             \
   NAME(const T* q, const T* k, const T* v, const long long* q_pos, const long long* k_pos, float* o,     \
        float* lse, int heads, int kv_heads, int tq, int tk, int dim, float scale, float softcap,        \
        int causal, long long window) {                                                                  \
-    flash_forward_tc<T, D, MB>(q, k, v, q_pos, k_pos, o, lse, heads, kv_heads, tq, tk, scale, softcap,    \
-                               causal, window);                                                         \
+    flash_forward_tc<T, D>(q, k, v, q_pos, k_pos, o, lse, heads, kv_heads, tq, tk, scale, softcap, causal, \
+                           window);                                                                     \
   }
 
-LONGCTX_FORWARD_TC(longctx_forward_tc_f16_d64, __half, 64, 1)
-LONGCTX_FORWARD_TC(longctx_forward_tc_f16_d128, __half, 128, 1)
-LONGCTX_FORWARD_TC(longctx_forward_tc_bf16_d64, __nv_bfloat16, 64, 1)
-LONGCTX_FORWARD_TC(longctx_forward_tc_bf16_d128, __nv_bfloat16, 128, 1)
-LONGCTX_FORWARD_TC(longctx_forward_tc_m32_f16_d64, __half, 64, 2)
-LONGCTX_FORWARD_TC(longctx_forward_tc_m32_f16_d128, __half, 128, 2)
-LONGCTX_FORWARD_TC(longctx_forward_tc_m32_bf16_d64, __nv_bfloat16, 64, 2)
-LONGCTX_FORWARD_TC(longctx_forward_tc_m32_bf16_d128, __nv_bfloat16, 128, 2)
+LONGCTX_FORWARD_TC(longctx_forward_tc_m32_f16_d64, __half, 64)
+LONGCTX_FORWARD_TC(longctx_forward_tc_m32_f16_d128, __half, 128)
+LONGCTX_FORWARD_TC(longctx_forward_tc_m32_bf16_d64, __nv_bfloat16, 64)
+LONGCTX_FORWARD_TC(longctx_forward_tc_m32_bf16_d128, __nv_bfloat16, 128)

@@ -529,16 +529,13 @@ struct ForwardKernel {
   int threads;  // the block size the kernel's code assumes; a launch with another one is an error
 };
 #define FORWARD(NAME) {#NAME, {reinterpret_cast<Forward>(&fwd::NAME), fwd::kWarps * 32}}
-// The tensor-core forward (flash_forward_tc.cu), same parameters: grid (ceil(Tq / kRows), H, B); the
-// m16 variant runs kThreads threads, the m32 variant kThreadsM32.
-#define FORWARD_TC(NAME, THREADS) {#NAME, {reinterpret_cast<Forward>(&tc::NAME), tc::THREADS}}
+// The tensor-core forward (flash_forward_tc.cu), same parameters: grid (ceil(Tq / kRows), H, B),
+// kThreads threads.
+#define FORWARD_TC(NAME) {#NAME, {reinterpret_cast<Forward>(&tc::NAME), tc::kThreads}}
 inline const std::map<std::string, ForwardKernel> kForwards = {
     FORWARD(longctx_forward_f32), FORWARD(longctx_forward_f16), FORWARD(longctx_forward_bf16),
-    FORWARD_TC(longctx_forward_tc_f16_d64, kThreads), FORWARD_TC(longctx_forward_tc_f16_d128, kThreads),
-    FORWARD_TC(longctx_forward_tc_bf16_d64, kThreads), FORWARD_TC(longctx_forward_tc_bf16_d128, kThreads),
-    FORWARD_TC(longctx_forward_tc_m32_f16_d64, kThreadsM32), FORWARD_TC(longctx_forward_tc_m32_f16_d128, kThreadsM32),
-    FORWARD_TC(longctx_forward_tc_m32_bf16_d64, kThreadsM32),
-    FORWARD_TC(longctx_forward_tc_m32_bf16_d128, kThreadsM32)};
+    FORWARD_TC(longctx_forward_tc_m32_f16_d64), FORWARD_TC(longctx_forward_tc_m32_f16_d128),
+    FORWARD_TC(longctx_forward_tc_m32_bf16_d64), FORWARD_TC(longctx_forward_tc_m32_bf16_d128)};
 
 }  // namespace emu
 

@@ -34,18 +34,9 @@ public final class CudaAttention implements AttentionBackend {
   static final int PLAIN_ROWS_PER_BLOCK = 4; // kWarps in flash_forward.cu (LaunchGeometryTest)
   static final int TC_ROWS_PER_BLOCK = 128; // kRows in flash_forward_tc.cu (LaunchGeometryTest)
   static final int THREADS = 128; // the plain forward kernel: one warp per row (LaunchGeometryTest)
-  static final int TC_THREADS = 256; // kThreads in flash_forward_tc.cu: 8 warps of 16 rows (LaunchGeometryTest)
-  static final int TC_THREADS_M32 = 128; // kThreadsM32 in flash_forward_tc.cu: 4 warps of 32 rows
+  static final int TC_THREADS = 128; // kThreads in flash_forward_tc.cu: 4 warps of 32 rows (LaunchGeometryTest)
   /** Keys per tile of the tensor-core forward (kKeys in flash_forward_tc.cu). */
   static final int TC_KEYS = 64;
-  /**
-   * Query rows per warp of the tensor-core forward: 32 (the default: FlashAttention-2's layout,
-   * 1.03-1.18x the 16-row variant on an H200, docs/BENCHMARKS.md) or 16 (the first variant, kept one
-   * more GPU session as the fallback, then to be deleted); bin/gpu-check runs and times both.
-   */
-  public static final String ROWS_PER_WARP_PROPERTY = "longctx.cuda.forwardRowsPerWarp";
-  /** The tensor-core forward's variants, by query rows per warp. */
-  public static final List<Integer> TC_ROWS_PER_WARP = List.of(16, 32);
 
   private static final Map<Integer, CudaAttention> INSTANCES = new ConcurrentHashMap<>();
 
@@ -68,14 +59,9 @@ public final class CudaAttention implements AttentionBackend {
 
   /** The kernel that runs inputs of this type and head dim: tensor cores where one exists. */
   public static String kernelFor(DType type, int dim) {
-    return kernelFor(type, dim, rowsPerWarp());
-  }
-
-  /** The same, with the tensor-core variant of {@code rowsPerWarp} query rows per warp (16 or 32). */
-  public static String kernelFor(DType type, int dim, int rowsPerWarp) {
-    requireRowsPerWarp(rowsPerWarp, "rowsPerWarp");
-    return usesTensorCores(type, dim)
-        ? "longctx_forward_tc_" + (rowsPerWarp == 32 ? "m32_" : "") + type.suffix + "_d" + dim
+    // "m32": 32 query rows per warp, a name kept so that the A/B of bin/gpu-check finds the same
+    // kernel in earlier commits' fatbins.
+    return usesTensorCores(type, dim) ? "longctx_forward_tc_m32_" + type.suffix + "_d" + dim
         : "longctx_forward_" + type.suffix;
   }
 
@@ -83,34 +69,12 @@ public final class CudaAttention implements AttentionBackend {
     return type != DType.F32 && TENSOR_CORE_DIMS.contains(dim);
   }
 
-  /** The tensor-core variant {@link #ROWS_PER_WARP_PROPERTY} names (32 unless set). */
-  public static int rowsPerWarp() {
-    String v = System.getProperty(ROWS_PER_WARP_PROPERTY, "32").strip();
-    int r;
-    try {
-      r = Integer.parseInt(v);
-    } catch (NumberFormatException e) {
-      r = -1;
-    }
-    if (!TC_ROWS_PER_WARP.contains(r)) {
-      throw new IllegalArgumentException("-D" + ROWS_PER_WARP_PROPERTY + " must be 16 or 32, got '" + v + "'");
-    }
-    return r;
-  }
-
-  private static void requireRowsPerWarp(int r, String what) {
-    if (!TC_ROWS_PER_WARP.contains(r)) {
-      throw new IllegalArgumentException(what + " must be 16 or 32, got " + r);
-    }
-  }
-
   /**
-   * Dynamic shared memory of a tensor-core forward variant (Variant::kSmemBytes in flash_forward_tc.cu):
-   * K and V tiles, and for 32 rows per warp the block's Q rows; rows padded by 16 bytes.
+   * Dynamic shared memory of the tensor-core forward (smem_bytes() in flash_forward_tc.cu): K and V
+   * tiles and the block's Q rows, rows padded by 16 bytes.
    */
-  static int tcSmemBytes(DType type, int dim, int rowsPerWarp) {
-    int rows = 2 * TC_KEYS + (rowsPerWarp == 32 ? TC_ROWS_PER_BLOCK : 0);
-    return rows * (dim + 8) * type.bytes;
+  static int tcSmemBytes(DType type, int dim) {
+    return (2 * TC_KEYS + TC_ROWS_PER_BLOCK) * (dim + 8) * type.bytes;
   }
 
   /** The fatbin that defines a kernel, by the naming of the three .cu files. */
@@ -123,11 +87,9 @@ public final class CudaAttention implements AttentionBackend {
   public static List<String> kernelNames() {
     List<String> names = new ArrayList<>();
     for (DType t : DType.values()) {
-      names.add(kernelFor(t, 1, 16));
+      names.add(kernelFor(t, 1));
       if (t != DType.F32) {
-        for (int r : TC_ROWS_PER_WARP) {
-          TENSOR_CORE_DIMS.stream().sorted().forEach(d -> names.add(kernelFor(t, d, r)));
-        }
+        TENSOR_CORE_DIMS.stream().sorted().forEach(d -> names.add(kernelFor(t, d)));
       }
     }
     names.addAll(CudaDecode.kernelNames());
@@ -178,17 +140,15 @@ public final class CudaAttention implements AttentionBackend {
       check("cuModuleGetFunction(" + name + ")", JCudaDriver.cuModuleGetFunction(f, modules.get(fatbinOf(name)), name));
       kernels.put(name, f);
     }
-    // The tensor-core variants past 48 KB of shared memory (32 rows per warp at D 128) opt in once.
+    // The tensor-core kernels past 48 KB of shared memory (D 128) opt in once.
     for (DType t : List.of(DType.F16, DType.BF16)) {
       for (int d : TENSOR_CORE_DIMS) {
-        for (int r : TC_ROWS_PER_WARP) {
-          int bytes = tcSmemBytes(t, d, r);
-          if (bytes > CudaDecode.DEFAULT_SMEM) {
-            String name = kernelFor(t, d, r);
-            check("cuFuncSetAttribute(" + name + ", max dynamic shared memory " + bytes + ")",
-                JCudaDriver.cuFuncSetAttribute(kernels.get(name),
-                    CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes));
-          }
+        int bytes = tcSmemBytes(t, d);
+        if (bytes > CudaDecode.DEFAULT_SMEM) {
+          String name = kernelFor(t, d);
+          check("cuFuncSetAttribute(" + name + ", max dynamic shared memory " + bytes + ")",
+              JCudaDriver.cuFuncSetAttribute(kernels.get(name),
+                  CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes));
         }
       }
     }
@@ -320,18 +280,12 @@ public final class CudaAttention implements AttentionBackend {
    * reports as a failed row rather than an exception.
    */
   float[][] forwardArrays(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt, DType type) {
-    return forwardArrays(q, k, v, qPos, kPos, opt, type, rowsPerWarp());
-  }
-
-  /** The same on the tensor-core variant of {@code rowsPerWarp} rows per warp where one runs. */
-  float[][] forwardArrays(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt, DType type,
-      int rowsPerWarp) {
-    return forwardArrays(q, k, v, qPos, kPos, opt, type, rowsPerWarp, null);
+    return forwardArrays(q, k, v, qPos, kPos, opt, type, null);
   }
 
   /** The same on {@code other}'s kernel instead of this build's when not null (see {@link OtherBuildKernel}). */
   float[][] forwardArrays(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt, DType type,
-      int rowsPerWarp, OtherBuildKernel other) {
+      OtherBuildKernel other) {
     CpuAttention.Problem p = new CpuAttention.Problem(q, k, v, qPos, kPos, opt);
     requireDim(p.dim);
     Objects.requireNonNull(type, "type");
@@ -353,7 +307,7 @@ public final class CudaAttention implements AttentionBackend {
       forwardOnDevice(new DeviceTensor(dq, type, q.batch(), q.heads(), q.tokens(), q.dim()),
           new DeviceTensor(dk, type, k.batch(), k.heads(), k.tokens(), k.dim()),
           new DeviceTensor(dv, type, v.batch(), v.heads(), v.tokens(), v.dim()),
-          dqp, dkp, opt, dout, dlse, stream, rowsPerWarp, other);
+          dqp, dkp, opt, dout, dlse, stream, other);
       copyOutputs(dout, dlse, o, lse, stream);
       check("cuStreamSynchronize", JCudaDriver.cuStreamSynchronize(stream));
     } finally {
@@ -368,13 +322,7 @@ public final class CudaAttention implements AttentionBackend {
    */
   public void forwardOnDevice(DeviceTensor q, DeviceTensor k, DeviceTensor v, DeviceBuffer qPos, DeviceBuffer kPos,
       AttentionOptions opt, DeviceBuffer o, DeviceBuffer lse, CUstream stream) {
-    forwardOnDevice(q, k, v, qPos, kPos, opt, o, lse, stream, rowsPerWarp());
-  }
-
-  /** The same on the tensor-core variant of {@code rowsPerWarp} (16 or 32) query rows per warp. */
-  public void forwardOnDevice(DeviceTensor q, DeviceTensor k, DeviceTensor v, DeviceBuffer qPos, DeviceBuffer kPos,
-      AttentionOptions opt, DeviceBuffer o, DeviceBuffer lse, CUstream stream, int rowsPerWarp) {
-    forwardOnDevice(q, k, v, qPos, kPos, opt, o, lse, stream, rowsPerWarp, null);
+    forwardOnDevice(q, k, v, qPos, kPos, opt, o, lse, stream, null);
   }
 
   /**
@@ -399,9 +347,7 @@ public final class CudaAttention implements AttentionBackend {
   }
 
   void forwardOnDevice(DeviceTensor q, DeviceTensor k, DeviceTensor v, DeviceBuffer qPos, DeviceBuffer kPos,
-      AttentionOptions opt, DeviceBuffer o, DeviceBuffer lse, CUstream stream, int rowsPerWarp,
-      OtherBuildKernel other) {
-    requireRowsPerWarp(rowsPerWarp, "rowsPerWarp");
+      AttentionOptions opt, DeviceBuffer o, DeviceBuffer lse, CUstream stream, OtherBuildKernel other) {
     if (q.type() != k.type() || k.type() != v.type()) {
       throw new IllegalArgumentException("q, k and v must share one element type, got " + q.type() + ", "
           + k.type() + ", " + v.type());
@@ -432,18 +378,18 @@ public final class CudaAttention implements AttentionBackend {
         Pointer.to(new int[] {q.tokens()}), Pointer.to(new int[] {k.tokens()}), Pointer.to(new int[] {q.dim()}),
         Pointer.to(new float[] {(float) scale}), Pointer.to(new float[] {opt.softcap()}),
         Pointer.to(new int[] {opt.causal() ? 1 : 0}), Pointer.to(new long[] {opt.window()}));
-    String name = kernelFor(q.type(), q.dim(), rowsPerWarp);
+    String name = kernelFor(q.type(), q.dim());
     if (other != null && !other.name().equals(name)) {
       throw new IllegalArgumentException(other.label() + "'s " + other.name() + " cannot stand in for " + name);
     }
     boolean tc = usesTensorCores(q.type(), q.dim());
     int rowsPerBlock = tc ? TC_ROWS_PER_BLOCK : PLAIN_ROWS_PER_BLOCK;
-    int threads = !tc ? THREADS : rowsPerWarp == 32 ? TC_THREADS_M32 : TC_THREADS;
+    int threads = tc ? TC_THREADS : THREADS;
     check("cuCtxSetCurrent", JCudaDriver.cuCtxSetCurrent(context));
     check("cuLaunchKernel(" + name + (other != null ? " of " + other.label() : "") + ")",
         JCudaDriver.cuLaunchKernel(other != null ? other.function() : kernels.get(name),
             (q.tokens() + rowsPerBlock - 1) / rowsPerBlock, q.heads(), q.batch(), threads, 1, 1,
-            other != null ? other.smemBytes() : tc ? tcSmemBytes(q.type(), q.dim(), rowsPerWarp) : 0, stream,
+            other != null ? other.smemBytes() : tc ? tcSmemBytes(q.type(), q.dim()) : 0, stream,
             params, null));
   }
 

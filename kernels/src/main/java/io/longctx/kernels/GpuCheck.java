@@ -1,7 +1,6 @@
 package io.longctx.kernels;
 
 import java.util.Arrays;
-import java.util.List;
 import java.util.Locale;
 import java.util.SplittableRandom;
 import jcuda.Pointer;
@@ -73,35 +72,33 @@ public final class GpuCheck {
     AttentionOptions[] masks = smoke ? Arrays.copyOf(MASKS, 2) : MASKS;
     for (CudaAttention.DType type : CudaAttention.DType.values()) {
       for (int[] sh : smoke ? SMOKE_SHAPES : SHAPES) {
-        for (int rowsPerWarp : variants(type, sh[5])) {
-          for (AttentionOptions opt : masks) {
-            String kernel = CudaAttention.kernelFor(type, sh[5], rowsPerWarp);
-            boolean roundedP = CudaAttention.usesTensorCores(type, sh[5]);
-            String rule = roundedP
-                ? String.valueOf(Tolerance.ROUNDED_P_FACTOR).replaceAll("\\.0$", "") + "x naive rounded-P"
-                : "2x naive float32";
-            String head = String.format(Locale.ROOT, "| %s | [%d,%d/%d,%d,%d,%d] | %s | ", kernel, sh[0], sh[1], sh[2],
-                sh[3], sh[4], sh[5], maskName(opt));
-            try {
-              Tensor q = rounded(Tensor.random(rng, sh[0], sh[1], sh[3], sh[5]), type);
-              Tensor k = rounded(Tensor.random(rng, sh[0], sh[2], sh[4], sh[5]), type);
-              Tensor v = rounded(Tensor.random(rng, sh[0], sh[2], sh[4], sh[5]), type);
-              long[] qPos = lastPositions(sh[3], sh[4]);
-              AttentionState got = run(cuda, type, q, k, v, qPos, opt, rowsPerWarp);
-              ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qPos, null, opt);
-              String bad = roundedP
-                  ? Tolerance.violationRoundedP(got.o(), got.lse(), ref,
-                      ReferenceAttention.computeRoundedP(q, k, v, qPos, null, opt, type))
-                  : Tolerance.violation(got, ref, ReferenceAttention.computeFloat32(q, k, v, qPos, null, opt));
-              report.row(head + Tolerance.errors(got.o(), got.lse(), ref) + " | " + rule + " | "
-                  + (bad == null ? "pass" : "FAIL: " + bad) + " |", bad == null);
-            } catch (RuntimeException | OutOfMemoryError e) {
-              report.errorRow(head + " | " + rule + " | " + CheckReport.errorText(e) + " |");
-              String lost = CheckReport.contextLost(e);
-              if (lost != null) {
-                report.stop(lost);
-                return;
-              }
+        for (AttentionOptions opt : masks) {
+          String kernel = CudaAttention.kernelFor(type, sh[5]);
+          boolean roundedP = CudaAttention.usesTensorCores(type, sh[5]);
+          String rule = roundedP
+              ? String.valueOf(Tolerance.ROUNDED_P_FACTOR).replaceAll("\\.0$", "") + "x naive rounded-P"
+              : "2x naive float32";
+          String head = String.format(Locale.ROOT, "| %s | [%d,%d/%d,%d,%d,%d] | %s | ", kernel, sh[0], sh[1], sh[2],
+              sh[3], sh[4], sh[5], maskName(opt));
+          try {
+            Tensor q = rounded(Tensor.random(rng, sh[0], sh[1], sh[3], sh[5]), type);
+            Tensor k = rounded(Tensor.random(rng, sh[0], sh[2], sh[4], sh[5]), type);
+            Tensor v = rounded(Tensor.random(rng, sh[0], sh[2], sh[4], sh[5]), type);
+            long[] qPos = lastPositions(sh[3], sh[4]);
+            AttentionState got = run(cuda, type, q, k, v, qPos, opt);
+            ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qPos, null, opt);
+            String bad = roundedP
+                ? Tolerance.violationRoundedP(got.o(), got.lse(), ref,
+                    ReferenceAttention.computeRoundedP(q, k, v, qPos, null, opt, type))
+                : Tolerance.violation(got, ref, ReferenceAttention.computeFloat32(q, k, v, qPos, null, opt));
+            report.row(head + Tolerance.errors(got.o(), got.lse(), ref) + " | " + rule + " | "
+                + (bad == null ? "pass" : "FAIL: " + bad) + " |", bad == null);
+          } catch (RuntimeException | OutOfMemoryError e) {
+            report.errorRow(head + " | " + rule + " | " + CheckReport.errorText(e) + " |");
+            String lost = CheckReport.contextLost(e);
+            if (lost != null) {
+              report.stop(lost);
+              return;
             }
           }
         }
@@ -109,14 +106,8 @@ public final class GpuCheck {
     }
   }
 
-  /** The tensor-core variants (rows per warp) a (type, dim) runs: both where tensor cores run, else one. */
-  static List<Integer> variants(CudaAttention.DType type, int dim) {
-    return CudaAttention.usesTensorCores(type, dim) ? CudaAttention.TC_ROWS_PER_WARP : List.of(16);
-  }
-
   /**
-   * Forward timing, D 128, fp16 and bf16, causal and not, both tensor-core variants; one row per
-   * configuration, each isolated.
+   * Forward timing, D 128, fp16 and bf16, causal and not; one row per configuration, each isolated.
    */
   static void timing(CudaAttention cuda, SplittableRandom rng, CheckReport report, boolean smoke) {
     report.line("");
@@ -125,21 +116,19 @@ public final class GpuCheck {
     for (int t : smoke ? new int[] {128} : new int[] {4096, 8192, 16384}) {
       for (boolean causal : new boolean[] {false, true}) {
         for (CudaAttention.DType type : new CudaAttention.DType[] {CudaAttention.DType.BF16, CudaAttention.DType.F16}) {
-          for (int rowsPerWarp : CudaAttention.TC_ROWS_PER_WARP) {
-            int b = 1, h = smoke ? 2 : 16, d = 128;
-            String head = String.format(Locale.ROOT, "| %s | %d | %d | %d | %d | %b | ",
-                CudaAttention.kernelFor(type, d, rowsPerWarp), b, h, t, d, causal);
-            try {
-              double ms = time(cuda, type, b, h, t, d, AttentionOptions.DEFAULT.withCausal(causal), rng, rowsPerWarp);
-              double flops = 4.0 * b * h * t * (double) t * d * (causal ? 0.5 : 1.0);
-              report.line(head + String.format(Locale.ROOT, "%.3f | %.1f |", ms, flops / ms / 1e9));
-            } catch (RuntimeException | OutOfMemoryError e) {
-              report.errorRow(head + CheckReport.errorText(e) + " | |");
-              String lost = CheckReport.contextLost(e);
-              if (lost != null) {
-                report.stop(lost);
-                return;
-              }
+          int b = 1, h = smoke ? 2 : 16, d = 128;
+          String head = String.format(Locale.ROOT, "| %s | %d | %d | %d | %d | %b | ",
+              CudaAttention.kernelFor(type, d), b, h, t, d, causal);
+          try {
+            double ms = time(cuda, type, b, h, t, d, AttentionOptions.DEFAULT.withCausal(causal), rng);
+            double flops = 4.0 * b * h * t * (double) t * d * (causal ? 0.5 : 1.0);
+            report.line(head + String.format(Locale.ROOT, "%.3f | %.1f |", ms, flops / ms / 1e9));
+          } catch (RuntimeException | OutOfMemoryError e) {
+            report.errorRow(head + CheckReport.errorText(e) + " | |");
+            String lost = CheckReport.contextLost(e);
+            if (lost != null) {
+              report.stop(lost);
+              return;
             }
           }
         }
@@ -180,14 +169,14 @@ public final class GpuCheck {
   }
 
   static AttentionState run(CudaAttention cuda, CudaAttention.DType type, Tensor q, Tensor k, Tensor v, long[] qPos,
-      AttentionOptions opt, int rowsPerWarp) {
-    return run(cuda, type, q, k, v, qPos, opt, rowsPerWarp, null);
+      AttentionOptions opt) {
+    return run(cuda, type, q, k, v, qPos, opt, null);
   }
 
   /** The same on another build's kernel when {@code other} is not null ({@link GpuForwardAB}). */
   static AttentionState run(CudaAttention cuda, CudaAttention.DType type, Tensor q, Tensor k, Tensor v, long[] qPos,
-      AttentionOptions opt, int rowsPerWarp, CudaAttention.OtherBuildKernel other) {
-    float[][] out = cuda.forwardArrays(q, k, v, qPos, null, opt, type, rowsPerWarp, other);
+      AttentionOptions opt, CudaAttention.OtherBuildKernel other) {
+    float[][] out = cuda.forwardArrays(q, k, v, qPos, null, opt, type, other);
     int rows = q.batch() * q.tokens();
     // Not AttentionState.of on NaN (the device's poison where the kernel wrote nothing): that must
     // show as a failed check, not an exception.
@@ -201,13 +190,13 @@ public final class GpuCheck {
 
   /** Median kernel time in ms over 10 launches after 3 warm-up launches, by CUDA events. */
   static double time(CudaAttention cuda, CudaAttention.DType type, int b, int h, int t, int d, AttentionOptions opt,
-      SplittableRandom rng, int rowsPerWarp) {
-    return time(cuda, type, b, h, t, d, opt, rng, rowsPerWarp, null);
+      SplittableRandom rng) {
+    return time(cuda, type, b, h, t, d, opt, rng, null);
   }
 
   /** The same on another build's kernel when {@code other} is not null ({@link GpuForwardAB}). */
   static double time(CudaAttention cuda, CudaAttention.DType type, int b, int h, int t, int d, AttentionOptions opt,
-      SplittableRandom rng, int rowsPerWarp, CudaAttention.OtherBuildKernel other) {
+      SplittableRandom rng, CudaAttention.OtherBuildKernel other) {
     Tensor q = Tensor.random(rng, b, h, t, d);
     long[] pos = ReferenceAttention.iota(t);
     CUstream stream = new CUstream();
@@ -222,7 +211,7 @@ public final class GpuCheck {
       CudaAttention.DeviceTensor tk = new CudaAttention.DeviceTensor(dk, type, b, h, t, d);
       CudaAttention.DeviceTensor tv = new CudaAttention.DeviceTensor(dv, type, b, h, t, d);
       return medianMs(stream, 3, 10, () -> cuda.forwardOnDevice(tq, tk, tv, dp, dp, opt, dout, dlse, stream,
-          rowsPerWarp, other));
+          other));
     } finally {
       JCudaDriver.cuStreamDestroy(stream);
     }

@@ -11,12 +11,12 @@ import java.util.Locale;
 import java.util.SplittableRandom;
 
 /**
- * The A/B section of the GPU check ({@code bin/gpu-check run ab}): the 32-rows-per-warp bf16 D 128
- * tensor-core forward as other commits built it, beside this build's, in one process on one device,
- * so that one short GPU call says which of several unmeasured kernel changes paid. {@code bin/gpu-check
- * bundle} compiles {@code flash_forward_tc.cu} of each commit listed in
- * {@code kernels/src/gpu/ab-revisions.txt} into {@code <dir>/<label>.fatbin} and copies the list to
- * {@code <dir>/revisions.txt} (lines {@code label commit note}).
+ * The A/B section of the GPU check ({@code bin/gpu-check run ab}): the bf16 D 128 tensor-core forward
+ * as other commits built it, beside this build's, in one process on one device, so that one short GPU
+ * call says which of several unmeasured kernel changes paid. {@code bin/gpu-check bundle} compiles
+ * {@code flash_forward_tc.cu} of each commit listed in {@code kernels/src/gpu/ab-revisions.txt} into
+ * {@code <dir>/<label>.fatbin} and copies the list to {@code <dir>/revisions.txt} (lines {@code label
+ * commit note}).
  *
  * <p>Each build's kernel is first checked against the float64 reference by the tensor-core rule
  * ({@link Tolerance#violationRoundedP}) on a few masked shapes, then every build is timed on the
@@ -33,7 +33,6 @@ public final class GpuForwardAB {
 
   static final CudaAttention.DType TYPE = CudaAttention.DType.BF16;
   static final int DIM = 128;
-  static final int ROWS_PER_WARP = 32;
   /** Query and key positions of one block in shared memory, as builds before 7280e1e kept them. */
   static final int OLD_POSITION_BYTES = 8 * (CudaAttention.TC_KEYS + CudaAttention.TC_ROWS_PER_BLOCK);
   /** [B, H, Hkv, Tq, Tk]. */
@@ -61,7 +60,7 @@ public final class GpuForwardAB {
     }
     Long fixed = Long.getLong("longctx.seed");
     long seed = fixed != null ? fixed : System.nanoTime();
-    String kernel = CudaAttention.kernelFor(TYPE, DIM, ROWS_PER_WARP);
+    String kernel = CudaAttention.kernelFor(TYPE, DIM);
     report.line("");
     report.line("## A/B of " + kernel + " across commits on " + s.device() + ", " + CheckReport.driver() + ", seed "
         + seed + (smoke ? " (smoke sizes)" : ""));
@@ -95,7 +94,7 @@ public final class GpuForwardAB {
       report.errorRow("no list of builds: " + CheckReport.errorText(e));
       return builds;
     }
-    int smem = CudaAttention.tcSmemBytes(TYPE, DIM, ROWS_PER_WARP) + OLD_POSITION_BYTES;
+    int smem = CudaAttention.tcSmemBytes(TYPE, DIM) + OLD_POSITION_BYTES;
     report.line("");
     report.line("| build | commit | note | loaded |");
     report.line("| --- | --- | --- | --- |");
@@ -140,7 +139,7 @@ public final class GpuForwardAB {
           String head = String.format(Locale.ROOT, "| %s | [%d,%d/%d,%d,%d,%d] | %s | ", b.label(), sh[0], sh[1], sh[2],
               sh[3], sh[4], DIM, GpuCheck.maskName(opt));
           try {
-            AttentionState got = GpuCheck.run(cuda, TYPE, q, k, v, qPos, opt, ROWS_PER_WARP, b.kernel());
+            AttentionState got = GpuCheck.run(cuda, TYPE, q, k, v, qPos, opt, b.kernel());
             String bad = Tolerance.violationRoundedP(got.o(), got.lse(), ref, naive);
             report.row(head + Tolerance.errors(got.o(), got.lse(), ref) + " | " + (bad == null ? "pass" : "FAIL: " + bad)
                 + " |", bad == null);
@@ -178,7 +177,7 @@ public final class GpuForwardAB {
               continue;
             }
             try {
-              ms[i][round] = GpuCheck.time(cuda, TYPE, b, h, t, DIM, opt, rng, ROWS_PER_WARP, builds.get(i).kernel());
+              ms[i][round] = GpuCheck.time(cuda, TYPE, b, h, t, DIM, opt, rng, builds.get(i).kernel());
             } catch (RuntimeException | OutOfMemoryError e) {
               error[i] = CheckReport.errorText(e);
               String lost = CheckReport.contextLost(e);

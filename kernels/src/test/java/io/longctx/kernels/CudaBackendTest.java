@@ -58,22 +58,6 @@ class CudaBackendTest {
     assertEquals("longctx_forward_tc_m32_bf16_d128", CudaAttention.kernelFor(CudaAttention.DType.BF16, 128));
     assertEquals("longctx_forward_f16", CudaAttention.kernelFor(CudaAttention.DType.F16, 96));
     assertEquals("longctx_forward_f32", CudaAttention.kernelFor(CudaAttention.DType.F32, 128));
-  }
-
-  /** The tensor-core forward's variant by -Dlongctx.cuda.forwardRowsPerWarp: 16 or 32, else an error naming it. */
-  @Test
-  void forwardVariantByProperty() {
-    try {
-      System.setProperty(CudaAttention.ROWS_PER_WARP_PROPERTY, "16");
-      assertEquals("longctx_forward_tc_bf16_d128", CudaAttention.kernelFor(CudaAttention.DType.BF16, 128));
-      assertEquals("longctx_forward_f32", CudaAttention.kernelFor(CudaAttention.DType.F32, 128));
-      System.setProperty(CudaAttention.ROWS_PER_WARP_PROPERTY, "8");
-      IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
-          () -> CudaAttention.kernelFor(CudaAttention.DType.BF16, 128));
-      assertEquals("-Dlongctx.cuda.forwardRowsPerWarp must be 16 or 32, got '8'", e.getMessage());
-    } finally {
-      System.clearProperty(CudaAttention.ROWS_PER_WARP_PROPERTY);
-    }
     assertEquals("longctx_forward_tc_m32_f16_d64", CudaAttention.kernelFor(CudaAttention.DType.F16, 64));
   }
 

@@ -53,20 +53,18 @@ class LaunchGeometryTest {
     Map<String, Integer> tc = constants("flash_forward_tc.cu");
     assertEquals(tc.get("kRows"), CudaAttention.TC_ROWS_PER_BLOCK, "rows per block of the tensor-core kernel");
     assertEquals(tc.get("kThreads"), CudaAttention.TC_THREADS, "threads of the tensor-core kernel");
-    assertEquals(tc.get("kThreadsM32"), CudaAttention.TC_THREADS_M32, "threads of its 32-rows-per-warp variant");
     assertEquals(tc.get("kKeys"), CudaAttention.TC_KEYS, "keys per tile of the tensor-core kernel");
-    assertEquals(CudaAttention.TC_THREADS / 32 * 16, CudaAttention.TC_ROWS_PER_BLOCK, "16 query rows per warp");
-    assertEquals(CudaAttention.TC_THREADS_M32 / 32 * 32, CudaAttention.TC_ROWS_PER_BLOCK, "32 query rows per warp");
-    // CudaAttention.tcSmemBytes is the formula of Variant::kSmemBytes; the source must still say so.
+    assertEquals(CudaAttention.TC_THREADS / 32 * 16 * tc.get("kRowBlocks"), CudaAttention.TC_ROWS_PER_BLOCK,
+        "warps x 16 rows x row blocks per warp");
+    assertEquals(2, tc.get("kRowBlocks"), "32 query rows per warp");
+    // CudaAttention.tcSmemBytes is the formula of smem_bytes(); the source must still say so.
     String src = Files.readString(Path.of("src", "main", "cuda", "flash_forward_tc.cu"));
-    assertTrue(src.replaceAll("\\s+", " ")
-        .contains("kSmemBytes = (2 * kKeys + (MB > 1 ? kRows : 0)) * (D + 8) * (int)sizeof(T);"),
-        "Variant::kSmemBytes changed: change tcSmemBytes with it");
-    assertEquals((2 * 64 + 128) * 136 * 2, CudaAttention.tcSmemBytes(CudaAttention.DType.BF16, 128, 32));
-    assertEquals(2 * 64 * 72 * 2, CudaAttention.tcSmemBytes(CudaAttention.DType.F16, 64, 16));
-    assertEquals("longctx_forward_tc_m32_bf16_d128", CudaAttention.kernelFor(CudaAttention.DType.BF16, 128, 32));
-    assertEquals("longctx_forward_bf16", CudaAttention.kernelFor(CudaAttention.DType.BF16, 96, 32));
-    assertThrows(IllegalArgumentException.class, () -> CudaAttention.kernelFor(CudaAttention.DType.BF16, 128, 8));
+    assertTrue(src.replaceAll("\\s+", " ").contains("return (2 * kKeys + kRows) * (D + 8) * (int)sizeof(T);"),
+        "smem_bytes() changed: change tcSmemBytes with it");
+    assertEquals((2 * 64 + 128) * 136 * 2, CudaAttention.tcSmemBytes(CudaAttention.DType.BF16, 128));
+    assertEquals((2 * 64 + 128) * 72 * 2, CudaAttention.tcSmemBytes(CudaAttention.DType.F16, 64));
+    assertEquals("longctx_forward_tc_m32_bf16_d128", CudaAttention.kernelFor(CudaAttention.DType.BF16, 128));
+    assertEquals("longctx_forward_bf16", CudaAttention.kernelFor(CudaAttention.DType.BF16, 96));
   }
 
   @Test

@@ -8,18 +8,16 @@ import java.util.SplittableRandom;
  * Run in a child JVM by {@link CudaTensorCoreEmulationTest} with the emulating fake libcuda on
  * LD_LIBRARY_PATH: the tensor-core forward (flash_forward_tc.cu, through CudaAttention and JCuda) on
  * small awkward shapes, each against the float64 reference by the rounded-P rule
- * ({@link Tolerance#violationRoundedP}), on both variants (16 and 32 query rows per warp). Prints the
- * seed, then one line per case and variant: {@code name=pass} (with its errors and a hash of the
- * output's bits) or {@code name=FAIL: why}.
+ * ({@link Tolerance#violationRoundedP}). Prints the seed, then one line per case: {@code name=pass}
+ * (with its errors and a hash of the output's bits) or {@code name=FAIL: why}.
  */
 public final class TensorCoreFakeDeviceMain {
   private TensorCoreFakeDeviceMain() {}
 
   /**
    * Type, [B, H, Hkv, Tq, Tk, D], mask, first query position (null: the last Tq of the keys' 0..Tk-1):
-   * Tq 1, 5, 7, 65, 100 (one partial 128-row block; 100: warp 7's rows all past Tq, and at 32 rows per
-   * warp warp 3's second row block), 130 and 200 (a whole and a partial block); Tk 1 to 600 (up to ten
-   * 64-key tiles).
+   * Tq 1, 5, 7, 65, 100 (one partial 128-row block; 100: warp 3's second row block all past Tq), 130
+   * and 200 (a whole and a partial block); Tk 1 to 600 (up to ten 64-key tiles).
    */
   private record Case(CudaAttention.DType type, int[] shape, AttentionOptions opt, Long qStart) {
     /** Queries at the last Tq positions of the keys' 0..Tk-1. */
@@ -27,8 +25,8 @@ public final class TensorCoreFakeDeviceMain {
       this(type, shape, opt, null);
     }
 
-    String name(int rowsPerWarp) {
-      return String.format(Locale.ROOT, "%s[%d,%d/%d,%d,%d,%d]%s", CudaAttention.kernelFor(type, shape[5], rowsPerWarp),
+    String name() {
+      return String.format(Locale.ROOT, "%s[%d,%d/%d,%d,%d,%d]%s", CudaAttention.kernelFor(type, shape[5]),
           shape[0], shape[1], shape[2], shape[3], shape[4], shape[5], GpuCheck.maskName(opt).replace(' ', '-'));
     }
   }
@@ -67,16 +65,13 @@ public final class TensorCoreFakeDeviceMain {
         new Case(bf16, new int[] {1, 2, 1, 5, 70, 64}, causal, 100L),
     };
     for (Case c : cases) {
-      long inputs = rng.nextLong(); // both variants get the same inputs: their bits must agree
-      for (int rowsPerWarp : CudaAttention.TC_ROWS_PER_WARP) {
-        System.out.println(c.name(rowsPerWarp) + "=" + run(cuda, c, new SplittableRandom(inputs), rowsPerWarp));
-      }
+      System.out.println(c.name() + "=" + run(cuda, c, rng));
     }
     System.out.println("fp16-overflow=" + fp16Overflow(cuda, rng));
   }
 
-  /** One case on one variant: "pass" with errors and the output's bits, or "FAIL: why". */
-  private static String run(CudaAttention cuda, Case c, SplittableRandom rng, int rowsPerWarp) {
+  /** One case: "pass" with errors and the output's bits, or "FAIL: why". */
+  private static String run(CudaAttention cuda, Case c, SplittableRandom rng) {
     String bad;
     try {
       int[] s = c.shape();
@@ -89,7 +84,7 @@ public final class TensorCoreFakeDeviceMain {
           qp[t] = c.qStart() + t;
         }
       }
-      AttentionState got = GpuCheck.run(cuda, c.type(), q, k, v, qp, c.opt(), rowsPerWarp);
+      AttentionState got = GpuCheck.run(cuda, c.type(), q, k, v, qp, c.opt());
       ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, c.opt());
       bad = Tolerance.violationRoundedP(got.o(), got.lse(), ref,
           ReferenceAttention.computeRoundedP(q, k, v, qp, null, c.opt(), c.type()));
