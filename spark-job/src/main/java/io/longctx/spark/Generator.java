@@ -123,6 +123,11 @@ public final class Generator implements Serializable {
         : keys.select(col("docId").as("doc_id"), col("pos"), col("k"), col("v"));
     // Both outputs are checked before either is written, and each is committed like score's OUT.
     Configuration hconf = spark.sparkContext().hadoopConfiguration();
+    org.apache.hadoop.fs.Path top = new org.apache.hadoop.fs.Path(dir);
+    org.apache.hadoop.fs.FileSystem fs = top.getFileSystem(hconf);
+    if (fs.exists(top) && !fs.getFileStatus(top).isDirectory()) {
+      throw new InputError("--output " + dir + " is a file: gen writes a directory (the keys and queries inside it)");
+    }
     OutputCommit keysOut = OutputCommit.prepare(hconf, dir + "/" + keysName(), overwrite, "gen", Map.of());
     OutputCommit queriesOut = queriesPerDoc > 0
         ? OutputCommit.prepare(hconf, dir + "/" + queriesName(), overwrite, "gen", Map.of()) : null;

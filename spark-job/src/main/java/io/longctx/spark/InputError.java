@@ -2,6 +2,8 @@ package io.longctx.spark;
 
 import java.io.IOException;
 import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
 
 /**
@@ -15,13 +17,33 @@ public final class InputError extends RuntimeException {
     super(message);
   }
 
-  /** A named input path that does not exist (globs are left to the reader) is bad input. */
+  /**
+   * A named input path that does not exist, a glob that matches nothing, and a file that Spark's
+   * readers skip as hidden (a name starting with '_' or '.': the job would see no rows in it) are bad
+   * input.
+   */
   static void requireExists(Configuration conf, String path, String what) throws IOException {
     Path p = new Path(path);
-    if (!path.contains("*") && !p.getFileSystem(conf).exists(p)) {
+    FileSystem fs = p.getFileSystem(conf);
+    if (GLOB.matcher(path).find()) {
+      FileStatus[] matched = fs.globStatus(p);
+      if (matched == null || matched.length == 0) {
+        throw new InputError(what + " " + path + ": no file or directory matches this pattern");
+      }
+      return;
+    }
+    if (!fs.exists(p)) {
       throw new InputError(what + " " + path + ": no such file or directory");
     }
+    String name = p.getName();
+    if ((name.startsWith("_") || name.startsWith(".")) && fs.getFileStatus(p).isFile()) {
+      throw new InputError(what + " " + path + ": Spark skips files whose names start with '_' or '.' (as hidden), "
+          + "so none of its rows would be read: rename the file");
+    }
   }
+
+  /** The characters that make a Hadoop path a glob pattern. */
+  private static final java.util.regex.Pattern GLOB = java.util.regex.Pattern.compile("[*?\\[{]");
 
   /** An InputError wrapped in {@code e} (a failed task's), as itself; otherwise {@code e}. */
   public static RuntimeException surfaced(RuntimeException e) {

@@ -251,6 +251,11 @@ public final class PplJob {
     Map<String, String> inputs = new LinkedHashMap<>();
     inputs.put("INPUT", opt.input);
     inputs.put("MODEL", opt.model);
+    if (opt.checkpointDir != null && within(hconf, opt.checkpointDir, opt.output)) {
+      // The checkpoints would be made inside OUT before the output exists, and the commit then finds OUT taken.
+      throw new InputError("--checkpoint-dir " + opt.checkpointDir + " is inside OUT " + opt.output
+          + ": the output replaces OUT as a whole, so give a checkpoint directory outside it");
+    }
     OutputCommit commit = OutputCommit.prepare(hconf, opt.output, opt.overwrite, "ppl", inputs);
 
     String fmt = opt.resolvedFormat();
@@ -270,6 +275,7 @@ public final class PplJob {
     if (n == 0) {
       throw new InputError("INPUT " + opt.input + ": no documents");
     }
+    requireUniqueDocIds(docs, opt.input);
     int parts = opt.partitions > 0 ? opt.partitions : (int) Math.min(n, Integer.MAX_VALUE);
     final Options o = opt;
     final boolean bpb = hasText;
@@ -443,6 +449,38 @@ public final class PplJob {
     }
   }
 
+  /** Whether {@code dir} is {@code top} or inside it, both qualified on their file systems. */
+  static boolean within(Configuration hconf, String dir, String top) throws IOException {
+    Path t = new Path(top);
+    t = t.getFileSystem(hconf).makeQualified(t);
+    Path d = new Path(dir);
+    for (d = d.getFileSystem(hconf).makeQualified(d); d != null; d = d.getParent()) {
+      if (d.equals(t)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  /**
+   * The output has one row per doc_id, so two documents under one id would give two rows no one could
+   * tell apart: refused, naming the id and where it occurs. (Rows without a doc_id are reported when
+   * they are tokenized.)
+   */
+  static void requireUniqueDocIds(Dataset<Row> docs, String input) {
+    Column file = functions.col("file");
+    List<Row> dup = docs.where(functions.col("doc_id").isNotNull()).groupBy(functions.col("doc_id"))
+        .agg(functions.count(functions.lit(1)).as("n"), functions.min(file).as("first"), functions.max(file).as("last"))
+        .where(functions.col("n").gt(1)).limit(1).collectAsList();
+    if (!dup.isEmpty()) {
+      Row r = dup.get(0);
+      String first = r.getString(2), last = r.getString(3);
+      throw new InputError("INPUT " + input + ": doc_id '" + r.getString(0) + "' appears " + r.getLong(1) + " times ("
+          + (first.equals(last) ? "in file " + first : "in files " + first + " and " + last + " at least")
+          + "); the output has one row per doc_id, so give each document its own");
+    }
+  }
+
   static Dataset<Row> read(SparkSession spark, String fmt, String path) {
     Dataset<Row> df;
     if (fmt.equals("json")) {
@@ -450,7 +488,7 @@ public final class PplJob {
           .add("tokens", DataTypes.createArrayType(DataTypes.LongType)).add(CORRUPT, DataTypes.StringType);
       df = spark.read().schema(s).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT).json(path);
     } else {
-      df = spark.read().format(fmt).load(path);
+      df = Formats.load(spark, fmt, path, "INPUT");
     }
     Set<String> have = new HashSet<>(Arrays.asList(df.columns()));
     if (!have.contains("doc_id") || (!have.contains("text") && !have.contains("tokens"))) {

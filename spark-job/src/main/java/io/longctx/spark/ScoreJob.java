@@ -169,6 +169,13 @@ public final class ScoreJob {
       List<RangeMeta> blockMeta = prefill ? chunkMeta // a prefill block is its chunk's tokens
           : blocks.map((MapFunction<QueryBlock, RangeMeta>) ScoreJob::blockMeta, Encoders.bean(RangeMeta.class))
               .collectAsList();
+      if (!prefill && (attn.causal() || attn.window() > 0) && blockMeta.stream().noneMatch(RangeMeta::getHasPos)) {
+        // A query without pos attends the whole document by design; when none has one, a mask was asked
+        // for and would apply nowhere: most likely the field is misspelled or missing.
+        throw new InputError("QUERIES " + opt.queries + ": " + (attn.causal() ? "--causal" : "--window")
+            + " needs query positions, but no query has a 'pos' (a query without one attends the whole document): "
+            + "give each query its position, or leave out " + (attn.causal() ? "--causal" : "--window"));
+      }
       PairPlan plan = PairPlan.make(chunkMeta, blockMeta, attn, opt.keys, opt.queries);
       Broadcast<PairPlan> planB = JavaSparkContext.fromSparkContext(spark.sparkContext()).broadcast(plan);
 
@@ -290,7 +297,7 @@ public final class ScoreJob {
       df = spark.read().schema((isKeys ? keysSchema(withQ) : queriesSchema()).add(CORRUPT, DataTypes.StringType))
           .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT).json(path);
     } else {
-      df = spark.read().format(fmt).load(path);
+      df = Formats.load(spark, fmt, path, what);
     }
     Set<String> have = new HashSet<>(Arrays.asList(df.columns()));
     List<String> need = new ArrayList<>(isKeys ? List.of("doc_id", "pos", "k", "v") : List.of("query_id", "doc_id", "q"));

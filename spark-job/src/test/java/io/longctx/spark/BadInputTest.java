@@ -192,6 +192,32 @@ class BadInputTest {
   }
 
   /**
+   * Inputs that once ended in a stack trace (exit 1) or in an empty answer: a glob matching nothing, a
+   * file Spark skips as hidden, JSON Lines read as Parquet (no .jsonl name, no --format), and gen onto
+   * a file. Each is exit 2 naming the path.
+   */
+  @Test
+  void pathsThatReadNothingOrTheWrongFormat() throws Exception {
+    TestData d = good();
+    Path keys = d.writeKeys(spark, tmp, "parquet", false), queries = d.writeQueries(spark, tmp, "parquet");
+    fails(tmp.resolve("nothing-*.parquet"), queries, "nothing-*.parquet: no file or directory matches");
+    Path hidden = tmp.resolve("_keys.parquet");
+    try (var parts = Files.list(keys)) {
+      Files.copy(parts.filter(p -> p.getFileName().toString().endsWith(".parquet")).findFirst().orElseThrow(), hidden);
+    }
+    fails(hidden, queries, "_keys.parquet: Spark skips files whose names start with '_' or '.'");
+    Path jsonDir = tmp.resolve("keys-as-json");
+    Files.move(d.writeKeys(spark, tmp, "json", false), jsonDir);
+    fails(jsonDir, queries, "KEYS " + jsonDir, "is not a Parquet file", "--format json");
+    Path file = Files.writeString(tmp.resolve("a-file"), "mine");
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "1", "--tokens", "10", "--output", file.toString()},
+        System.out, new PrintStream(err, true)), err.toString());
+    assertTrue(err.toString().contains("--output " + file + " is a file"), err.toString());
+    assertEquals("mine", Files.readString(file));
+  }
+
+  /**
    * Finite q and k whose score overflows float32 are bad input found inside a task: exit 2 naming the
    * document, the query (or token) and the key's position, in decode (-Infinity) and prefill (+Infinity).
    */
@@ -338,6 +364,28 @@ class BadInputTest {
     Path keys = tmp.resolve("all-nan.parquet");
     TestData.write(spark, rows, TestData.keysSchema(false), "parquet", keys, 1);
     fails(keys, d.writeQueries(spark, tmp, "parquet"), "all-nan.parquet/part-", "k[4] is NaN");
+  }
+
+  /**
+   * --causal over queries none of which has a position (here JSON with the field named "position",
+   * which reads as absent) would let every query see its whole document: refused, naming the file.
+   */
+  @Test
+  void maskWithoutAnyQueryPositionIsRefused() throws Exception {
+    TestData d = new TestData(11, 2, 1, 8).doc("alpha", 30, 0, 1).query("q1", "alpha", 10L).query("q2", "alpha", 3L);
+    Path qj = d.writeQueries(spark, tmp, "json");
+    try (var files = Files.list(qj)) {
+      for (Path f : files.toList()) {
+        String name = f.getFileName().toString();
+        if (name.endsWith(".crc")) {
+          Files.delete(f); // the local file system's checksum of the file as written
+        } else if (name.endsWith(".json")) {
+          Files.writeString(f, Files.readString(f).replace("\"pos\":", "\"position\":"));
+        }
+      }
+    }
+    fails(d.writeKeys(spark, tmp, "json", false), qj, "queries.jsonl", "--causal needs query positions",
+        "no query has a 'pos'");
   }
 
   @Test

@@ -166,6 +166,28 @@ class PplJobTest {
     fails(jsonl("e.jsonl", "{\"doc_id\": \"neg\", \"tokens\": [-1]}"), model, "doc 'neg'", "-1");
     fails(jsonl("f.jsonl", "not json"), model, "malformed JSON");
     fails(tmp.resolve("missing.jsonl"), model, "no such file");
+    fails(jsonl("g.jsonl", "{\"doc_id\": \"twice\", \"tokens\": [1, 2]}", "{\"doc_id\": \"once\", \"tokens\": [3]}",
+        "{\"doc_id\": \"twice\", \"tokens\": [4]}"), model, "doc_id 'twice' appears 2 times", "g.jsonl",
+        "one row per doc_id");
+  }
+
+  /** A checkpoint directory inside OUT: refused before anything is made (it used to leave an empty OUT). */
+  @Test
+  void checkpointDirInsideTheOutputIsRefused() throws Exception {
+    Path in = jsonl("cp.jsonl", "{\"doc_id\": \"a\", \"tokens\": [1, 2, 3]}");
+    for (String cp : List.of("out", "out/checkpoints", "out/../out/x")) {
+      Path out = tmp.resolve("out");
+      ByteArrayOutputStream err = new ByteArrayOutputStream();
+      int rc = run(err, "ppl", "--model", model.toString(), "--input", in.toString(), "--output", out.toString(),
+          "--checkpoint-dir", tmp.resolve(cp).toString());
+      String msg = err.toString();
+      assertEquals(2, rc, msg);
+      assertTrue(msg.contains("--checkpoint-dir " + tmp.resolve(cp) + " is inside OUT " + out), msg);
+      assertFalse(Files.exists(out), "nothing made: " + msg);
+    }
+    Path beside = tmp.resolve("out-checkpoints"); // a sibling whose name starts like OUT's is not inside it
+    assertEquals(0, run(new ByteArrayOutputStream(), "ppl", "--model", model.toString(), "--input", in.toString(),
+        "--output", tmp.resolve("out").toString(), "--checkpoint-dir", beside.toString()));
   }
 
   @Test
