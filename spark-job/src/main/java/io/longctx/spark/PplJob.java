@@ -238,6 +238,13 @@ public final class PplJob {
   }
 
   static final String CORRUPT = "_corrupt_record";
+  /**
+   * In the corrupt-record column of a JSON row: its text is a JSON value of the type that follows,
+   * not a string (Spark's reader would hand such a value over as its JSON source, which would be scored).
+   */
+  /** The JSON type of a row's text (schema_of_variant: STRING, VOID for null, ARRAY<...>, ...). */
+  private static final String TEXT_TYPE = "_text_type";
+  static final String TEXT_NOT_A_STRING = "\u0000text is a JSON ";
 
   /** System property: seconds between progress lines (default 10). */
   public static final String PROGRESS_SECONDS_PROPERTY = "longctx.progressSeconds";
@@ -267,7 +274,10 @@ public final class PplJob {
     cols.add(hasText ? functions.col("text") : functions.lit(null).cast(DataTypes.StringType).as("text"));
     cols.add(hasTokens ? functions.col("tokens").cast(DataTypes.createArrayType(DataTypes.LongType)).as("tokens")
         : functions.lit(null).cast(DataTypes.createArrayType(DataTypes.LongType)).as("tokens"));
-    cols.add(fmt.equals("json") ? functions.col(CORRUPT) : functions.lit(null).cast(DataTypes.StringType).as(CORRUPT));
+    cols.add(fmt.equals("json") ? functions.coalesce(functions.col(CORRUPT), functions.when(
+        functions.col(TEXT_TYPE).isNotNull().and(functions.not(functions.col(TEXT_TYPE).isin("STRING", "VOID"))),
+        functions.concat(functions.lit(TEXT_NOT_A_STRING), functions.col(TEXT_TYPE)))).as(CORRUPT)
+        : functions.lit(null).cast(DataTypes.StringType).as(CORRUPT));
     cols.add(functions.input_file_name().as("file"));
     Dataset<Row> docs = df.select(cols.toArray(new Column[0]));
 
@@ -484,9 +494,12 @@ public final class PplJob {
   static Dataset<Row> read(SparkSession spark, String fmt, String path) {
     Dataset<Row> df;
     if (fmt.equals("json")) {
-      StructType s = new StructType().add("doc_id", DataTypes.StringType).add("text", DataTypes.StringType)
+      // text as a variant: its JSON type is checked (a string, else the row is refused), then it is read as a string.
+      StructType s = new StructType().add("doc_id", DataTypes.StringType).add("text", DataTypes.VariantType)
           .add("tokens", DataTypes.createArrayType(DataTypes.LongType)).add(CORRUPT, DataTypes.StringType);
-      df = spark.read().schema(s).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT).json(path);
+      df = spark.read().schema(s).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT).json(path)
+          .withColumn(TEXT_TYPE, functions.expr("schema_of_variant(text)"))
+          .withColumn("text", functions.expr("variant_get(text, '$', 'string')"));
     } else {
       df = Formats.load(spark, fmt, path, "INPUT");
     }
@@ -531,7 +544,12 @@ public final class PplJob {
     String file = r.getString(4);
     String where = "INPUT file " + file;
     if (!r.isNullAt(3)) {
-      throw new InputError(where + ": " + Formats.malformedJson(r.getString(3)));
+      String c = r.getString(3);
+      if (c.startsWith(TEXT_NOT_A_STRING)) {
+        throw new InputError(where + (r.isNullAt(0) ? "" : ", doc '" + r.getString(0) + "'") + ": text is a JSON "
+            + c.substring(TEXT_NOT_A_STRING.length()).toLowerCase(Locale.ROOT) + " value, expected a string");
+      }
+      throw new InputError(where + ": " + Formats.malformedJson(c));
     }
     if (r.isNullAt(0)) {
       throw new InputError(where + ": a row has no doc_id");

@@ -169,6 +169,12 @@ class PplJobTest {
     fails(jsonl("g.jsonl", "{\"doc_id\": \"twice\", \"tokens\": [1, 2]}", "{\"doc_id\": \"once\", \"tokens\": [3]}",
         "{\"doc_id\": \"twice\", \"tokens\": [4]}"), model, "doc_id 'twice' appears 2 times", "g.jsonl",
         "one row per doc_id");
+    // Spark's JSON reader hands any value to a string column as its JSON source: ["x", "y"] would be scored.
+    fails(jsonl("h.jsonl", "{\"doc_id\": \"arr\", \"text\": [\"x\", \"y\"]}"), model, "h.jsonl, doc 'arr'",
+        "text is a JSON array<string> value, expected a string");
+    fails(jsonl("i.jsonl", "{\"doc_id\": \"num\", \"text\": 12.5}"), model, "doc 'num'", "text is a JSON decimal(3,1)");
+    fails(jsonl("j.jsonl", "{\"doc_id\": \"obj\", \"text\": {\"a\": \"b\"}}"), model, "doc 'obj'",
+        "text is a JSON object<a: string>");
   }
 
   /** A checkpoint directory inside OUT: refused before anything is made (it used to leave an empty OUT). */
