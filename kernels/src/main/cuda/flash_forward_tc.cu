@@ -22,7 +22,7 @@
 // (per-element mask by positions and tk), by warp votes over the tile's key positions that every
 // warp takes itself (find_tile): a skipped tile costs no copy and no barrier. K and V travel in
 // separate cp.async groups, two barriers per tile: S = Q K^T runs while V lands, and the next
-// visible tile's K lands during the softmax and P V. With a causal mask or a window the query blocks that see the most
+// visible tile's K lands during P V. With a causal mask or a window the query blocks that see the most
 // keys are launched first, over all heads. Shared memory is dynamic (smem_bytes();
 // CudaAttention.tcSmemBytes computes the same).
 
@@ -173,12 +173,13 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
   // This warp's rows: 32 from wrow0; this thread's are wrow0 + 16 mb + g and 8 below that.
   const int wrow0 = q0 + warp * 16 * kRowBlocks;
 
-  // Single K and V buffers, two barriers per tile, in FlashAttention-2's order: the loop finds its
-  // tile's K in flight; once K has landed, one barrier makes it visible and also tells that every warp
-  // is past P V of the last tile, so V is issued then and lands during S; a second barrier after V's
-  // wait makes V visible and tells that every warp is past S, so the next tile's K is issued then and
-  // lands during the softmax and P V. The block's Q rows travel in the first K group (only when some
-  // tile is visible: a block must not end with copies into its shared memory still in flight).
+  // Single K and V buffers, two barriers per tile (FlashAttention-2's order): the loop finds its
+  // tile's K in flight; once K has landed, one barrier makes it visible and also tells that every
+  // warp is past P V of the last tile, so V is issued then and lands during S and the softmax; a
+  // second barrier after V's wait makes V visible and tells that every warp is past S, so the next
+  // tile's K is issued then and lands during P V. The block's Q rows travel in the first K group
+  // (only when some tile is visible: a block must not end with copies into its shared memory still
+  // in flight).
   Tile tile = find_tile(0, k_pos, tk, qlo, qhi, causal, window);
   if (tile.j0 < tk) {
     load_tile<T, D, NT, kRows>(qs, qg, q0, tq);
@@ -245,7 +246,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
     cp_async_wait_0();  // this thread's K (and Q) copies landed
     __syncthreads();    // everyone's K copies and zero rows are visible; every warp is past P V (reads of vs)
     load_tile<T, D, NT>(vs, vg, j0, tk);
-    cp_async_commit();  // group: V, landing during S
+    cp_async_commit();  // group: V, landing during S and the softmax
 
     // S = Q K^T for this warp's rows and the tile's 64 keys (8 blocks of 8 keys per row block).
     float s[kRowBlocks][kKeys / 8][4];
@@ -273,11 +274,6 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         }
       }
     }
-
-    cp_async_wait_0();  // V landed
-    __syncthreads();    // everyone's V is visible, and every warp is past its reads of ks
-    if (next.j0 < tk) load_tile<T, D, NT>(ks, kg, next.j0, tk);
-    cp_async_commit();  // group: the next K, landing during the softmax and P V (FlashAttention-2's order)
 
 #pragma unroll
     for (int mb = 0; mb < kRowBlocks; mb++) {
@@ -335,6 +331,11 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         }
       }
     }
+
+    cp_async_wait_0();  // V landed
+    __syncthreads();    // everyone's V is visible, and every warp is past its reads of ks
+    if (next.j0 < tk) load_tile<T, D, NT>(ks, kg, next.j0, tk);
+    cp_async_commit();  // group: the next K, landing during P V
 
     // O += P V, 16 keys per step; P's accumulators are already laid out as A fragments.
 #pragma unroll
