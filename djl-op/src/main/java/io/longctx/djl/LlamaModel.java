@@ -147,6 +147,14 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     return loaded().cfg;
   }
 
+  /** Layer {@code l} of the loaded model, or an error naming the index and the layer count. */
+  private static Layer layer(Loaded m, int l) {
+    if (l < 0 || l >= m.layers.length) {
+      throw new IllegalArgumentException("layer " + l + " does not exist: the model has " + m.layers.length + " layers");
+    }
+    return m.layers[l];
+  }
+
   private Loaded loaded() {
     Loaded l = w;
     if (l == null) {
@@ -285,6 +293,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
 
   /** The input embeddings of {@code tokens}: hidden rows [len, hidden], row-major. */
   public float[] embed(int[] tokens) {
+    checkTokens(tokens); // libtorch would read id -1 as the last row
     Loaded m = loaded();
     try (NDManager cm = m.manager.newSubManager()) {
       long[] idx = new long[tokens.length];
@@ -301,7 +310,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
   public KeysValues keysValues(int l, float[] x, long start, int len) {
     Loaded m = loaded();
     LlamaConfig c = m.cfg;
-    Layer w = m.layers[l];
+    Layer w = layer(m, l);
     try (NDManager cm = m.manager.newSubManager()) {
       NDArray h = rmsNorm(hidden(cm, c, x, len), w.inNorm(), c.rmsNormEps);
       NDArray[] rope = ropeTables(cm, m.invFreq, positions(start, len));
@@ -323,7 +332,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
   public float[] layer(int l, float[] x, long start, int len, int n, java.util.Iterator<KeysValues> visible) {
     Loaded m = loaded();
     LlamaConfig c = m.cfg;
-    Layer w = m.layers[l];
+    Layer w = layer(m, l);
     try (NDManager cm = m.manager.newSubManager()) {
       NDArray xa = hidden(cm, c, x, len);
       NDArray h = rmsNorm(xa, w.inNorm(), c.rmsNormEps);
@@ -347,6 +356,10 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
         }
       };
       AttentionState st = AttentionState.mergeAll(n, states);
+      if (visible.hasNext()) { // a chunk left out would change the answer without a word
+        throw new IllegalArgumentException("layer " + l + ", chunk at " + start + ": more than n = " + n
+            + " chunks of keys and values given");
+      }
       NDArray o = cm.create(st.o(), new Shape(len, (long) c.heads * c.headDim));
       xa = xa.add(linear(o, w.oT(), w.oB()));
       NDArray g = rmsNorm(xa, w.postNorm(), c.rmsNormEps);
@@ -361,6 +374,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
    * vocabulary shards, the log-sum-exp over the shards merged with LSE arithmetic in float64.
    */
   public double[] logprobs(float[] x, int[] targets) {
+    checkTokens(targets);
     Loaded m = loaded();
     LlamaConfig c = m.cfg;
     int len = targets.length;
@@ -462,18 +476,34 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       throw new UnsupportedOperationException("LlamaModel is inference-only");
     }
     if (inputs.size() != 1 || inputs.head().getShape().dimension() != 1) {
-      throw new IllegalArgumentException("expected one 1-d array of token ids, got " + inputs.getShapes().length
-          + " inputs");
+      throw new IllegalArgumentException("expected one 1-d array of token ids, got " + inputs.size() + " input(s)"
+          + (inputs.isEmpty() ? "" : " of shape " + java.util.Arrays.toString(inputs.getShapes())));
     }
     NDArray t = inputs.head();
     if (t.getDataType() != DataType.INT32 && t.getDataType() != DataType.INT64) {
       throw new IllegalArgumentException("token ids must be int32 or int64, got " + t.getDataType());
     }
-    int[] tokens = t.getDataType() == DataType.INT32 ? t.toIntArray()
-        : Arrays.stream(t.toLongArray()).mapToInt(Math::toIntExact).toArray();
+    int[] tokens;
+    if (t.getDataType() == DataType.INT32) {
+      tokens = t.toIntArray();
+    } else {
+      long[] ids = t.toLongArray();
+      tokens = new int[ids.length];
+      for (int i = 0; i < ids.length; i++) {
+        if (ids[i] != (int) ids[i]) {
+          throw new IllegalArgumentException("token id " + ids[i] + " at position " + i + " is outside the vocabulary");
+        }
+        tokens[i] = (int) ids[i];
+      }
+    }
     int chunkLen = blockChunkLen;
-    if (params != null && params.get(CHUNK_LEN) != null) {
-      chunkLen = (Integer) params.get(CHUNK_LEN);
+    Object cl = params == null ? null : params.get(CHUNK_LEN);
+    if (cl != null) {
+      if (!(cl instanceof Number num) || num.longValue() != num.intValue() || cl instanceof Double
+          || cl instanceof Float) {
+        throw new IllegalArgumentException(CHUNK_LEN + " must be an int, got " + cl + " (" + cl.getClass().getName() + ")");
+      }
+      chunkLen = num.intValue();
     }
     DocumentScore sc = score(tokens, chunkLen, true);
     NDManager out = t.getManager();

@@ -25,7 +25,9 @@ import io.longctx.kernels.AttentionOptions;
  * value)} or {@code (key, query, value, mask)}; embeddings are [B, T, E]; the mask is [B, Tq, Tk]
  * with 1 for visible keys (or an additive 4-d offset). Output: {@code (y [B, Tq, E])}. Positions
  * come from the forward {@code params}: {@link #Q_POSITIONS} and {@link #K_POSITIONS} as
- * {@code long[]} (default 0..T-1); they drive the causal/window masks and the rotary angles.
+ * {@code long[]} (default 0..T-1); they drive the causal/window masks and the rotary angles. In
+ * self-attention, {@code (x)} or {@code (x, x, x)} with one array as key and query, the keys take the
+ * query positions unless K_POSITIONS is given.
  *
  * <p><b>Paths and gradients.</b> In inference ({@code training == false}) without an explicit mask,
  * attention runs on {@link AttentionOp} (memory O(T*D), libtorch's fused attention or our Java
@@ -145,8 +147,8 @@ public final class MultiHeadAttentionBlock extends AbstractBlock {
     long batch = qs.get(0), tq = qs.get(1), tk = ks.get(1);
     long[] qPos = positions(params, Q_POSITIONS, tq);
     long[] kPos = positions(params, K_POSITIONS, tk);
-    if (kPos == null && inputs.size() < 3) {
-      kPos = qPos; // self-attention: the keys are the queries' tokens
+    if (kPos == null && (inputs.size() < 3 || keyIn == queryIn)) {
+      kPos = qPos; // self-attention, (x) or (x, x, x): the keys are the queries' tokens
     }
     NDArray q = queryProjection.forward(ps, new NDList(queryIn), training, params).head()
         .reshape(batch, tq, heads, headDim);
@@ -160,22 +162,34 @@ public final class MultiHeadAttentionBlock extends AbstractBlock {
     }
     NDArray o; // [B, Tq, H, D]
     if (training || mask != null) {
-      NDArray additive = mask == null ? null : additiveMask(mask, batch, tq, tk);
+      NDArray additive = mask == null ? null : additiveMask(mask, batch, heads, tq, tk);
       o = PlainAttention.forward(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
           qPos, kPos, options, additive).get(0).transpose(0, 2, 1, 3);
     } else {
       o = op.forward(q, k, v, qPos, kPos, options, AttentionOp.Layout.BTHD, AttentionOp.Path.AUTO).get(0);
     }
-    NDArray merged = o.reshape(batch, tq, embeddingSize);
+    // The operator's output is float32 whatever its inputs: back to the block's type for the projection.
+    NDArray merged = o.reshape(batch, tq, embeddingSize).toType(queryIn.getDataType(), false);
     return resultProjection.forward(ps, new NDList(merged), training, params);
   }
 
-  /** DJL's convention: a [B, Tq, Tk] 0/1 mask becomes an offset of -100000 on hidden keys. */
-  private static NDArray additiveMask(NDArray mask, long batch, long tq, long tk) {
-    if (mask.getShape().dimension() == 4) {
+  /**
+   * DJL's convention: a [B, Tq, Tk] 0/1 mask becomes an offset of -100000 on hidden keys; a 4-d mask
+   * [B, 1 or H, Tq, Tk] is taken as additive already.
+   */
+  private static NDArray additiveMask(NDArray mask, long batch, long heads, long tq, long tk) {
+    Shape s = mask.getShape();
+    boolean ok = s.dimension() == 3 ? s.get(0) == batch && s.get(1) == tq && s.get(2) == tk
+        : s.dimension() == 4 && s.get(0) == batch && (s.get(1) == 1 || s.get(1) == heads) && s.get(2) == tq
+            && s.get(3) == tk;
+    if (!ok) {
+      throw new IllegalArgumentException("mask must be [B, Tq, Tk] = [" + batch + ", " + tq + ", " + tk
+          + "] (0/1), or additive [B, 1 or H, Tq, Tk], got " + s);
+    }
+    if (s.dimension() == 4) {
       return mask;
     }
-    return mask.reshape(batch, 1, tq, tk).toType(DataType.FLOAT32, false).mul(-1f).add(1f).mul(-100000f);
+    return mask.toType(DataType.FLOAT32, false).reshape(batch, 1, tq, tk).mul(-1f).add(1f).mul(-100000f);
   }
 
   private static long[] positions(PairList<String, Object> params, String key, long n) {
@@ -217,8 +231,9 @@ public final class MultiHeadAttentionBlock extends AbstractBlock {
       }
     }
     NDManager m = x.getManager();
-    NDArray c = m.create(cos, new Shape(1, t, 1, half));
-    NDArray sn = m.create(sin, new Shape(1, t, 1, half));
+    // In x's type: float32 tables would turn float16 q and k into float32.
+    NDArray c = m.create(cos, new Shape(1, t, 1, half)).toType(x.getDataType(), false);
+    NDArray sn = m.create(sin, new Shape(1, t, 1, half)).toType(x.getDataType(), false);
     NDArray x1 = x.get(":, :, :, 0:" + half);
     NDArray x2 = x.get(":, :, :, " + half + ":");
     return x1.mul(c).sub(x2.mul(sn)).concat(x2.mul(c).add(x1.mul(sn)), 3);

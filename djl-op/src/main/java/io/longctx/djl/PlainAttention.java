@@ -4,6 +4,7 @@ import ai.djl.ndarray.NDArray;
 import ai.djl.ndarray.NDArrays;
 import ai.djl.ndarray.NDList;
 import ai.djl.ndarray.NDManager;
+import ai.djl.ndarray.types.DataType;
 import ai.djl.ndarray.types.Shape;
 import io.longctx.kernels.AttentionOptions;
 
@@ -21,14 +22,24 @@ public final class PlainAttention {
    * Attention of q [B, H, Tq, D] over k, v [B, Hkv, Tk, D] (GQA by repeating kv heads, contiguous
    * groups). Positions may be null (0..T-1). {@code additiveMask} is null or broadcastable to
    * [B, H, Tq, Tk] and added to the scores (DJL's block convention). Returns NDList(o [B, H, Tq, D],
-   * lse [B, H, Tq]). A row that sees no key gets o = 0 and lse = -inf.
+   * lse [B, H, Tq]), float32 whatever the inputs' type. A row that sees no key gets o = 0 and lse = -inf.
    */
   public static NDList forward(NDArray q, NDArray k, NDArray v, long[] qPos, long[] kPos, AttentionOptions opt,
       NDArray additiveMask) {
     LibtorchWarmup.ensure();
+    // float32 arithmetic whatever the inputs: the masks are float32, and mixing them into float16
+    // scores made libtorch refuse the P V product (float against Half).
+    q = q.toType(DataType.FLOAT32, false);
+    k = k.toType(DataType.FLOAT32, false);
+    v = v.toType(DataType.FLOAT32, false);
     long heads = q.getShape().get(1), kvHeads = k.getShape().get(1);
     long tq = q.getShape().get(2), tk = k.getShape().get(2);
     int dim = (int) q.getShape().get(3);
+    if (tk == 0) { // no key: the max over an empty axis would fail; every row is the empty state
+      NDArray o = q.zerosLike();
+      NDArray lse = q.getManager().full(new Shape(q.getShape().get(0), heads, tq), Float.NEGATIVE_INFINITY);
+      return new NDList(o, lse);
+    }
     if (heads != kvHeads) {
       long group = heads / kvHeads;
       k = k.repeat(1, group); // element-wise repeat: head h reads kv head h / group

@@ -191,12 +191,17 @@ public final class Safetensors {
       }
       Map<String, String> tensorToShard = new TreeMap<>();
       for (Map.Entry<String, JsonElement> me : wm.entrySet()) {
+        if (!me.getValue().isJsonPrimitive() || !me.getValue().getAsJsonPrimitive().isString()) {
+          throw new IllegalArgumentException(index + ": weight_map entry " + me.getKey() + " is not a file name: "
+              + me.getValue());
+        }
         tensorToShard.put(me.getKey(), me.getValue().getAsString());
       }
       Map<String, Map<String, Entry>> shards = new TreeMap<>();
       for (String shard : new java.util.TreeSet<>(tensorToShard.values())) {
-        Path p = dir.resolve(shard).normalize();
-        if (!p.startsWith(dir.normalize()) || !Files.isRegularFile(p)) {
+        // Absolute first: "." normalizes to the empty path, which no shard path starts with.
+        Path top = dir.toAbsolutePath().normalize(), p = top.resolve(shard).normalize();
+        if (!p.startsWith(top) || !Files.isRegularFile(p)) {
           throw new IllegalArgumentException(index + ": shard " + shard + " is not a file in " + dir);
         }
         shards.put(shard, readHeader(p));
@@ -322,6 +327,9 @@ public final class Safetensors {
     long off = 0;
     for (Map.Entry<String, Tensor> me : tensors.entrySet()) {
       Tensor t = me.getValue();
+      if (t == null || t.values() == null || t.shape() == null) {
+        throw new IllegalArgumentException("tensor " + me.getKey() + ": no values or no shape");
+      }
       int es = elementSize(t.dtype());
       if (es < 0) {
         throw new IllegalArgumentException("tensor " + me.getKey() + ": dtype " + t.dtype() + " not writable");
@@ -329,12 +337,28 @@ public final class Safetensors {
       long n = 1;
       JsonArray shape = new JsonArray();
       for (long d : t.shape()) {
+        if (d < 0) {
+          throw new IllegalArgumentException("tensor " + me.getKey() + ": negative dimension in shape "
+              + Arrays.toString(t.shape()));
+        }
         n *= d;
         shape.add(d);
       }
       if (n != t.values().length) {
         throw new IllegalArgumentException("tensor " + me.getKey() + ": shape " + Arrays.toString(t.shape())
             + " needs " + n + " values, got " + t.values().length);
+      }
+      float[] vals = t.values();
+      for (int i = 0; i < vals.length; i++) { // a finite value that would be stored as infinity (F16 past 65504)
+        float stored = switch (t.dtype()) {
+          case "F16" -> HalfFloats.halfToFloat(HalfFloats.floatToHalf(vals[i]));
+          case "BF16" -> HalfFloats.bf16ToFloat(HalfFloats.floatToBf16(vals[i]));
+          default -> vals[i];
+        };
+        if (Float.isFinite(vals[i]) && !Float.isFinite(stored)) {
+          throw new IllegalArgumentException("tensor " + me.getKey() + ": value " + vals[i] + " at index " + i
+              + " overflows " + t.dtype());
+        }
       }
       JsonObject e = new JsonObject();
       e.addProperty("dtype", t.dtype());

@@ -78,6 +78,9 @@ public final class TransformerLayer extends AbstractBlock {
   @Override
   protected NDList forwardInternal(ParameterStore ps, NDList inputs, boolean training,
       PairList<String, Object> params) {
+    if (inputs.isEmpty() || inputs.size() > 2) {
+      throw new IllegalArgumentException("expected (x) or (x, mask), got " + inputs.size() + " inputs");
+    }
     NDArray x = inputs.get(0);
     if (x.getShape().dimension() != 3 || x.getShape().get(2) != embeddingSize) {
       throw new IllegalArgumentException("x must be [B, T, " + embeddingSize + "], got " + x.getShape());

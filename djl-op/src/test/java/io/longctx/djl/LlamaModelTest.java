@@ -199,6 +199,38 @@ class LlamaModelTest {
           () -> m.score(new int[] {1, 2, 300}, 4, false));
       assertTrue(e.getMessage().contains("300") && e.getMessage().contains("position 2"), e.getMessage());
       assertThrows(IllegalArgumentException.class, () -> m.score(new int[] {1, -1}, 4, false));
+      // The pieces the split path calls check too: libtorch reads id -1 as the last row.
+      e = assertThrows(IllegalArgumentException.class, () -> m.embed(new int[] {3, -1}));
+      assertTrue(e.getMessage().contains("token id -1 at position 1"), e.getMessage());
+      float[] x = m.embed(new int[] {3, 4});
+      e = assertThrows(IllegalArgumentException.class, () -> m.logprobs(x, new int[] {7, s.vocab}));
+      assertTrue(e.getMessage().contains("token id " + s.vocab + " at position 1"), e.getMessage());
+      e = assertThrows(IllegalArgumentException.class, () -> m.keysValues(s.layers, x, 0, 2));
+      assertTrue(e.getMessage().contains("layer " + s.layers + " does not exist"), e.getMessage());
+      // layer() with more chunks than n: the extra one would be dropped without a word.
+      LlamaModel.KeysValues kv = m.keysValues(0, x, 0, 2);
+      e = assertThrows(IllegalArgumentException.class,
+          () -> m.layer(0, x, 0, 2, 1, java.util.List.of(kv, kv).iterator()));
+      assertTrue(e.getMessage().contains("more than n = 1"), e.getMessage());
+      // The Block form: shapes and ids named.
+      try (NDManager nm = manager.newSubManager()) {
+        ai.djl.training.ParameterStore ps = new ai.djl.training.ParameterStore(nm, false);
+        e = assertThrows(IllegalArgumentException.class, () -> m.forward(ps,
+            new ai.djl.ndarray.NDList(nm.create(new int[] {1, 2}, new ai.djl.ndarray.types.Shape(1, 2))), false));
+        assertTrue(e.getMessage().contains("(1, 2)"), e.getMessage());
+        e = assertThrows(IllegalArgumentException.class, () -> m.forward(ps,
+            new ai.djl.ndarray.NDList(nm.create(new long[] {1, 1L << 32})), false));
+        assertTrue(e.getMessage().contains("token id 4294967296 at position 1"), e.getMessage());
+        ai.djl.util.PairList<String, Object> p = new ai.djl.util.PairList<>();
+        p.add(LlamaModel.CHUNK_LEN, 8L);
+        assertEquals(2, m.forward(ps, new ai.djl.ndarray.NDList(nm.create(new int[] {1, 2, 3})), false, p).size());
+        p = new ai.djl.util.PairList<>();
+        p.add(LlamaModel.CHUNK_LEN, 2.5);
+        ai.djl.util.PairList<String, Object> bad = p;
+        e = assertThrows(IllegalArgumentException.class,
+            () -> m.forward(ps, new ai.djl.ndarray.NDList(nm.create(new int[] {1, 2, 3})), false, bad));
+        assertTrue(e.getMessage().contains("must be an int"), e.getMessage());
+      }
     }
   }
 }

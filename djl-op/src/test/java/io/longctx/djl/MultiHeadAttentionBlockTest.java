@@ -259,6 +259,57 @@ class MultiHeadAttentionBlockTest {
       ex = assertThrows(IllegalArgumentException.class,
           () -> b.forward(ps, new NDList(m.zeros(new Shape(1, 8, 32))), false, params));
       assertTrue(ex.getMessage().contains("positions"), ex.getMessage());
+      // A mask of the wrong shape is named as the mask, not as a libtorch reshape.
+      ex = assertThrows(IllegalArgumentException.class,
+          () -> b.forward(ps, new NDList(m.zeros(new Shape(2, 8, 32)), m.ones(new Shape(8, 8))), false));
+      assertTrue(ex.getMessage().contains("mask must be [B, Tq, Tk] = [2, 8, 8]") && ex.getMessage().contains("(8, 8)"),
+          ex.getMessage());
+    }
+  }
+
+  /**
+   * Cases a review found answered wrong or failing inside libtorch (2026-11-27): self-attention
+   * written (x, x, x) with query positions only gave its keys positions 0..T-1; float16 blocks
+   * fed float32 into their projections (the operator's output, the rotary tables); no keys at all
+   * failed in the plain path's max.
+   */
+  @Test
+  void selfAttentionPositionsFloat16AndEmptyInputs() {
+    SplittableRandom rng = new SplittableRandom(7);
+    try (NDManager m = manager.newSubManager()) {
+      MultiHeadAttentionBlock b = MultiHeadAttentionBlock.builder().setEmbeddingSize(32).setHeadCount(4)
+          .optCausal(true).optRotary(10000).build();
+      b.initialize(m, DataType.FLOAT32, new Shape(1, 8, 32));
+      ParameterStore ps = new ParameterStore(m, false);
+      NDArray x = randn(m, rng, 1, 8, 32);
+      long[] pos = {100, 101, 102, 103, 104, 105, 106, 107};
+      PairList<String, Object> qOnly = new PairList<>();
+      qOnly.add(new Pair<>(MultiHeadAttentionBlock.Q_POSITIONS, pos));
+      for (boolean training : new boolean[] {false, true}) {
+        NDArray self = b.forward(ps, new NDList(x), training, qOnly).head();
+        NDArray kqv = b.forward(ps, new NDList(x, x, x), training, qOnly).head();
+        assertTrue(relErr(kqv, self) < 1e-6, "training " + training + ": " + relErr(kqv, self));
+      }
+      // float16 end to end, with rotary: the output keeps the block's type.
+      MultiHeadAttentionBlock h = MultiHeadAttentionBlock.builder().setEmbeddingSize(32).setHeadCount(4)
+          .optCausal(true).optRotary(10000).build();
+      h.initialize(m, DataType.FLOAT16, new Shape(1, 8, 32));
+      NDArray xh = x.toType(DataType.FLOAT16, false);
+      for (boolean training : new boolean[] {false, true}) {
+        NDArray y = h.forward(new ParameterStore(m, false), new NDList(xh), training).head();
+        assertEquals(DataType.FLOAT16, y.getDataType(), "training " + training);
+        assertEquals(new Shape(1, 8, 32), y.getShape());
+      }
+      // No tokens: both paths give an empty output.
+      for (boolean training : new boolean[] {false, true}) {
+        NDArray y = b.forward(ps, new NDList(m.zeros(new Shape(2, 0, 32))), training).head();
+        assertEquals(new Shape(2, 0, 32), y.getShape(), "training " + training);
+      }
+      NDList st = PlainAttention.forward(randn(m, rng, 1, 2, 3, 8), m.zeros(new Shape(1, 2, 0, 8)),
+          m.zeros(new Shape(1, 2, 0, 8)), null, null, AttentionOptions.DEFAULT, null);
+      assertEquals(new Shape(1, 2, 3, 8), st.get(0).getShape());
+      assertEquals(0f, st.get(0).abs().max().getFloat());
+      assertEquals(Float.NEGATIVE_INFINITY, st.get(1).max().getFloat());
     }
   }
 }

@@ -2,6 +2,7 @@ package io.longctx.djl;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -85,6 +86,15 @@ class SafetensorsTest {
       assertEquals(v[i], b[i], Math.abs(v[i]) * 0x1p-8, "bf16 keeps 8 bits, seed " + seed);
       assertEquals(v[i], h[i], Math.abs(v[i]) * 0x1p-11 + 0x1p-24, "f16 keeps 11 bits, seed " + seed);
     }
+    // What the reader would refuse (or could not read) is refused before any file is made.
+    Path g = tmp.resolve("bad.safetensors");
+    assertError(() -> Safetensors.write(g, Map.of("x", new Safetensors.Tensor("F16", new long[] {2}, new float[] {1f, 70000f}))),
+        "tensor x", "value 70000.0 at index 1 overflows F16");
+    assertError(() -> Safetensors.write(g, Map.of("y", new Safetensors.Tensor("F32", new long[] {-2, -3}, new float[6]))),
+        "tensor y", "negative dimension");
+    assertError(() -> Safetensors.write(g, Map.of("z", new Safetensors.Tensor("F32", new long[] {1}, null))),
+        "tensor z", "no values");
+    assertFalse(Files.exists(g));
   }
 
   @Test
@@ -198,5 +208,33 @@ class SafetensorsTest {
     String bad = index.toString();
     Files.writeString(idx, bad);
     assertError(() -> Safetensors.checkpointEntries(three), "model.safetensors.index.json", "model.norm.weight");
+  }
+
+  /** Reads a sharded checkpoint as "." from inside its directory (run in a child JVM started there). */
+  public static final class ReadDot {
+    public static void main(String[] args) throws Exception {
+      System.out.println("tensors " + Safetensors.checkpointEntries(java.nio.file.Paths.get(".")).size());
+    }
+  }
+
+  /** A sharded checkpoint named as "." (normalized: the empty path) was refused, each shard "not a file". */
+  @Test
+  void shardedCheckpointInTheWorkingDirectory(@TempDir Path tmp) throws Exception {
+    ModelGenerator.Spec s = LlamaTesting.tiny(LlamaTesting.seed("shardedCheckpointInTheWorkingDirectory"));
+    s.shards = 2;
+    Path dir = LlamaTesting.generate(s, tmp.resolve("two"));
+    Process p = new ProcessBuilder(Path.of(System.getProperty("java.home"), "bin", "java").toString(), "-cp",
+        System.getProperty("java.class.path"), ReadDot.class.getName()).directory(dir.toFile()).redirectErrorStream(true)
+        .start();
+    String out = new String(p.getInputStream().readAllBytes(), java.nio.charset.StandardCharsets.UTF_8);
+    assertTrue(p.waitFor(120, java.util.concurrent.TimeUnit.SECONDS), out);
+    assertEquals(0, p.exitValue(), out);
+    assertTrue(out.contains("tensors " + Safetensors.checkpointEntries(dir).size()), out);
+    // A weight_map entry that is not a file name is named, not a JsonNull exception.
+    Path idx = dir.resolve("model.safetensors.index.json");
+    com.google.gson.JsonObject index = com.google.gson.JsonParser.parseString(Files.readString(idx)).getAsJsonObject();
+    index.getAsJsonObject("weight_map").add("model.norm.weight", com.google.gson.JsonNull.INSTANCE);
+    Files.writeString(idx, index.toString());
+    assertError(() -> Safetensors.checkpointEntries(dir), "model.safetensors.index.json", "weight_map entry model.norm.weight");
   }
 }
