@@ -175,16 +175,16 @@ public final class MultiHeadAttentionBlock extends AbstractBlock {
 
   /**
    * DJL's convention: a [B, Tq, Tk] 0/1 mask becomes an offset of -100000 on hidden keys; a 4-d mask
-   * [B, 1 or H, Tq, Tk] is taken as additive already.
+   * [B or 1, 1 or H, Tq, Tk] is taken as additive already.
    */
   private static NDArray additiveMask(NDArray mask, long batch, long heads, long tq, long tk) {
     Shape s = mask.getShape();
     boolean ok = s.dimension() == 3 ? s.get(0) == batch && s.get(1) == tq && s.get(2) == tk
-        : s.dimension() == 4 && s.get(0) == batch && (s.get(1) == 1 || s.get(1) == heads) && s.get(2) == tq
-            && s.get(3) == tk;
+        : s.dimension() == 4 && (s.get(0) == batch || s.get(0) == 1) && (s.get(1) == 1 || s.get(1) == heads)
+            && s.get(2) == tq && s.get(3) == tk;
     if (!ok) {
       throw new IllegalArgumentException("mask must be [B, Tq, Tk] = [" + batch + ", " + tq + ", " + tk
-          + "] (0/1), or additive [B, 1 or H, Tq, Tk], got " + s);
+          + "] (0/1), or additive [B or 1, 1 or H, Tq, Tk], got " + s);
     }
     if (s.dimension() == 4) {
       return mask;
