@@ -25,7 +25,7 @@ public final class InputError extends RuntimeException {
   static void requireExists(Configuration conf, String path, String what) throws IOException {
     Path p = new Path(path);
     FileSystem fs = p.getFileSystem(conf);
-    if (GLOB.matcher(path).find()) {
+    if (isGlob(path)) {
       FileStatus[] matched = fs.globStatus(p);
       if (matched == null || matched.length == 0) {
         throw new InputError(what + " " + path + ": no file or directory matches this pattern");
@@ -42,7 +42,11 @@ public final class InputError extends RuntimeException {
     }
   }
 
-  /** The characters that make a Hadoop path a glob pattern. */
+  /** Whether a Hadoop path is a glob pattern (holds one of * ? [ {). */
+  static boolean isGlob(String path) {
+    return GLOB.matcher(path).find();
+  }
+
   private static final java.util.regex.Pattern GLOB = java.util.regex.Pattern.compile("[*?\\[{]");
 
   /** An InputError wrapped in {@code e} (a failed task's), as itself; otherwise {@code e}. */

@@ -93,9 +93,8 @@ public final class OutputCommit {
       }
       Path raw = globFree(new Path(in.getValue()));
       Path ip = raw.getFileSystem(conf).makeQualified(raw);
-      if (!java.util.Objects.equals(ip.toUri().getScheme(), out.toUri().getScheme())
-          || !java.util.Objects.equals(ip.toUri().getAuthority(), out.toUri().getAuthority())) {
-        continue; // another file system: cannot overlap
+      if (!sameFileSystem(ip, out)) {
+        continue; // cannot overlap
       }
       String inReal = realPath(fs, ip);
       if (inReal.equals(outReal) || inReal.startsWith(slash(outReal)) || outReal.startsWith(slash(inReal))) {
@@ -260,6 +259,28 @@ public final class OutputCommit {
     }
   }
 
+  /**
+   * Whether {@code dir} is {@code top} or lies inside it, both qualified on their file systems and,
+   * where those have them (local), with symbolic links resolved: the same comparison {@link #prepare}
+   * makes between OUT and its inputs.
+   */
+  static boolean within(Configuration conf, String dir, String top) throws IOException {
+    Path d = new Path(dir), t = new Path(top);
+    FileSystem fs = t.getFileSystem(conf);
+    d = d.getFileSystem(conf).makeQualified(d);
+    t = fs.makeQualified(t);
+    if (!sameFileSystem(d, t)) {
+      return false;
+    }
+    String dReal = realPath(fs, d), tReal = realPath(fs, t);
+    return dReal.equals(tReal) || dReal.startsWith(slash(tReal));
+  }
+
+  private static boolean sameFileSystem(Path a, Path b) {
+    return java.util.Objects.equals(a.toUri().getScheme(), b.toUri().getScheme())
+        && java.util.Objects.equals(a.toUri().getAuthority(), b.toUri().getAuthority());
+  }
+
   /** The path with symbolic links resolved where the file system has them (local), else as given. */
   private static String realPath(FileSystem fs, Path p) throws IOException {
     if (!"file".equals(p.toUri().getScheme())) {
@@ -285,7 +306,7 @@ public final class OutputCommit {
   /** The longest leading part of a path without glob characters (the directory a glob reads from). */
   private static Path globFree(Path p) {
     Path q = p;
-    while (q != null && q.toString().matches(".*[*?\\[{].*")) {
+    while (q != null && InputError.isGlob(q.toString())) {
       q = q.getParent();
     }
     return q == null ? p : q;

@@ -238,12 +238,12 @@ public final class PplJob {
   }
 
   static final String CORRUPT = "_corrupt_record";
+  /** The JSON type of a row's text (schema_of_variant: STRING, VOID for null, ARRAY<...>, ...). */
+  private static final String TEXT_TYPE = "_text_type";
   /**
    * In the corrupt-record column of a JSON row: its text is a JSON value of the type that follows,
    * not a string (Spark's reader would hand such a value over as its JSON source, which would be scored).
    */
-  /** The JSON type of a row's text (schema_of_variant: STRING, VOID for null, ARRAY<...>, ...). */
-  private static final String TEXT_TYPE = "_text_type";
   static final String TEXT_NOT_A_STRING = "\u0000text is a JSON ";
 
   /** System property: seconds between progress lines (default 10). */
@@ -258,7 +258,7 @@ public final class PplJob {
     Map<String, String> inputs = new LinkedHashMap<>();
     inputs.put("INPUT", opt.input);
     inputs.put("MODEL", opt.model);
-    if (opt.checkpointDir != null && within(hconf, opt.checkpointDir, opt.output)) {
+    if (opt.checkpointDir != null && OutputCommit.within(hconf, opt.checkpointDir, opt.output)) {
       // The checkpoints would be made inside OUT before the output exists, and the commit then finds OUT taken.
       throw new InputError("--checkpoint-dir " + opt.checkpointDir + " is inside OUT " + opt.output
           + ": the output replaces OUT as a whole, so give a checkpoint directory outside it");
@@ -457,19 +457,6 @@ public final class PplJob {
     } catch (IllegalArgumentException e) {
       throw new InputError("MODEL " + dir + ": " + e.getMessage());
     }
-  }
-
-  /** Whether {@code dir} is {@code top} or inside it, both qualified on their file systems. */
-  static boolean within(Configuration hconf, String dir, String top) throws IOException {
-    Path t = new Path(top);
-    t = t.getFileSystem(hconf).makeQualified(t);
-    Path d = new Path(dir);
-    for (d = d.getFileSystem(hconf).makeQualified(d); d != null; d = d.getParent()) {
-      if (d.equals(t)) {
-        return true;
-      }
-    }
-    return false;
   }
 
   /**
