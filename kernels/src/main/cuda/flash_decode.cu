@@ -464,16 +464,21 @@ __device__ void decode_partial(const DecodeArgs& a) {
       const long long state = ((long long)b * a.tq + t) * a.heads + kvh * group + g;
       const long long at = state * a.n_splits + split;
       const float lsum = warp_sum(l[i]);
+      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
       bool flagged = false;
       if (UNIFIED) {
-        flagged = __any_sync(0xffffffffu, (bad >> i) & 1u);
+        // Also a sum or output that overflowed (weights near e^88 under an upper bound near 88): the
+        // recompute's running max keeps them finite, as on the CPU. Past dim, acc is 0.
+        bool overflow = !(fabsf(lsum) <= 3.40282347e38f);  // inf or NaN (no isfinite in the host emulation)
+        #pragma unroll
+        for (int x = 0; x < 4 * kQuads; x++) overflow |= !(fabsf(acc[i][x] * inv) <= 3.40282347e38f);
+        flagged = __any_sync(0xffffffffu, ((bad >> i) & 1u) || overflow);
         if (lane == 0) {
           a.flags[at] = flagged ? 1 : 0;
           if (flagged) atomicAdd(a.recomputed, 1ull);
         }
       }
       if (flagged) continue;  // the recompute pass writes this one
-      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
       #pragma unroll
       for (int x = 0; x < kQuads; x++) {
         const int d = 4 * lane + 128 * x;

@@ -378,8 +378,9 @@ final class TileWorker {
     int d = p.dim;
     int flaggedRows = 0;
     for (int i = 0; i < rows; i++) {
-      // A unified-max row is also recomputed when its sum overflowed (many keys near the upper bound).
-      if (um != null && (!um.accepts(seenMin[i], seenMax[i]) || !Float.isFinite(sum[i]))) {
+      // A unified-max row is also recomputed when its sum or output overflowed (weights near e^88
+      // under an upper bound near 88): with its running max the recompute tells a v too large apart.
+      if (um != null && (!um.accepts(seenMin[i], seenMax[i]) || !Float.isFinite(sum[i]) || outputOverflows(i, p.dim))) {
         flags[i] = true;
         flaggedRows++;
         continue;
@@ -418,5 +419,19 @@ final class TileWorker {
       }
     }
     return flaggedRows;
+  }
+
+  /** Whether lane i's normalized output has a non-finite entry (the loop above writes the same x). */
+  private boolean outputOverflows(int i, int d) {
+    if (sum[i] == 0f) { // no key seen: written as (0, -inf)
+      return false;
+    }
+    float inv = 1f / sum[i];
+    for (int c = 0, at = i; c < d; c++, at += blockQ) {
+      if (!Float.isFinite(ot[at] * inv)) {
+        return true;
+      }
+    }
+    return false;
   }
 }

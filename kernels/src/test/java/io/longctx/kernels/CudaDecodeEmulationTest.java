@@ -302,6 +302,38 @@ class CudaDecodeEmulationTest {
   }
 
   /**
+   * A row whose unified-max sum (40 weights near 1e38) or output (one weight near 1e38 times v up
+   * to 10) overflows float32 is flagged and recomputed, as on the CPU (DecodeTest's case of the same
+   * name); unflagged, the CUDA-core kernel wrote lse +inf and o NaN.
+   */
+  @Test
+  @Timeout(300)
+  void unifiedMaxRecomputesRowsWhoseSumOrOutputOverflows() throws Exception {
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    for (int tk : new int[] {40, 1}) {
+      int heads = 4, dim = 64;
+      Tensor q = Accuracy.random(rng, 1, heads, 1, dim, 1);
+      for (int h = 1; h < heads; h++) {
+        System.arraycopy(q.data(), q.offset(0, 0, 0), q.data(), q.offset(0, h, 0), dim);
+      }
+      Tensor k = Accuracy.random(rng, 1, 1, tk, dim, 1);
+      for (int j = 1; j < tk; j++) {
+        System.arraycopy(k.data(), k.offset(0, 0, 0), k.data(), k.offset(0, 0, j), dim);
+      }
+      Tensor v = Accuracy.random(rng, 1, 1, tk, dim, 10);
+      AttentionOptions opt = AttentionOptions.DEFAULT;
+      UnifiedMax um = DecodeTest.sameLogitBound(q, k, opt);
+      CpuAttention.DecodeResult got = emulate(q, List.of(k), List.of(v), null, null, opt, 64, um,
+          CudaAttention.DType.F32);
+      assertEquals(heads, got.recomputedRows(), "tk " + tk + ", seed " + seed);
+      String err = Accuracy.check(got.state(), ReferenceAttention.compute(q, k, v, null, null, opt),
+          ReferenceAttention.computeFloat32(q, k, v, null, null, opt));
+      assertNull(err, "tk " + tk + ", seed " + seed + ": " + err);
+    }
+  }
+
+  /**
    * Logits in the hundreds with 2-byte inputs: the kernel's q.k must round like the naive
    * algorithm's (exact products, then the scale). Folding the scale into q first, and a float32
    * partial lse, each put the error above the tolerance on some seeds.

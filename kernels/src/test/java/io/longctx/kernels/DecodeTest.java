@@ -92,6 +92,47 @@ class DecodeTest {
   }
 
   /**
+   * A unified max whose upper bound is near float32's exp limit (phi + 87.5 < phi + 88) accepts
+   * weights near 1e38: a sum of several of them, or one of them times a value above 3.4, overflows
+   * float32. Such a row is recomputed with the running max, as one out of bounds (the output's
+   * overflow used to end in "v holds values too large", though v was fine). Inputs built so that
+   * every logit is the same (equal q rows, equal keys).
+   */
+  @Test
+  void unifiedMaxRecomputesRowsWhoseSumOrOutputOverflows() {
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    for (int tk : new int[] {40, 1}) { // 40 weights of 1e38: the sum overflows; 1: only o, v up to 10
+      int heads = 4, dim = 64;
+      Tensor q = Accuracy.random(rng, 1, heads, 1, dim, 1);
+      for (int h = 1; h < heads; h++) {
+        System.arraycopy(q.data(), q.offset(0, 0, 0), q.data(), q.offset(0, h, 0), dim);
+      }
+      Tensor k = Accuracy.random(rng, 1, 1, tk, dim, 1);
+      for (int j = 1; j < tk; j++) {
+        System.arraycopy(k.data(), k.offset(0, 0, 0), k.data(), k.offset(0, 0, j), dim);
+      }
+      Tensor v = Accuracy.random(rng, 1, 1, tk, dim, 10);
+      AttentionOptions opt = AttentionOptions.DEFAULT;
+      UnifiedMax um = sameLogitBound(q, k, opt);
+      CpuAttention.DecodeResult got = CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, null, null, opt, 64, um);
+      assertEquals(heads, got.recomputedRows(), "tk " + tk + ", seed " + seed);
+      String err = Accuracy.check(got.state(), ReferenceAttention.compute(q, k, v, null, null, opt),
+          ReferenceAttention.computeFloat32(q, k, v, null, null, opt));
+      assertNull(err, "tk " + tk + ", seed " + seed + ": " + err);
+    }
+  }
+
+  /** Bounds (-87, 88) and phi 87.5 below the logit every (row, key) of q and k shares. */
+  static UnifiedMax sameLogitBound(Tensor q, Tensor k, AttentionOptions opt) {
+    float dot = 0;
+    for (int d = 0; d < q.dim(); d++) {
+      dot += q.data()[q.offset(0, 0, 0) + d] * k.data()[k.offset(0, 0, 0) + d];
+    }
+    return new UnifiedMax((float) (opt.scaleFor(q.dim()) * dot) - 87.5f, UnifiedMax.MIN_LOWER, UnifiedMax.MAX_UPPER);
+  }
+
+  /**
    * One head's logits in the hundreds (q x 30, bf16-rounded inputs, D 128, Tk 3001, split 500).
    * With the scale folded into q (a 24-bit mantissa, so every fma of q.k rounded) the error missed
    * the tolerance on about 2 seeds in 10 (o rel-L2 up to 9e-6 against a ~2-4e-6 bound), in forward
