@@ -319,6 +319,10 @@ public final class CudaAttention implements AttentionBackend {
   /**
    * Launches the forward kernel on device buffers, asynchronously on {@code stream}: o
    * [B*Tq, H, D] and lse [B*Tq, H] float32 (the attention-state layout), positions int64.
+   * The inputs are not scanned (the host-array methods refuse NaN and Infinity): NaN or Infinity in
+   * q or k, or a q.k past float32's range, gives NaN in o and lse, or silently a key weighted as if
+   * masked (a q.k overflowing to -Infinity) or scored +-cap (an infinite q.k under a softcap):
+   * docs/CUDA.md.
    */
   public void forwardOnDevice(DeviceTensor q, DeviceTensor k, DeviceTensor v, DeviceBuffer qPos, DeviceBuffer kPos,
       AttentionOptions opt, DeviceBuffer o, DeviceBuffer lse, CUstream stream) {
@@ -495,6 +499,7 @@ public final class CudaAttention implements AttentionBackend {
    * unified variant (0 when {@code um} is null). o [B*Tq, H, D] and lse [B*Tq, H] float32;
    * {@code kPos} null means positions 0..Tk-1 of the concatenated keys. For repeated launches of one
    * shape (timing), use {@link CudaDecode#plan}, a {@link CudaDecode.Workspace} and {@link #launchDecode}.
+   * The inputs are not scanned, as in {@link #forwardOnDevice}.
    */
   public long decodeOnDevice(DeviceTensor q, List<DeviceTensor> kChunks, List<DeviceTensor> vChunks,
       DeviceBuffer qPos, DeviceBuffer kPos, AttentionOptions opt, int splitLen, UnifiedMax um, DeviceBuffer o,
