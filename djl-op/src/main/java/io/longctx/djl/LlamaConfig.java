@@ -172,7 +172,11 @@ public final class LlamaConfig {
         b.oBias = bias;
       }
       case "mistral" -> {
-        if (f.has("sliding_window") && !o.get("sliding_window").isJsonNull()) {
+        // As Hugging Face's MistralConfig: an absent sliding_window is its default, 4096; only an
+        // explicit null turns the window off.
+        if (!o.has("sliding_window")) {
+          b.slidingWindow = MISTRAL_DEFAULT_WINDOW;
+        } else if (f.has("sliding_window")) {
           b.slidingWindow = f.positiveInt("sliding_window");
         }
       }
@@ -194,8 +198,10 @@ public final class LlamaConfig {
       throw f.error(field, "must be an object or null");
     }
     Fields r = new Fields(rs.getAsJsonObject(), f.source, field + ".");
-    // Newer configs say rope_type, older ones type.
-    String type = r.string("rope_type", r.string("type", null));
+    // Newer configs say rope_type, older ones type; where both are given, Hugging Face's configs
+    // copy type over rope_type, so type wins.
+    String typeField = r.has("type") ? "type" : "rope_type";
+    String type = r.string(typeField, null);
     if (type == null) {
       throw f.error(field + ".rope_type", "missing");
     }
@@ -218,7 +224,7 @@ public final class LlamaConfig {
               + " <= " + b.lowFreqFactor);
         }
       }
-      default -> throw f.error(field + ".rope_type", "\"" + type
+      default -> throw f.error(field + "." + typeField, "\"" + type
           + "\" is not supported (default, linear, llama3)");
     }
     if (r.has("attention_factor") && r.positiveDouble("attention_factor", 1.0) != 1.0) {
@@ -318,6 +324,9 @@ public final class LlamaConfig {
         headDim, intermediateSize, vocabSize, ropeScaling, ropeTheta, ropeFactor, slidingWindow, tieWordEmbeddings,
         qkvBias);
   }
+
+  /** Hugging Face MistralConfig's sliding_window where config.json has none. */
+  static final int MISTRAL_DEFAULT_WINDOW = 4096;
 
   private static final class Builder {
     String modelType;

@@ -14,6 +14,7 @@ import io.longctx.kernels.AttentionBackends;
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.AttentionState;
 import io.longctx.kernels.CpuAttention;
+import io.longctx.kernels.NonFiniteScoreException;
 import io.longctx.kernels.Tensor;
 import java.io.IOException;
 import java.nio.ByteBuffer;
@@ -218,6 +219,29 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
    * One chunk's keys and values at one layer, after rotary, in the kernels' [1, kvHeads, len, D]
    * layout, with the absolute position of its first token (positions are consecutive).
    */
+  /**
+   * The model's numbers left float32 on a document: a hidden state, a key, a value, an attention
+   * score or a logit is NaN or infinite (the weights take this input past float32's range). Named by
+   * layer and absolute position; bad input, like a token outside the vocabulary.
+   */
+  public static final class NumericOverflowException extends IllegalArgumentException {
+    private static final long serialVersionUID = 1L;
+
+    NumericOverflowException(String message) {
+      super(message);
+    }
+  }
+
+  /** Throws naming the first non-finite value of rows [len, width] (position start + row). */
+  private static void requireFinite(float[] x, int width, long start, String what) {
+    for (int i = 0; i < x.length; i++) {
+      if (!Float.isFinite(x[i])) {
+        throw new NumericOverflowException(what + " at position " + (start + i / width) + " is " + x[i]
+            + " (the weights take this document's values past float32)");
+      }
+    }
+  }
+
   public record KeysValues(long start, Tensor k, Tensor v) {
     public int length() {
       return k.tokens();
@@ -238,6 +262,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
    * @param chunkLen tokens per chunk (any value >= 1 gives the same result up to float32 rounding)
    * @param perToken whether to return the n-1 per-token log-probabilities
    * @throws IllegalArgumentException for a token id outside [0, vocab_size), naming its position
+   * @throws NumericOverflowException where the model's values leave float32 on this document
    */
   public DocumentScore score(int[] tokens, int chunkLen, boolean perToken) {
     Objects.requireNonNull(tokens, "tokens");
@@ -266,7 +291,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
         kv.removeIf(e -> !sees(s, len, e.start(), e.length()));
         x = layer(l, x, s, len, kv.size(), kv.iterator());
       }
-      double[] chunkLp = logprobs(x, Arrays.copyOfRange(tokens, s + 1, s + len + 1));
+      double[] chunkLp = logprobs(x, s, Arrays.copyOfRange(tokens, s + 1, s + len + 1));
       for (int i = 0; i < len; i++) {
         lp[s + i] = (float) chunkLp[i];
         sum += chunkLp[i];
@@ -317,8 +342,24 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       NDArray k = rotate(linear(h, w.kT(), w.kB()).reshape(len, c.kvHeads, c.headDim), rope[0], rope[1]);
       NDArray v = linear(h, w.vT(), w.vB()).reshape(len, c.kvHeads, c.headDim);
       // [len, H, D] is BTHD with batch 1; the kernels read [1, H, T, D].
-      return new KeysValues(start, AttentionOp.toTensor(k.expandDims(0), AttentionOp.Layout.BTHD),
-          AttentionOp.toTensor(v.expandDims(0), AttentionOp.Layout.BTHD));
+      Tensor kt = AttentionOp.toTensor(k.expandDims(0), AttentionOp.Layout.BTHD);
+      Tensor vt = AttentionOp.toTensor(v.expandDims(0), AttentionOp.Layout.BTHD);
+      // Kernel layout [1, Hkv, len, D]: a row of width D is (head, position), position = row % len.
+      requireFiniteKv(kt, l, start, len, "key");
+      requireFiniteKv(vt, l, start, len, "value");
+      return new KeysValues(start, kt, vt);
+    }
+  }
+
+  private static void requireFiniteKv(Tensor t, int l, long start, int len, String what) {
+    float[] d = t.data();
+    int dim = t.dim();
+    for (int i = 0; i < d.length; i++) {
+      if (!Float.isFinite(d[i])) {
+        int row = i / dim;
+        throw new NumericOverflowException("layer " + l + ": the " + what + " of kv head " + row / len + " at position "
+            + (start + row % len) + " is " + d[i] + " (the weights take this document's values past float32)");
+      }
     }
   }
 
@@ -355,7 +396,14 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
               : backend.forward(qt, kv.k(), kv.v(), pos, kv.positions(), m.attn);
         }
       };
-      AttentionState st = AttentionState.mergeAll(n, states);
+      AttentionState st;
+      try {
+        st = AttentionState.mergeAll(n, states);
+      } catch (NonFiniteScoreException e) { // a q.k past float32 (k was checked when computed)
+        throw new NumericOverflowException("layer " + l + ": the attention score of head " + e.head + " at position "
+            + e.queryPos + " against the key at position " + e.keyPos + " is " + e.score
+            + " (the weights take this document's values past float32)");
+      }
       if (visible.hasNext()) { // a chunk left out would change the answer without a word
         throw new IllegalArgumentException("layer " + l + ", chunk at " + start + ": more than n = " + n
             + " chunks of keys and values given");
@@ -365,15 +413,18 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       NDArray g = rmsNorm(xa, w.postNorm(), c.rmsNormEps);
       NDArray gate = g.matMul(w.gateT());
       NDArray act = gate.mul(Activation.sigmoid(gate)).mul(g.matMul(w.upT())); // silu(gate) * up
-      return xa.add(act.matMul(w.downT())).toFloatArray();
+      float[] out = xa.add(act.matMul(w.downT())).toFloatArray();
+      requireFinite(out, c.hiddenSize, start, "layer " + l + ": the hidden state");
+      return out;
     }
   }
 
   /**
    * log p(targets[i]) of each hidden row after the last layer: the final norm, then the LM head by
-   * vocabulary shards, the log-sum-exp over the shards merged with LSE arithmetic in float64.
+   * vocabulary shards, the log-sum-exp over the shards merged with LSE arithmetic in float64. Row i
+   * is the hidden state at position start + i (for messages).
    */
-  public double[] logprobs(float[] x, int[] targets) {
+  public double[] logprobs(float[] x, long start, int[] targets) {
     checkTokens(targets);
     Loaded m = loaded();
     LlamaConfig c = m.cfg;
@@ -401,6 +452,11 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       double[] out = new double[len];
       for (int i = 0; i < len; i++) {
         out[i] = (double) target[i] - lse[i];
+        if (!Double.isFinite(out[i])) { // a logit past float32: NaN or infinite, never a score
+          throw new NumericOverflowException("the log-probability of the token at position " + (start + i + 1)
+              + " (id " + targets[i] + ") is " + out[i] + ": the logits leave float32 (its logit " + target[i]
+              + ", log-sum-exp " + lse[i] + ")");
+        }
       }
       return out;
     }

@@ -78,8 +78,12 @@ public final class LlamaTranslator<I> implements NoBatchifyTranslator<I, Documen
     if (!Files.isRegularFile(file)) {
       throw new IllegalArgumentException(file + ": no tokenizer.json in the checkpoint directory");
     }
-    return HuggingFaceTokenizer.builder().optTokenizerPath(file).optAddSpecialTokens(true).optTruncation(false)
-        .optPadding(false).build();
+    try {
+      return HuggingFaceTokenizer.builder().optTokenizerPath(file).optAddSpecialTokens(true).optTruncation(false)
+          .optPadding(false).build();
+    } catch (RuntimeException e) { // the tokenizers library's parse error names neither the file nor the cause's kind
+      throw new IllegalArgumentException(file + ": not a valid tokenizer.json: " + e.getMessage(), e);
+    }
   }
 
   /** Token ids of a text, as int[]. */

@@ -170,13 +170,17 @@ public final class Safetensors {
   }
 
   /**
-   * The entries of a checkpoint directory: {@code model.safetensors}, or the shards that
+   * The entries of a checkpoint directory: {@code model.safetensors}, or else the shards that
    * {@code model.safetensors.index.json} lists (its {@code weight_map} must name exactly the
-   * tensors its shards hold, each once).
+   * tensors its shards hold, each once). The single file first where both are present, as Hugging
+   * Face's loader reads them.
    */
   public static Map<String, Entry> checkpointEntries(Path dir) throws IOException {
     Path index = dir.resolve("model.safetensors.index.json");
     Path single = dir.resolve("model.safetensors");
+    if (Files.isRegularFile(single)) {
+      return readHeader(single);
+    }
     if (Files.isRegularFile(index)) {
       JsonObject wm;
       try {
@@ -224,9 +228,6 @@ public final class Safetensors {
         }
       }
       return out;
-    }
-    if (Files.isRegularFile(single)) {
-      return readHeader(single);
     }
     throw new IllegalArgumentException(dir + ": no model.safetensors nor model.safetensors.index.json");
   }

@@ -52,6 +52,8 @@ class LlamaConfigTest {
     assertEquals(4 * 32, q.expectedTensors().get("model.layers.0.self_attn.q_proj.weight")[0]);
     assertEquals(4096, parse("\"model_type\": \"mistral\", \"sliding_window\": 4096").slidingWindow);
     assertEquals(0, parse("\"model_type\": \"mistral\", \"sliding_window\": null").slidingWindow);
+    // Absent: Hugging Face's MistralConfig default, not "no window".
+    assertEquals(4096, parse("\"model_type\": \"mistral\"").slidingWindow);
     LlamaConfig b = parse("\"model_type\": \"llama\", \"attention_bias\": true");
     assertTrue(b.qkvBias && b.oBias);
   }
@@ -64,6 +66,12 @@ class LlamaConfigTest {
     for (int i = 0; i < plain.length; i++) {
       assertEquals(plain[i] / 4, scaled[i], 1e-18);
     }
+    // Both names given: type wins, as Hugging Face's configs copy it over rope_type.
+    LlamaConfig both = parse("\"model_type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"default\", \"type\": \"linear\","
+        + " \"factor\": 4}");
+    assertEquals(LlamaConfig.RopeScaling.LINEAR, both.ropeScaling);
+    refused("\"model_type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"linear\", \"type\": \"yarn\", \"factor\": 4}",
+        "rope_scaling.type", "yarn");
     LlamaConfig l3 = parse("\"model_type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8,"
         + " \"low_freq_factor\": 1, \"high_freq_factor\": 4, \"original_max_position_embeddings\": 64}");
     double[] f = l3.inverseFrequencies();

@@ -203,7 +203,7 @@ class LlamaModelTest {
       e = assertThrows(IllegalArgumentException.class, () -> m.embed(new int[] {3, -1}));
       assertTrue(e.getMessage().contains("token id -1 at position 1"), e.getMessage());
       float[] x = m.embed(new int[] {3, 4});
-      e = assertThrows(IllegalArgumentException.class, () -> m.logprobs(x, new int[] {7, s.vocab}));
+      e = assertThrows(IllegalArgumentException.class, () -> m.logprobs(x, 0, new int[] {7, s.vocab}));
       assertTrue(e.getMessage().contains("token id " + s.vocab + " at position 1"), e.getMessage());
       e = assertThrows(IllegalArgumentException.class, () -> m.keysValues(s.layers, x, 0, 2));
       assertTrue(e.getMessage().contains("layer " + s.layers + " does not exist"), e.getMessage());

@@ -50,7 +50,8 @@ final class LlamaReference {
     JsonElement rs = c.get("rope_scaling");
     ropeScaling = rs == null || rs.isJsonNull() ? null : rs.getAsJsonObject();
     JsonElement sw = c.get("sliding_window");
-    window = c.get("model_type").getAsString().equals("mistral") && sw != null && !sw.isJsonNull() ? sw.getAsLong() : 0;
+    // Hugging Face's MistralConfig: absent means its default 4096, null means none.
+    window = !c.get("model_type").getAsString().equals("mistral") ? 0 : sw == null ? 4096 : sw.isJsonNull() ? 0 : sw.getAsLong();
     tied = c.has("tie_word_embeddings") && c.get("tie_word_embeddings").getAsBoolean();
     entries = Safetensors.checkpointEntries(dir);
   }
@@ -77,8 +78,8 @@ final class LlamaReference {
     if (ropeScaling == null || mut == Mutation.NO_ROPE_SCALING) {
       return inv;
     }
-    String type = ropeScaling.has("rope_type") ? ropeScaling.get("rope_type").getAsString()
-        : ropeScaling.get("type").getAsString();
+    String type = ropeScaling.has("type") ? ropeScaling.get("type").getAsString() // HF: type overrides rope_type
+        : ropeScaling.get("rope_type").getAsString();
     double factor = ropeScaling.get("factor").getAsDouble();
     if (type.equals("linear")) {
       for (int i = 0; i < inv.length; i++) {

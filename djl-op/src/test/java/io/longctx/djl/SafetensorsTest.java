@@ -208,6 +208,13 @@ class SafetensorsTest {
     String bad = index.toString();
     Files.writeString(idx, bad);
     assertError(() -> Safetensors.checkpointEntries(three), "model.safetensors.index.json", "model.norm.weight");
+
+    // model.safetensors beside the (now broken) index: the single file is read, as Hugging Face's
+    // loader does, and the index is not looked at.
+    Files.copy(one.resolve("model.safetensors"), three.resolve("model.safetensors"));
+    for (Safetensors.Entry e : Safetensors.checkpointEntries(three).values()) {
+      assertEquals(three.resolve("model.safetensors"), e.file(), e.name());
+    }
   }
 
   /** Reads a sharded checkpoint as "." from inside its directory (run in a child JVM started there). */

@@ -21,6 +21,7 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
 import org.apache.spark.Partitioner;
 import org.apache.spark.api.java.JavaRDD;
@@ -63,8 +64,9 @@ public final class PplJob {
       Input rows (Parquet or JSON Lines): doc_id string and exactly one of text string (tokenized with
       tokenizer.json and its own special tokens) or tokens array<int> (scored exactly as given).
       Output rows (same format): doc_id, n_tokens long, sum_logprob double (natural log, sum over
-      i = 1..n-1 of log p(t_i | t_<i); 0 for one token), ppl double (exp(-sum_logprob/(n_tokens-1));
-      null below 2 tokens), bits_per_byte double (text rows: -sum_logprob/ln 2/UTF-8 bytes; else null),
+      i = 1..n-1 of log p(t_i | t_<i); 0 for one token or none, an empty tokens array), ppl double
+      (exp(-sum_logprob/(n_tokens-1)); null below 2 tokens), bits_per_byte double (text rows:
+      -sum_logprob/ln 2/UTF-8 bytes; null below 2 tokens and for tokens rows),
       and with --per-token logprobs array<float> (n_tokens-1 values). Written to a hidden sibling and
       renamed to OUT at the end (as score).
 
@@ -95,7 +97,8 @@ public final class PplJob {
                               contiguous runs (to measure the difference); never changes the result
 
       Bad input exits 2 naming the document: a token id outside the vocabulary, a row with neither or
-      both of text and tokens, a missing doc_id; an unreadable or inconsistent checkpoint names the
+      both of text and tokens, a missing doc_id, a document on which the model's values leave float32
+      (with the layer and position); an unreadable or inconsistent checkpoint or tokenizer names the
       file and tensor. A summary goes to stderr at the end.
       """ + LongctxMain.COMMON_HELP;
 
@@ -185,7 +188,10 @@ public final class PplJob {
     o.outputFormat = a.get("--output-format") == null ? null : a.get("--output-format").toLowerCase(Locale.ROOT);
     o.perToken = a.flag("--per-token");
     o.chunkLen = a.intValue("--chunk-len", o.chunkLen);
-    o.partitions = a.intValue("--partitions", 0);
+    o.partitions = a.intValue("--partitions", 0); // 0 in Options: not given
+    if (a.get("--partitions") != null && o.partitions < 1) {
+      throw new IllegalArgumentException("--partitions must be >= 1, got " + o.partitions);
+    }
     o.overwrite = a.flag("--overwrite");
     String split = a.get("--split-above");
     if (split != null) {
@@ -199,6 +205,9 @@ public final class PplJob {
       }
     }
     o.splitPartitions = a.intValue("--split-partitions", 0);
+    if (a.get("--split-partitions") != null && o.splitPartitions < 1) {
+      throw new IllegalArgumentException("--split-partitions must be >= 1, got " + o.splitPartitions);
+    }
     o.checkpointDir = a.get("--checkpoint-dir");
     String balance = a.get("--balance");
     if (balance != null) {
@@ -258,6 +267,9 @@ public final class PplJob {
     Map<String, String> inputs = new LinkedHashMap<>();
     inputs.put("INPUT", opt.input);
     inputs.put("MODEL", opt.model);
+    if (opt.checkpointDir != null) {
+      requireDirectoryOrAbsent(hconf, opt.checkpointDir);
+    }
     if (opt.checkpointDir != null && OutputCommit.within(hconf, opt.checkpointDir, opt.output)) {
       // The checkpoints would be made inside OUT before the output exists, and the commit then finds OUT taken.
       throw new InputError("--checkpoint-dir " + opt.checkpointDir + " is inside OUT " + opt.output
@@ -269,6 +281,9 @@ public final class PplJob {
     Dataset<Row> df = read(spark, fmt, opt.input);
     boolean hasText = Arrays.asList(df.columns()).contains("text");
     boolean hasTokens = Arrays.asList(df.columns()).contains("tokens");
+    if (hasText) {
+      checkTokenizer(opt.model);
+    }
     List<Column> cols = new ArrayList<>();
     cols.add(functions.col("doc_id"));
     cols.add(hasText ? functions.col("text") : functions.lit(null).cast(DataTypes.StringType).as("text"));
@@ -312,7 +327,12 @@ public final class PplJob {
     Dataset<Row> result = null;
     try {
       JavaRDD<Row> rows = tokenized.filter(d -> !splits(d, splitAbove)).map(d -> {
-        DocumentScore sc = Loaded.get(o.model).model.score(d.tokens(), o.chunkLen, o.perToken);
+        DocumentScore sc;
+        try {
+          sc = Loaded.get(o.model).model.score(d.tokens(), o.chunkLen, o.perToken);
+        } catch (LlamaModel.NumericOverflowException e) {
+          throw new InputError("doc '" + d.docId() + "', " + e.getMessage());
+        }
         docsDone.add(1);
         tokensDone.add(d.tokens().length);
         return row(d.docId(), sc.nTokens(), sc.sumLogprob(), sc.logprobs(), d.bytes(), bpb, o.perToken);
@@ -334,7 +354,9 @@ public final class PplJob {
               + "tasks (checkpoints in %s)%n", longDocs.size(), splitAbove, splitParts, checkpoints);
           progress.flush();
         }
-        split = SplitPpl.score(spark, tokenized.filter(d -> splits(d, splitAbove)), lengths, opt.model, cfg,
+        Map<Long, String> docIds = new HashMap<>();
+        meta.forEach((index, m) -> docIds.put(index, m._1()));
+        split = SplitPpl.score(spark, tokenized.filter(d -> splits(d, splitAbove)), lengths, docIds, opt.model, cfg,
             opt.chunkLen, splitParts, opt.balance, checkpoints, progress);
         rows = rows.union(split.scored.map(sc -> {
           Tuple2<String, long[]> m = meta.get(sc.index());
@@ -456,6 +478,30 @@ public final class PplJob {
       return cfg;
     } catch (IllegalArgumentException e) {
       throw new InputError("MODEL " + dir + ": " + e.getMessage());
+    }
+  }
+
+  /** --checkpoint-dir: a directory, or absent below a directory (a file on the way fails every layer's job). */
+  private static void requireDirectoryOrAbsent(Configuration hconf, String dir) throws IOException {
+    Path p = new Path(dir);
+    FileSystem fs = p.getFileSystem(hconf);
+    for (Path q = p; q != null; q = q.getParent()) {
+      if (fs.exists(q)) {
+        if (!fs.getFileStatus(q).isDirectory()) {
+          throw new InputError("--checkpoint-dir " + dir + ": " + (q.equals(p) ? "is a file" : q + " is a file")
+              + ", not a directory");
+        }
+        return;
+      }
+    }
+  }
+
+  /** Opens tokenizer.json on the driver: a missing or malformed one fails before any task. */
+  private static void checkTokenizer(String dir) throws IOException {
+    try {
+      LlamaTranslator.openTokenizer(java.nio.file.Path.of(dir)).close();
+    } catch (IllegalArgumentException e) {
+      throw new InputError("MODEL " + dir + ": text input needs a tokenizer: " + e.getMessage());
     }
   }
 
@@ -584,7 +630,7 @@ public final class PplJob {
     out.add(sum);
     out.add(nTokens < 2 ? null : s.perplexity());
     if (bitsPerByteColumn) {
-      out.add(bytes > 0 ? s.bitsPerByte(bytes) : null);
+      out.add(bytes > 0 && nTokens >= 2 ? s.bitsPerByte(bytes) : null); // nothing scored: no rate, as ppl
     }
     if (perToken) {
       Float[] boxed = new Float[logprobs.length];

@@ -12,9 +12,11 @@ import java.nio.ByteOrder;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Comparator;
+import java.util.HashMap;
 import java.util.Iterator;
 import java.util.List;
 import java.util.Locale;
+import java.util.Map;
 import java.util.NoSuchElementException;
 import java.util.PriorityQueue;
 import org.apache.hadoop.fs.FileSystem;
@@ -151,8 +153,10 @@ final class SplitPpl {
    * per layer, checkpointing into {@code checkpointDir}, which this creates and the caller deletes.
    * Sets the SparkContext's checkpoint directory (Spark has one per context).
    */
-  static Result score(SparkSession spark, JavaRDD<Doc> docs, List<long[]> lengths, String model, LlamaConfig cfg,
-      int chunkLen, int partitions, Balance balance, Path checkpointDir, PrintStream progress) throws IOException {
+  static Result score(SparkSession spark, JavaRDD<Doc> docs, List<long[]> lengths, Map<Long, String> docIds,
+      String model, LlamaConfig cfg, int chunkLen, int partitions, Balance balance, Path checkpointDir,
+      PrintStream progress) throws IOException {
+    HashMap<Long, String> ids = new HashMap<>(docIds); // serializable, into the tasks: errors name documents
     AttentionOptions attn = cfg.attention();
     Plan plan = Plan.make(lengths, chunkLen, attn, cfg, partitions, balance);
     FileSystem fs = checkpointDir.getFileSystem(spark.sparkContext().hadoopConfiguration());
@@ -172,10 +176,11 @@ final class SplitPpl {
     try {
       for (int l = 0; l < cfg.layers; l++) {
         final int layer = l;
-        JavaPairRDD<RouteKey, Kv> routed = hidden.flatMapToPair(h -> route(model, layer, h._2(), plan).iterator())
+        JavaPairRDD<RouteKey, Kv> routed = hidden.flatMapToPair(h -> named(ids, h._2().doc(),
+                () -> route(model, layer, h._2(), plan)).iterator())
             .repartitionAndSortWithinPartitions(plan, ROUTE_ORDER);
         JavaPairRDD<BlockKey, Hidden> next = JavaPairRDD.fromJavaRDD(hidden.zipPartitions(routed,
-            (hs, kvs) -> new LayerIterator(model, layer, hs, kvs, plan, taskSeconds)));
+            (hs, kvs) -> new LayerIterator(model, layer, hs, kvs, plan, ids, taskSeconds)));
         // Persisted so that writing the checkpoint reads the layer instead of computing it again; on
         // disk, streamed: a task never holds its partition's rows in memory (a 2 GiB heap is enough).
         next.persist(StorageLevel.DISK_ONLY());
@@ -204,7 +209,8 @@ final class SplitPpl {
     }
     JavaRDD<Scored> scored = hidden.mapToPair(h -> {
       Hidden c = h._2();
-      double[] lp = PplJob.Loaded.get(model).model.logprobs(floats(c.x()), c.targets());
+      double[] lp = named(ids, c.doc(), () -> PplJob.Loaded.get(model).model.logprobs(floats(c.x()), c.start(),
+          c.targets()));
       return new Tuple2<>(c.doc(), new Tuple2<>(c.index(), lp));
     }).groupByKey().map(g -> sumInOrder(g._1(), g._2()));
     double[][] secs = new double[cfg.layers][];
@@ -280,6 +286,15 @@ final class SplitPpl {
     };
   }
 
+  /** A model step on document {@code doc}; where its values leave float32, bad input naming the document. */
+  private static <T> T named(Map<Long, String> docIds, long doc, java.util.function.Supplier<T> step) {
+    try {
+      return step.get();
+    } catch (LlamaModel.NumericOverflowException e) {
+      throw new InputError("doc '" + docIds.get(doc) + "', " + e.getMessage());
+    }
+  }
+
   /** Step 1: the chunk's keys and values, to every block that sees them. */
   static List<Tuple2<RouteKey, Kv>> route(String model, int layer, Hidden h, Plan plan) {
     FaultHooks.at(FaultHooks.layerStage(layer, FaultHooks.MAP));
@@ -301,13 +316,16 @@ final class SplitPpl {
     private final Iterator<Tuple2<BlockKey, Hidden>> blocks;
     private final Iterator<Tuple2<RouteKey, Kv>> kvs;
     private final Plan plan;
+    private final Map<Long, String> docIds;
     private final CollectionAccumulator<double[]> taskSeconds;
     private long nanos;
     private boolean reported;
 
     LayerIterator(String model, int layer, Iterator<Tuple2<BlockKey, Hidden>> blocks,
-        Iterator<Tuple2<RouteKey, Kv>> kvs, Plan plan, CollectionAccumulator<double[]> taskSeconds) {
+        Iterator<Tuple2<RouteKey, Kv>> kvs, Plan plan, Map<Long, String> docIds,
+        CollectionAccumulator<double[]> taskSeconds) {
       this.taskSeconds = taskSeconds;
+      this.docIds = docIds;
       this.model = PplJob.Loaded.get(model).model;
       this.cfg = this.model.config();
       this.layer = layer;
@@ -364,7 +382,7 @@ final class SplitPpl {
               new Tensor(floats(m.v()), 1, cfg.kvHeads, m.len(), hd));
         }
       };
-      float[] x = model.layer(layer, floats(h.x()), h.start(), h.len(), n, visible);
+      float[] x = named(docIds, h.doc(), () -> model.layer(layer, floats(h.x()), h.start(), h.len(), n, visible));
       if (visible.hasNext()) {
         throw new IllegalStateException("layer " + layer + ": block " + h.index() + " did not take all its chunks");
       }

@@ -11,6 +11,7 @@ import io.longctx.djl.DocumentScore;
 import io.longctx.djl.LlamaModel;
 import io.longctx.djl.LlamaTranslator;
 import io.longctx.djl.ModelGenerator;
+import io.longctx.djl.Safetensors;
 import java.io.ByteArrayOutputStream;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
@@ -177,6 +178,22 @@ class PplJobTest {
         "text is a JSON object<a: string>");
   }
 
+  /** 0 tasks is no default: refused as any count below 1; a row with nothing scored has no bits per byte. */
+  @Test
+  void zeroTasksAndUnscoredRows() throws Exception {
+    Path in = jsonl("z.jsonl", "{\"doc_id\": \"a\", \"tokens\": [1, 2, 3]}");
+    for (String opt : List.of("--partitions", "--split-partitions")) {
+      ByteArrayOutputStream err = new ByteArrayOutputStream();
+      assertEquals(2, run(err, "ppl", "--model", model.toString(), "--input", in.toString(), "--output",
+          tmp.resolve("out").toString(), opt, "0"), err.toString());
+      assertTrue(err.toString().contains(opt + " must be >= 1, got 0"), err.toString());
+    }
+    // A one-token text row (a tokenizer without special tokens) scores nothing: no rate, as no ppl.
+    Row one = PplJob.row("d", 1, 0.0, null, 5, true, false);
+    assertTrue(one.isNullAt(3) && one.isNullAt(4), one.toString());
+    assertEquals(-2.0 / Math.log(2) / 5, (double) PplJob.row("d", 2, 2.0, null, 5, true, false).get(4), 1e-15);
+  }
+
   /** A checkpoint directory inside OUT: refused before anything is made (it used to leave an empty OUT). */
   @Test
   void checkpointDirInsideTheOutputIsRefused() throws Exception {
@@ -190,6 +207,19 @@ class PplJobTest {
       assertEquals(2, rc, msg);
       assertTrue(msg.contains("--checkpoint-dir " + tmp.resolve(cp) + " is inside OUT " + out), msg);
       assertFalse(Files.exists(out), "nothing made: " + msg);
+    }
+    // A file where the directory should be, or on its way: refused up front (it failed the first layer's job).
+    Path file = Files.writeString(tmp.resolve("a-file"), "mine");
+    for (Path cp : List.of(file, file.resolve("below"))) {
+      Path out = tmp.resolve("out");
+      ByteArrayOutputStream err = new ByteArrayOutputStream();
+      int rc = run(err, "ppl", "--model", model.toString(), "--input", in.toString(), "--output", out.toString(),
+          "--split-above", "0", "--checkpoint-dir", cp.toString());
+      assertEquals(2, rc, err.toString());
+      assertTrue(err.toString().contains("--checkpoint-dir " + cp + ": "), err.toString());
+      assertTrue(err.toString().contains("is a file, not a directory"), err.toString());
+      assertFalse(Files.exists(out));
+      assertEquals("mine", Files.readString(file));
     }
     Path beside = tmp.resolve("out-checkpoints"); // a sibling whose name starts like OUT's is not inside it
     assertEquals(0, run(new ByteArrayOutputStream(), "ppl", "--model", model.toString(), "--input", in.toString(),
@@ -213,6 +243,59 @@ class PplJobTest {
     Files.writeString(bad.resolve("config.json"), cfg.replace("\"num_hidden_layers\": 3", "\"num_hidden_layers\": 2")
         .replace("\"silu\"", "\"gelu\""));
     fails(in, bad, "config.json", "hidden_act", "gelu");
+    // A malformed tokenizer.json with text input: named on the driver, before any task.
+    Files.writeString(bad.resolve("config.json"), Files.readString(model.resolve("config.json")));
+    Files.writeString(bad.resolve("tokenizer.json"), "{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\"");
+    fails(jsonl("t.jsonl", "{\"doc_id\": \"x\", \"text\": \"hello\"}"), bad, "MODEL", "tokenizer.json",
+        "not a valid tokenizer.json");
+  }
+
+  /**
+   * Weights that take a document's values past float32: exit 2 naming the document, the layer or
+   * the logits, and the position, on both paths (the logits' overflow used to give ppl NaN, exit 0).
+   */
+  @Test
+  void valuesPastFloat32NameTheDocument() throws Exception {
+    Path in = jsonl("o.jsonl", "{\"doc_id\": \"fine\", \"tokens\": [3]}", "{\"doc_id\": \"loud\", \"tokens\": [1, 2, 3, 4, 5]}");
+    Path logits = scaledCopy("huge-logits", "model.norm.weight", 3e38f);
+    for (String split : List.of("-1", "0")) {
+      Path out = tmp.resolve("out");
+      ByteArrayOutputStream err = new ByteArrayOutputStream();
+      List<String> args = new java.util.ArrayList<>(List.of("ppl", "--model", logits.toString(), "--input",
+          in.toString(), "--output", out.toString()));
+      if (!split.equals("-1")) {
+        args.addAll(List.of("--split-above", split));
+      }
+      int rc = run(err, args.toArray(new String[0]));
+      String msg = err.toString();
+      assertEquals(2, rc, "split-above " + split + ": " + msg);
+      for (String f : List.of("doc 'loud'", "the logits leave float32", "position 1")) {
+        assertTrue(msg.contains(f), "split-above " + split + ", '" + f + "': " + msg);
+      }
+      assertFalse(Files.exists(out));
+    }
+    fails(in, scaledCopy("huge-attention", "model.layers.0.input_layernorm.weight", 3e37f), "doc 'loud'", "layer 0",
+        "past float32", "position");
+  }
+
+  /** A copy of the test model with every value of one tensor replaced by {@code value}. */
+  Path scaledCopy(String name, String tensor, float value) throws Exception {
+    Path dir = tmp.resolve(name);
+    Files.createDirectories(dir);
+    for (String f : List.of("config.json", "tokenizer.json")) {
+      Files.copy(model.resolve(f), dir.resolve(f));
+    }
+    java.util.Map<String, Safetensors.Tensor> t = new java.util.LinkedHashMap<>();
+    for (Safetensors.Entry e : Safetensors.readHeader(model.resolve("model.safetensors")).values()) {
+      float[] v = Safetensors.readFloats(e);
+      if (e.name().equals(tensor)) {
+        Arrays.fill(v, value);
+      }
+      t.put(e.name(), new Safetensors.Tensor("F32", e.shape(), v));
+    }
+    assertTrue(t.containsKey(tensor), tensor);
+    Safetensors.write(dir.resolve("model.safetensors"), t);
+    return dir;
   }
 
   @Test
