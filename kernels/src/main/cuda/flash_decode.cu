@@ -398,7 +398,7 @@ __device__ void decode_partial(const DecodeArgs& a) {
       if (i < my_rows) {
         const int r = warp + kWarps * i;
         float x = s[i] * a.qscale;
-        if (a.softcap > 0.f) x = a.softcap * tanhf(x);
+        if (a.softcap > 0.f) x = soft_capped(a.softcap, x);
         if (j >= hi || !visible(sm.qp[r], kp, a.causal, a.window)) x = -CUDART_INF_F;
         float p;
         if (UNIFIED) {
@@ -487,7 +487,8 @@ __device__ void decode_partial(const DecodeArgs& a) {
               make_float4(acc[i][4 * x] * inv, acc[i][4 * x + 1] * inv, acc[i][4 * x + 2] * inv, acc[i][4 * x + 3] * inv);
         }
       }
-      if (lane == 0) a.part_lse[at] = lsum > 0.f ? (double)m[i] + log((double)lsum) : -CUDART_INF;
+      // A NaN sum (a NaN score) stays NaN, never the empty state's -inf.
+      if (lane == 0) a.part_lse[at] = lsum > 0.f ? (double)m[i] + log((double)lsum) : lsum == 0.f ? -CUDART_INF : CUDART_NAN;
     }
   }
 }
@@ -624,7 +625,7 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
         #pragma unroll
         for (int r = 0; r < 2; r++) {
           float x = s[nb][2 * r + c] * a.qscale;
-          if (a.softcap > 0.f) x = a.softcap * tanhf(x);
+          if (a.softcap > 0.f) x = soft_capped(a.softcap, x);
           if (!whole && (j >= hi || !visible(my_qp[r], kp, a.causal, a.window))) x = -CUDART_INF_F;
           s[nb][2 * r + c] = x;
         }
@@ -829,7 +830,7 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
             make_float2(acc[nd][2 * r] * inv, acc[nd][2 * r + 1] * inv);
       }
     }
-    if (t4 == 0) a.part_lse[at] = lsum > 0.f ? (double)m[r] + log((double)lsum) : -CUDART_INF;
+    if (t4 == 0) a.part_lse[at] = lsum > 0.f ? (double)m[r] + log((double)lsum) : lsum == 0.f ? -CUDART_INF : CUDART_NAN;
   }
 }
 
@@ -927,8 +928,19 @@ longctx_decode_combine(const float* __restrict__ part_o, const double* __restric
   if (state >= n_states) return;  // the whole warp: state is per warp
   const double* pl = part_lse + state * n_splits;
   double mx = -CUDART_INF;
-  for (int s = lane; s < n_splits; s += 32) mx = fmax(mx, pl[s]);
+  bool nan = false;
+  for (int s = lane; s < n_splits; s += 32) {
+    nan |= pl[s] != pl[s];
+    mx = fmax(mx, pl[s]);
+  }
   for (int off = 16; off > 0; off >>= 1) mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  // A split with a NaN score (NaN in device inputs, or an overflowed q.k under a softcap): the row is
+  // NaN, for the caller to report. fmax skips NaN, so alone it would make the row empty or drop the split.
+  if (__any_sync(0xffffffffu, nan)) {
+    for (int d = lane; d < dim; d += 32) o[state * dim + d] = CUDART_NAN_F;
+    if (lane == 0) lse[state] = CUDART_NAN_F;
+    return;
+  }
   if (mx == -CUDART_INF) {  // no split saw a key: the identity, no 0/0
     for (int d = lane; d < dim; d += 32) o[state * dim + d] = 0.f;
     if (lane == 0) lse[state] = -CUDART_INF_F;

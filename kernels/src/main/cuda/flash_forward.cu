@@ -77,7 +77,7 @@ __device__ void flash_forward(const T* __restrict__ q, const T* __restrict__ k, 
         if (d < dim) part += qr[i] * ks[jj][d];
       }
       float s = warp_sum(part) * scale;
-      if (softcap > 0.f) s = softcap * tanhf(s / softcap);
+      if (softcap > 0.f) s = soft_capped(softcap, s / softcap);
       float m_new = fmaxf(m, s);
       // The max did not move: exactly 1 (also when both are -inf, where exp(-inf - -inf) is NaN);
       // from m = -inf to a finite max: exp(-inf) = 0. expf, not __expf: the fast one's error grows
@@ -101,7 +101,7 @@ __device__ void flash_forward(const T* __restrict__ q, const T* __restrict__ k, 
     int d = lane + 32 * i;
     if (d < dim) o[out * dim + d] = acc[i] * inv;
   }
-  if (lane == 0) lse[out] = l > 0.f ? m + logf(l) : -CUDART_INF_F;
+  if (lane == 0) lse[out] = l > 0.f ? m + logf(l) : l == 0.f ? -CUDART_INF_F : CUDART_NAN_F;  // NaN sum: NaN
 }
 
 }  // namespace

@@ -284,7 +284,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
 #pragma unroll
         for (int nb = 0; nb < kKeys / 8; nb++) {
 #pragma unroll
-          for (int i = 0; i < 4; i++) s[mb][nb][i] = softcap * tanhf(s[mb][nb][i] * s_scale) * kLog2e;
+          for (int i = 0; i < 4; i++) s[mb][nb][i] = soft_capped(softcap, s[mb][nb][i] * s_scale) * kLog2e;
         }
       }
       if (vis == kPartial) {  // masked keys and keys past tk become -inf
@@ -379,7 +379,8 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         *reinterpret_cast<float2*>(&o[out * D + d]) =
             make_float2(acc[mb][nd][2 * r] * inv, acc[mb][nd][2 * r + 1] * inv);
       }
-      if (t4 == 0) lse[out] = l > 0.f ? (row_max[mb][r] + log2f(l)) * kLn2 : -CUDART_INF_F;
+      // A NaN sum (a NaN score) stays NaN, never the empty state's -inf.
+      if (t4 == 0) lse[out] = l > 0.f ? (row_max[mb][r] + log2f(l)) * kLn2 : l == 0.f ? -CUDART_INF_F : CUDART_NAN_F;
     }
   }
 }

@@ -16,6 +16,12 @@ __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
+// cap * tanh(x), except that an infinite x gives NaN (x - x), which the caller reports, rather than
+// a finite -cap or +cap: x is a q.k whose float32 sum overflowed, possibly in its partial sums
+// only, so the exact capped score may be anything (the CPU kernels refuse it too). Finite x: the
+// added +0 changes nothing but the sign of a zero.
+__device__ __forceinline__ float soft_capped(float cap, float x) { return cap * tanhf(x) + (x - x); }
+
 __device__ __forceinline__ float warp_sum(float x) {
   for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
   return x;

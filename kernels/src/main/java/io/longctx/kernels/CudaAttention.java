@@ -320,9 +320,8 @@ public final class CudaAttention implements AttentionBackend {
    * Launches the forward kernel on device buffers, asynchronously on {@code stream}: o
    * [B*Tq, H, D] and lse [B*Tq, H] float32 (the attention-state layout), positions int64.
    * The inputs are not scanned (the host-array methods refuse NaN and Infinity): NaN or Infinity in
-   * q or k, or a q.k past float32's range, gives NaN in o and lse, or silently a key weighted as if
-   * masked (a q.k overflowing to -Infinity) or scored +-cap (an infinite q.k under a softcap):
-   * docs/CUDA.md.
+   * q or k, or a q.k past float32's range, gives NaN in the row's o and lse, except a q.k that
+   * overflows to -Infinity without a softcap: its key is weighted as if masked (docs/CUDA.md).
    */
   public void forwardOnDevice(DeviceTensor q, DeviceTensor k, DeviceTensor v, DeviceBuffer qPos, DeviceBuffer kPos,
       AttentionOptions opt, DeviceBuffer o, DeviceBuffer lse, CUstream stream) {

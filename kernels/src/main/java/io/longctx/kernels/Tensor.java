@@ -49,9 +49,9 @@ public record Tensor(float[] data, int batch, int heads, int tokens, int dim) {
   }
 
   /**
-   * Throws, naming the first NaN or infinity by (batch, head, token, dim). The kernels see most of
-   * them in the scores; with a softcap an infinite q.k is capped to a finite score instead, so the
-   * softcapped paths look in q and k first.
+   * Throws, naming the first NaN or infinity by (batch, head, token, dim). The kernels see them in
+   * the scores (a NaN or infinite score is an error); the softcapped paths look in q and k first,
+   * since under a cap the GPU kernels only report a NaN row.
    */
   public void requireFinite(String name) {
     for (int i = 0; i < data.length; i++) {

@@ -185,10 +185,13 @@ final class TileWorker {
     TileMath.scores(p.k.data(), kOff, d, n, d, qt, blockQ, s, blockQ, lanes, p.qScale, tileMax, tileScoreSum);
     // The scale (1/cap folded in when capping) multiplied each finished q.k: with fp16/bf16-valued
     // inputs every product is exact and the fma chain rounds like the naive sum (see begin).
+    // Before the mask writes -inf of its own, and before a softcap turns an overflowed q.k into a
+    // finite -cap or +cap: the q.k that overflowed may be small (its partial sums overflowed).
+    if (sawInfinity(lanes)) {
+      rejectInfinity(p, n, jt);
+    }
     if (p.softcap > 0) {
-      softcap(p.softcap, n, lanes); // caps an overflowed score at -cap: exact, no error
-    } else if (sawNegativeInfinity(lanes)) {
-      rejectNegativeInfinity(p, n, jt); // before the mask writes -inf of its own
+      softcap(p.softcap, n, lanes);
     }
     if (vis == Visibility.PARTIAL) {
       mask(p, n, jt);
@@ -216,25 +219,26 @@ final class TileWorker {
   }
 
   /**
-   * Whether a score of the tile may be -inf, which only a q.k that overflowed float32 gives here (a
-   * +inf or NaN shows in the softmax sum): a lane's score sum is then -inf or NaN. (A sum that
-   * overflowed, or a NaN or +inf score, says yes too; the exact scan then throws only for a -inf.)
+   * Whether a score of the tile may be infinite, which only a q.k that overflowed float32 gives here
+   * (q and k are finite, or NaN, which the softmax names): a lane's score sum is then not finite. (A
+   * sum that overflowed, or a NaN score, says yes too; the exact scan then throws only for an infinity.)
    */
-  private boolean sawNegativeInfinity(int lanes) {
+  private boolean sawInfinity(int lanes) {
     for (int i = 0; i < lanes; i++) {
-      if (!(tileScoreSum[i] > Float.NEGATIVE_INFINITY)) {
+      if (!Float.isFinite(tileScoreSum[i])) {
         return true;
       }
     }
     return false;
   }
 
-  /** Throws for the first visible (query, key) pair of the tile whose score is -inf. */
-  private void rejectNegativeInfinity(CpuAttention.Problem p, int n, int jt) {
+  /** Throws for the first visible (query, key) pair of the tile whose score is infinite. */
+  private void rejectInfinity(CpuAttention.Problem p, int n, int jt) {
     for (int j = 0; j < n; j++) {
       for (int i = 0; i < rows; i++) {
-        if (s[j * blockQ + i] == Float.NEGATIVE_INFINITY && p.opt.visible(rowPos[i], p.kPos[jt + j])) {
-          throw nonFiniteAt(p, i, jt + j, Float.NEGATIVE_INFINITY);
+        float x = s[j * blockQ + i];
+        if (Float.isInfinite(x) && p.opt.visible(rowPos[i], p.kPos[jt + j])) {
+          throw nonFiniteAt(p, i, jt + j, x);
         }
       }
     }

@@ -114,7 +114,7 @@ class BadInputTest {
 
   /**
    * A finite q and k whose q.k overflows float32 to -Infinity is bad input, named by position, on a
-   * visible pair; invisible pairs (masked) and softcapped scores (capped exactly at -cap) are not.
+   * visible pair, softcapped or not; invisible pairs (masked) are not.
    */
   @Test
   void scoreOverflowingToMinusInfinityIsNamed() {
@@ -144,8 +144,16 @@ class BadInputTest {
     AttentionOptions window = causal.withWindow(15);
     AttentionState s = cpu.forward(q, k, v, qPos, pos, window);
     assertTrue(Float.isFinite(s.lse(2, 1)), "lse " + s.lse(2, 1));
-    // Softcapped: the overflowed score is capped at -cap, which is the exact capped value.
-    AttentionState capped = cpu.forward(q, k, v, qPos, pos, causal.withSoftcap(20f));
-    assertTrue(Float.isFinite(capped.lse(2, 1)));
+    // Softcapped: refused too. Capping the infinity at -cap was not exact: a q.k can overflow in its
+    // partial sums and still be small (below, 2e38 + 2e38 - 2e38 - 2e38 = 0, whose capped score is 0,
+    // not +cap); the kernel cannot tell the two apart.
+    assertThrows(NonFiniteScoreException.class, () -> cpu.forward(q, k, v, qPos, pos, causal.withSoftcap(20f)));
+    Tensor q1 = new Tensor(new float[] {2e38f, 2e38f, -2e38f, -2e38f}, 1, 1, 1, 4);
+    Tensor k1 = new Tensor(new float[] {1, 1, 1, 1, 0.5f, 0, 0, 0}, 1, 1, 2, 4);
+    Tensor v1 = new Tensor(new float[] {1, 0, 0, 0, 0, 1, 0, 0}, 1, 1, 2, 4);
+    NonFiniteScoreException c = assertThrows(NonFiniteScoreException.class,
+        () -> cpu.forward(q1, k1, v1, null, null, AttentionOptions.DEFAULT.withSoftcap(30f)));
+    assertEquals(0, c.keyToken);
+    assertEquals(Float.POSITIVE_INFINITY, c.score);
   }
 }

@@ -79,8 +79,25 @@ class CudaDecodeEmulationTest {
     assertTrue(p.exit() == 0, "g++ failed: " + p.output());
   }
 
-  /** The emulated decode: same plan, same inputs, o/lse/count back. */
+  /** The emulated decode: same plan, same inputs, o/lse/count back; NaN anywhere fails. */
   static CpuAttention.DecodeResult emulate(Tensor q, List<Tensor> kc, List<Tensor> vc, long[] qPos, long[] kPos,
+      AttentionOptions opt, int splitLen, UnifiedMax um, CudaAttention.DType type) throws Exception {
+    Raw r = emulateRaw(q, kc, vc, qPos, kPos, opt, splitLen, um, type);
+    // Not AttentionState.of: NaN (an unwritten output) must fail the comparison, not throw here.
+    for (float x : r.lse) {
+      assertTrue(!Float.isNaN(x), "NaN lse: an output the kernels did not write");
+    }
+    for (float x : r.o) {
+      assertTrue(!Float.isNaN(x), "NaN o: an output the kernels did not write");
+    }
+    return new CpuAttention.DecodeResult(AttentionState.of(r.o, r.lse, q.batch() * q.tokens(), q.heads(), q.dim()),
+        r.splits, r.recomputed);
+  }
+
+  /** What the emulated kernels wrote, unchecked. */
+  record Raw(float[] o, float[] lse, int splits, long recomputed) {}
+
+  static Raw emulateRaw(Tensor q, List<Tensor> kc, List<Tensor> vc, long[] qPos, long[] kPos,
       AttentionOptions opt, int splitLen, UnifiedMax um, CudaAttention.DType type) throws Exception {
     CudaDecode.Plan plan = CudaAttention.hostPlan(q, kc, vc, qPos, kPos, opt, splitLen, type);
     long[] qp = qPos != null ? qPos : ReferenceAttention.iota(q.tokens());
@@ -151,16 +168,7 @@ class CudaDecodeEmulationTest {
       for (int i = 0; i < lse.length; i++) {
         lse[i] = r.getFloat();
       }
-      long count = r.getLong();
-      // Not AttentionState.of: NaN (an unwritten output) must fail the comparison, not throw here.
-      for (float x : lse) {
-        assertTrue(!Float.isNaN(x), "NaN lse: an output the kernels did not write");
-      }
-      for (float x : o) {
-        assertTrue(!Float.isNaN(x), "NaN o: an output the kernels did not write");
-      }
-      return new CpuAttention.DecodeResult(AttentionState.of(o, lse, q.batch() * q.tokens(), q.heads(), q.dim()),
-          plan.splits(), count);
+      return new Raw(o, lse, plan.splits(), r.getLong());
     } finally {
       if (!keepInput) {
         Files.deleteIfExists(in);
@@ -330,6 +338,37 @@ class CudaDecodeEmulationTest {
       String err = Accuracy.check(got.state(), ReferenceAttention.compute(q, k, v, null, null, opt),
           ReferenceAttention.computeFloat32(q, k, v, null, null, opt));
       assertNull(err, "tk " + tk + ", seed " + seed + ": " + err);
+    }
+  }
+
+  /**
+   * Under a softcap a q.k whose float32 sum overflowed (2e38 + 2e38 - 2e38 - 2e38: 0 exactly, inf in
+   * float32) gives NaN for its row, which the host path reports, not the finite +cap it gave (the
+   * CPU kernels refuse it: BadInputTest), with the key in a split of calm keys and in a split of
+   * its own (the combine's max skips NaN: that row used to come out empty). Other rows are untouched.
+   */
+  @Test
+  @Timeout(300)
+  void softcapOfAnOverflowedScoreIsNaNNotTheCap() throws Exception {
+    int dim = 16;
+    Tensor q = new Tensor(new float[2 * dim], 1, 2, 1, dim);
+    Tensor k = new Tensor(new float[3 * dim], 1, 1, 3, dim);
+    Tensor v = new Tensor(new float[3 * dim], 1, 1, 3, dim);
+    for (int d = 0; d < dim; d++) {
+      q.data()[d] = d < 4 ? (d < 2 ? 2e38f : -2e38f) : 0f; // head 0
+      q.data()[dim + d] = 0.25f; // head 1: calm
+      for (int j = 0; j < 3; j++) {
+        k.data()[j * dim + d] = j == 0 || d >= 4 ? 1f : 0f; // keys 1 and 2 meet head 0 only where q is 0
+        v.data()[j * dim + d] = j + d;
+      }
+    }
+    for (int split : new int[] {64, 1}) { // one split; and three, the other two calm
+      Raw got = emulateRaw(q, List.of(k), List.of(v), null, null, AttentionOptions.DEFAULT.withSoftcap(30f), split,
+          null, CudaAttention.DType.F32);
+      assertTrue(Float.isNaN(got.lse()[0]) && Float.isNaN(got.o()[0]), "split " + split + ", head 0: lse "
+          + got.lse()[0] + ", o " + got.o()[0]);
+      assertTrue(Float.isFinite(got.lse()[1]) && Float.isFinite(got.o()[dim]), "split " + split + ", head 1 lse "
+          + got.lse()[1]);
     }
   }
 

@@ -181,7 +181,8 @@ public final class PplJob {
       return 0;
     }
     Options o = new Options();
-    o.model = a.get("--model");
+    // Absolute from the driver's directory: executors read it with their own working directory.
+    o.model = a.get("--model") == null ? null : java.nio.file.Path.of(a.get("--model")).toAbsolutePath().toString();
     o.input = a.get("--input");
     o.output = a.get("--output");
     o.format = a.get("--format") == null ? null : a.get("--format").toLowerCase(Locale.ROOT);
