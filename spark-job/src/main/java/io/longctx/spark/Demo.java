@@ -159,10 +159,25 @@ public final class Demo {
    * false on a mismatch.
    */
   public static boolean runPpl(SparkSession spark, Path dir, int tokens, PrintStream out) throws Exception {
-    long t0 = System.nanoTime();
     Files.createDirectories(dir);
-    // A fresh directory: the generator never writes into one that holds something.
-    Path model = Files.createTempDirectory(dir, "ppl-model-");
+    // The checkpoint and the documents go into a fresh directory of ours, deleted at the end: nothing
+    // of the user's in DIR is written over (the documents were once written onto DIR/ppl-docs.parquet).
+    Path work = Files.createTempDirectory(dir, ".ppl-demo-");
+    try {
+      return runPpl(spark, dir, work, tokens, out);
+    } finally {
+      try (java.util.stream.Stream<Path> all = Files.walk(work)) {
+        for (Path p : (Iterable<Path>) all.sorted(Comparator.reverseOrder())::iterator) {
+          Files.deleteIfExists(p);
+        }
+      }
+    }
+  }
+
+  private static boolean runPpl(SparkSession spark, Path dir, Path work, int tokens, PrintStream out)
+      throws Exception {
+    long t0 = System.nanoTime();
+    Path model = work.resolve("model");
     io.longctx.djl.ModelGenerator.Spec spec = new io.longctx.djl.ModelGenerator.Spec();
     spec.layers = 2;
     spec.hidden = 64;
@@ -174,7 +189,7 @@ public final class Demo {
     String[] ids = {"ppl-long", "ppl-short"};
     // ~1.9 UTF-8 bytes per token with this vocabulary and these words (measured): aim near the asked length.
     String[] texts = {pplText(new java.util.SplittableRandom(7), 2L * tokens), "Exact attention over a long context."};
-    out.printf("%nlongctx demo (ppl): checkpoint %s (2 layers, hidden 64, heads 4/2, vocab 512, bf16), "
+    out.printf("%nlongctx demo (ppl): a temporary checkpoint %s (2 layers, hidden 64, heads 4/2, vocab 512, bf16), "
         + "documents of %d and %d characters%n", model, texts[0].length(), texts[1].length());
     List<Row> rows = new ArrayList<>();
     for (int i = 0; i < ids.length; i++) {
@@ -183,8 +198,8 @@ public final class Demo {
     org.apache.spark.sql.types.StructType schema = new org.apache.spark.sql.types.StructType()
         .add("doc_id", org.apache.spark.sql.types.DataTypes.StringType)
         .add("text", org.apache.spark.sql.types.DataTypes.StringType);
-    String input = dir.resolve("ppl-docs.parquet").toString();
-    spark.createDataFrame(rows, schema).write().mode("overwrite").parquet(input);
+    String input = work.resolve("docs.parquet").toString();
+    spark.createDataFrame(rows, schema).write().parquet(input);
 
     PplJob.Options o = new PplJob.Options();
     o.model = model.toString();

@@ -1,5 +1,6 @@
 package io.longctx.spark;
 
+import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.io.ByteArrayOutputStream;
@@ -35,10 +36,18 @@ class DemoTest {
   @Test
   void pplPartMatchesTheModel() throws Exception {
     ByteArrayOutputStream buf = new ByteArrayOutputStream();
+    // A user's directory where the demo once wrote its documents (mode overwrite): left alone now.
+    java.nio.file.Path mine = java.nio.file.Files.createDirectories(tmp.resolve("ppl-docs.parquet"));
+    java.nio.file.Files.writeString(mine.resolve("notes.txt"), "mine");
     boolean ok = Demo.runPpl(TestSpark.get(), tmp, 300, new PrintStream(buf, true, StandardCharsets.UTF_8));
     String text = buf.toString(StandardCharsets.UTF_8);
     assertTrue(ok, text);
     assertTrue(text.contains("ppl-long") && text.contains("ppl-short") && text.contains("identical"), text);
     assertTrue(text.contains("longctx ppl: scoring 2 documents in 2 tasks"), text);
+    assertEquals("mine", java.nio.file.Files.readString(mine.resolve("notes.txt")));
+    try (var left = java.nio.file.Files.list(tmp)) { // its checkpoint and documents are gone; its scores stay
+      assertEquals(java.util.Set.of("ppl-docs.parquet", "ppl-scores.parquet"),
+          left.map(p -> p.getFileName().toString()).collect(java.util.stream.Collectors.toSet()));
+    }
   }
 }
