@@ -195,6 +195,9 @@ public final class CpuAttention implements AttentionBackend {
       throw new IllegalArgumentException("blockQ must be a positive multiple of " + TileMath.GROUP
           + " and blockK positive, got blockQ=" + blockQ + " blockK=" + blockK);
     }
+    if ((long) blockQ * blockK > Integer.MAX_VALUE - 8) { // one tile of scores is one array
+      throw new IllegalArgumentException("blockQ x blockK must fit one array of scores, got " + blockQ + " x " + blockK);
+    }
     if (maxBlocksPerSweep < 1) {
       throw new IllegalArgumentException("maxBlocksPerSweep must be >= 1, got " + maxBlocksPerSweep);
     }

@@ -41,6 +41,7 @@ class BadInputTest {
     Tensor big = new Tensor(new float[2048], 1, 1, 1, 2048);
     assertMessage(() -> cpu.forward(big, big, big, null, null, o), "unsupported head dim 2048");
     assertMessage(() -> new CpuAttention(CpuAttention.laneGroup() + 1, 64), "blockQ");
+    assertMessage(() -> new CpuAttention(CpuAttention.laneGroup(), Integer.MAX_VALUE), "one array of scores");
     assertMessage(() -> AttentionOptions.DEFAULT.withWindow(-1), "window");
     assertMessage(() -> AttentionOptions.DEFAULT.withScale(0), "scale");
     assertMessage(() -> new UnifiedMax(0, 1, 2), "lower < 0 < upper");

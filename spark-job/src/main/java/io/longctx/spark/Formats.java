@@ -48,39 +48,26 @@ final class Formats {
 
   /**
    * {@code spark.read().format(fmt).load(path)}, with a file that is not Parquet (JSON Lines under a
-   * name without a .jsonl extension, read with the default format) reported as bad input naming the
-   * file, instead of Spark's stack trace.
+   * name without a .jsonl extension, read with the default format) and a Parquet directory without
+   * data files reported as bad input naming the path, instead of Spark's stack trace.
    */
   static org.apache.spark.sql.Dataset<org.apache.spark.sql.Row> load(org.apache.spark.sql.SparkSession spark,
       String fmt, String path, String what) {
     try {
       return spark.read().format(fmt).load(path);
     } catch (Exception e) { // SparkException is a checked exception that Scala code throws undeclared
-      String why = fmt.equals("parquet") ? notParquet(e, 0) : null;
+      // parquet-mr's "FILE is not a Parquet file ..."
+      String why = fmt.equals("parquet") ? InputError.causeLine(e, "is not a Parquet file") : null;
       if (why != null) {
         throw new InputError(what + " " + path + ": " + why
             + " (for JSON Lines give --format json, or name the file with a .jsonl extension)");
       }
+      if (InputError.causeLine(e, "UNABLE_TO_INFER_SCHEMA") != null) { // Parquet: no data file to take it from
+        throw new InputError(what + " " + path + ": no data files to read (an empty directory, or only _SUCCESS and "
+            + "other names starting with '_' or '.', which Spark skips as hidden)");
+      }
       throw e;
     }
-  }
-
-  /** parquet-mr's "FILE is not a Parquet file ..." line among a failure's causes and suppressed ones, or null. */
-  private static String notParquet(Throwable t, int depth) {
-    if (t == null || depth > 20) {
-      return null;
-    }
-    String m = t.getMessage();
-    if (m != null && m.contains("is not a Parquet file")) {
-      return m.lines().filter(l -> l.contains("is not a Parquet file")).findFirst().orElse(m).strip();
-    }
-    for (Throwable s : t.getSuppressed()) {
-      String r = notParquet(s, depth + 1);
-      if (r != null) {
-        return r;
-      }
-    }
-    return notParquet(t.getCause(), depth + 1);
   }
 
   /** The message for a corrupt JSON record (first 300 characters), naming a Parquet file as such. */

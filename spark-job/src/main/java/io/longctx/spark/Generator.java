@@ -128,6 +128,11 @@ public final class Generator implements Serializable {
     if (fs.exists(top) && !fs.getFileStatus(top).isDirectory()) {
       throw new InputError("--output " + dir + " is a file: gen writes a directory (the keys and queries inside it)");
     }
+    org.apache.hadoop.fs.Path oldQueries = new org.apache.hadoop.fs.Path(dir + "/" + queriesName());
+    if (queriesPerDoc == 0 && fs.exists(oldQueries)) { // it would stay beside keys it does not belong to
+      throw new InputError("--output " + dir + " holds " + oldQueries.getName() + " from an earlier run, and "
+          + "--queries-per-doc 0 writes none: it would pair with the new keys. Remove it or choose another --output");
+    }
     OutputCommit keysOut = OutputCommit.prepare(hconf, dir + "/" + keysName(), overwrite, "gen", Map.of());
     OutputCommit queriesOut = queriesPerDoc > 0
         ? OutputCommit.prepare(hconf, dir + "/" + queriesName(), overwrite, "gen", Map.of()) : null;

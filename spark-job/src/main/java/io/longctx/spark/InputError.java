@@ -49,20 +49,56 @@ public final class InputError extends RuntimeException {
 
   private static final java.util.regex.Pattern GLOB = java.util.regex.Pattern.compile("[*?\\[{]");
 
-  /** An InputError wrapped in {@code e} (a failed task's), as itself; otherwise {@code e}. */
+  /** The InputError {@link #find} finds in {@code e} (a failed task's, say), as itself; otherwise {@code e}. */
   public static RuntimeException surfaced(RuntimeException e) {
     InputError ie = find(e);
     return ie != null && ie != e ? new InputError(ie.getMessage()) : e;
   }
 
-  /** The first InputError in a cause chain (Spark wraps task failures), or null. */
+  /** The first line holding {@code needle} of a failure's messages (causes and suppressed ones), or null. */
+  static String causeLine(Throwable t, String needle) {
+    return causeLine(t, needle, 0);
+  }
+
+  private static String causeLine(Throwable t, String needle, int depth) {
+    if (t == null || depth > 20) {
+      return null;
+    }
+    String m = t.getMessage();
+    if (m != null && m.contains(needle)) {
+      return m.lines().filter(l -> l.contains(needle)).findFirst().orElse(m).strip();
+    }
+    for (Throwable s : t.getSuppressed()) {
+      String r = causeLine(s, needle, depth + 1);
+      if (r != null) {
+        return r;
+      }
+    }
+    return causeLine(t.getCause(), needle, depth + 1);
+  }
+
+  /**
+   * The first InputError in a cause chain (Spark wraps task failures); else, for Parquet files of one
+   * input whose column types differ (Spark took the schema from one of them, which the jobs checked,
+   * and a task failed reading another), a new one from Spark's line naming file and column; or null.
+   */
   public static InputError find(Throwable t) {
+    InputError e = first(t);
+    if (e != null) {
+      return e;
+    }
+    String mismatch = causeLine(t, "PARQUET_COLUMN_DATA_TYPE_MISMATCH");
+    return mismatch == null ? null : new InputError(mismatch.replaceFirst("^\\[[A-Z_.]+\\] *", "")
+        + " (the input's Parquet files disagree on this column's type: write them with one schema)");
+  }
+
+  private static InputError first(Throwable t) {
     for (int i = 0; t != null && i < 50; i++, t = t.getCause()) {
       if (t instanceof InputError e) {
         return e;
       }
       for (Throwable s : t.getSuppressed()) {
-        InputError e = find(s);
+        InputError e = first(s);
         if (e != null) {
           return e;
         }

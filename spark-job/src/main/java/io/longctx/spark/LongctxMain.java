@@ -175,7 +175,11 @@ public final class LongctxMain {
     o.kvHeads = a.intValue("--kv-heads", 0);
     o.dim = a.intValue("--dim", 0);
     o.scale = a.doubleValue("--scale", Double.NaN);
-    o.softcap = (float) a.doubleValue("--softcap", 0);
+    double softcap = a.doubleValue("--softcap", 0);
+    o.softcap = (float) softcap;
+    if (softcap > 0 && o.softcap == 0f) { // 0 would turn the cap off without a word
+      throw new IllegalArgumentException("--softcap " + softcap + " is below float32's range (it would round to 0, no cap)");
+    }
     o.causal = a.flag("--causal");
     o.window = a.longValue("--window", 0);
     o.chunkLen = a.intValue("--chunk-len", o.chunkLen);

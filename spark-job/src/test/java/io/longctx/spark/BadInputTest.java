@@ -184,6 +184,15 @@ class BadInputTest {
         "--output", g}, System.out, e));
     assertTrue(err.toString().contains("more tokens than a long counts"), err.toString());
     assertTrue(!java.nio.file.Files.exists(tmp.resolve("g")), "nothing written");
+    // A softcap below float32's range was read as 0: no cap.
+    assertEquals(2, LongctxMain.run(new String[] {"score", "--keys", "k", "--queries", "q", "--output", "o",
+        "--softcap", "1e-50"}, System.out, e));
+    assertTrue(err.toString().contains("--softcap 1.0E-50 is below float32's range"), err.toString());
+    // gen --queries-per-doc 0 over an earlier run's output left its queries beside the new keys.
+    assertEquals(0, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "10", "--output", g}, System.out, e));
+    assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "12", "--queries-per-doc", "0",
+        "--overwrite", "--output", g}, System.out, e));
+    assertTrue(err.toString().contains("from an earlier run, and --queries-per-doc 0 writes none"), err.toString());
     ByteArrayOutputStream out = new ByteArrayOutputStream();
     for (String cmd : new String[] {"score", "gen", "demo"}) {
       assertEquals(0, LongctxMain.run(new String[] {cmd, "--help"}, new PrintStream(out, true), e));
@@ -209,6 +218,27 @@ class BadInputTest {
     Path jsonDir = tmp.resolve("keys-as-json");
     Files.move(d.writeKeys(spark, tmp, "json", false), jsonDir);
     fails(jsonDir, queries, "KEYS " + jsonDir, "is not a Parquet file", "--format json");
+    // An empty directory, or one with only _SUCCESS (what a failed upstream step leaves): Spark cannot
+    // infer a schema; named, exit 2.
+    Path empty = Files.createDirectories(tmp.resolve("empty-keys"));
+    fails(empty, queries, "KEYS " + empty, "no data files to read");
+    Files.writeString(empty.resolve("_SUCCESS"), "");
+    fails(empty, queries, "KEYS " + empty, "no data files to read");
+    // Two part files that disagree on pos's type (int32, then int64): a task fails reading the second.
+    Path mixed = Files.createDirectories(tmp.resolve("mixed-keys"));
+    var all = spark.read().parquet(keys.toString());
+    var asInt = all.where("pos < 4").withColumn("pos", org.apache.spark.sql.functions.col("pos").cast("int"));
+    var asLong = all.where("pos >= 4");
+    int i = 0;
+    for (var part : List.of(asInt, asLong)) {
+      Path one = tmp.resolve("part-src-" + i);
+      part.coalesce(1).write().parquet(one.toString());
+      try (var files = Files.list(one)) {
+        Files.copy(files.filter(f -> f.getFileName().toString().endsWith(".parquet")).findFirst().orElseThrow(),
+            mixed.resolve("part-" + i++ + ".parquet"));
+      }
+    }
+    fails(mixed, queries, "part-1.parquet", "column [pos]", "disagree on this column's type");
     Path file = Files.writeString(tmp.resolve("a-file"), "mine");
     ByteArrayOutputStream err = new ByteArrayOutputStream();
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "1", "--tokens", "10", "--output", file.toString()},
