@@ -320,16 +320,9 @@ class CudaDecodeEmulationTest {
     long seed = Accuracy.seed();
     SplittableRandom rng = new SplittableRandom(seed);
     for (int tk : new int[] {40, 1}) {
-      int heads = 4, dim = 64;
-      Tensor q = Accuracy.random(rng, 1, heads, 1, dim, 1);
-      for (int h = 1; h < heads; h++) {
-        System.arraycopy(q.data(), q.offset(0, 0, 0), q.data(), q.offset(0, h, 0), dim);
-      }
-      Tensor k = Accuracy.random(rng, 1, 1, tk, dim, 1);
-      for (int j = 1; j < tk; j++) {
-        System.arraycopy(k.data(), k.offset(0, 0, 0), k.data(), k.offset(0, 0, j), dim);
-      }
-      Tensor v = Accuracy.random(rng, 1, 1, tk, dim, 10);
+      Tensor[] qkv = DecodeTest.sameLogitInputs(rng, tk);
+      Tensor q = qkv[0], k = qkv[1], v = qkv[2];
+      int heads = q.heads();
       AttentionOptions opt = AttentionOptions.DEFAULT;
       UnifiedMax um = DecodeTest.sameLogitBound(q, k, opt);
       CpuAttention.DecodeResult got = emulate(q, List.of(k), List.of(v), null, null, opt, 64, um,

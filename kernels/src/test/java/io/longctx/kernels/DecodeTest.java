@@ -103,16 +103,9 @@ class DecodeTest {
     long seed = Accuracy.seed();
     SplittableRandom rng = new SplittableRandom(seed);
     for (int tk : new int[] {40, 1}) { // 40 weights of 1e38: the sum overflows; 1: only o, v up to 10
-      int heads = 4, dim = 64;
-      Tensor q = Accuracy.random(rng, 1, heads, 1, dim, 1);
-      for (int h = 1; h < heads; h++) {
-        System.arraycopy(q.data(), q.offset(0, 0, 0), q.data(), q.offset(0, h, 0), dim);
-      }
-      Tensor k = Accuracy.random(rng, 1, 1, tk, dim, 1);
-      for (int j = 1; j < tk; j++) {
-        System.arraycopy(k.data(), k.offset(0, 0, 0), k.data(), k.offset(0, 0, j), dim);
-      }
-      Tensor v = Accuracy.random(rng, 1, 1, tk, dim, 10);
+      Tensor[] qkv = sameLogitInputs(rng, tk);
+      Tensor q = qkv[0], k = qkv[1], v = qkv[2];
+      int heads = q.heads();
       AttentionOptions opt = AttentionOptions.DEFAULT;
       UnifiedMax um = sameLogitBound(q, k, opt);
       CpuAttention.DecodeResult got = CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, null, null, opt, 64, um);
@@ -121,6 +114,20 @@ class DecodeTest {
           ReferenceAttention.computeFloat32(q, k, v, null, null, opt));
       assertNull(err, "tk " + tk + ", seed " + seed + ": " + err);
     }
+  }
+
+  /** q [1, 4, 1, 64] of one random row for every head, k [1, 1, tk, 64] of one key, v up to 10. */
+  static Tensor[] sameLogitInputs(SplittableRandom rng, int tk) {
+    int heads = 4, dim = 64;
+    Tensor q = Accuracy.random(rng, 1, heads, 1, dim, 1);
+    for (int h = 1; h < heads; h++) {
+      System.arraycopy(q.data(), q.offset(0, 0, 0), q.data(), q.offset(0, h, 0), dim);
+    }
+    Tensor k = Accuracy.random(rng, 1, 1, tk, dim, 1);
+    for (int j = 1; j < tk; j++) {
+      System.arraycopy(k.data(), k.offset(0, 0, 0), k.data(), k.offset(0, 0, j), dim);
+    }
+    return new Tensor[] {q, k, Accuracy.random(rng, 1, 1, tk, dim, 10)};
   }
 
   /** Bounds (-87, 88) and phi 87.5 below the logit every (row, key) of q and k shares. */
