@@ -182,7 +182,8 @@ public final class PplJob {
     }
     Options o = new Options();
     // Absolute from the driver's directory: executors read it with their own working directory.
-    o.model = a.get("--model") == null ? null : java.nio.file.Path.of(a.get("--model")).toAbsolutePath().toString();
+    o.model = a.get("--model") == null ? null
+        : java.nio.file.Path.of(a.get("--model")).toAbsolutePath().normalize().toString();
     o.input = a.get("--input");
     o.output = a.get("--output");
     o.format = a.get("--format") == null ? null : a.get("--format").toLowerCase(Locale.ROOT);

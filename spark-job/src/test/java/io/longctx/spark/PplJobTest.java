@@ -178,9 +178,12 @@ class PplJobTest {
         "text is a JSON object<a: string>");
   }
 
-  /** 0 tasks is no default: refused as any count below 1; a row with nothing scored has no bits per byte. */
+  /**
+   * 0 tasks is no default: refused as any count below 1; a relative --model is made absolute; a row
+   * with nothing scored has no bits per byte.
+   */
   @Test
-  void zeroTasksAndUnscoredRows() throws Exception {
+  void usageEdges() throws Exception {
     Path in = jsonl("z.jsonl", "{\"doc_id\": \"a\", \"tokens\": [1, 2, 3]}");
     for (String opt : List.of("--partitions", "--split-partitions")) {
       ByteArrayOutputStream err = new ByteArrayOutputStream();
@@ -188,6 +191,12 @@ class PplJobTest {
           tmp.resolve("out").toString(), opt, "0"), err.toString());
       assertTrue(err.toString().contains(opt + " must be >= 1, got 0"), err.toString());
     }
+    // A relative --model is made absolute on the driver: executors resolve paths from their own directories.
+    Path relative = Path.of("").toAbsolutePath().relativize(model.toAbsolutePath());
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    assertEquals(0, run(err, "ppl", "--model", relative.toString(), "--input", in.toString(), "--output",
+        tmp.resolve("rel").toString()), err.toString());
+    assertTrue(err.toString().contains("(model " + model.toAbsolutePath() + ","), err.toString());
     // A one-token text row (a tokenizer without special tokens) scores nothing: no rate, as no ppl.
     Row one = PplJob.row("d", 1, 0.0, null, 5, true, false);
     assertTrue(one.isNullAt(3) && one.isNullAt(4), one.toString());
