@@ -216,10 +216,6 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       NDArray oT, NDArray oB, NDArray postNorm, NDArray gateT, NDArray upT, NDArray downT) {}
 
   /**
-   * One chunk's keys and values at one layer, after rotary, in the kernels' [1, kvHeads, len, D]
-   * layout, with the absolute position of its first token (positions are consecutive).
-   */
-  /**
    * The model's numbers left float32 on a document: a hidden state, a key, a value, an attention
    * score or a logit is NaN or infinite (the weights take this input past float32's range). Named by
    * layer and absolute position; bad input, like a token outside the vocabulary.
@@ -232,16 +228,26 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     }
   }
 
-  /** Throws naming the first non-finite value of rows [len, width] (position start + row). */
-  private static void requireFinite(float[] x, int width, long start, String what) {
+  private static final String PAST_FLOAT32 = " (the weights take this document's values past float32)";
+
+  /**
+   * Throws naming the first non-finite value of x: rows of {@code width} values, {@code len} per
+   * head (position start + row % len; the head row / len, named where x holds several).
+   */
+  private static void requireFinite(float[] x, int width, int len, long start, String what) {
     for (int i = 0; i < x.length; i++) {
       if (!Float.isFinite(x[i])) {
-        throw new NumericOverflowException(what + " at position " + (start + i / width) + " is " + x[i]
-            + " (the weights take this document's values past float32)");
+        int row = i / width;
+        throw new NumericOverflowException(what + (x.length > (long) width * len ? " of kv head " + row / len : "")
+            + " at position " + (start + row % len) + " is " + x[i] + PAST_FLOAT32);
       }
     }
   }
 
+  /**
+   * One chunk's keys and values at one layer, after rotary, in the kernels' [1, kvHeads, len, D]
+   * layout, with the absolute position of its first token (positions are consecutive).
+   */
   public record KeysValues(long start, Tensor k, Tensor v) {
     public int length() {
       return k.tokens();
@@ -344,22 +350,9 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       // [len, H, D] is BTHD with batch 1; the kernels read [1, H, T, D].
       Tensor kt = AttentionOp.toTensor(k.expandDims(0), AttentionOp.Layout.BTHD);
       Tensor vt = AttentionOp.toTensor(v.expandDims(0), AttentionOp.Layout.BTHD);
-      // Kernel layout [1, Hkv, len, D]: a row of width D is (head, position), position = row % len.
-      requireFiniteKv(kt, l, start, len, "key");
-      requireFiniteKv(vt, l, start, len, "value");
+      requireFinite(kt.data(), c.headDim, len, start, "layer " + l + ": the key");
+      requireFinite(vt.data(), c.headDim, len, start, "layer " + l + ": the value");
       return new KeysValues(start, kt, vt);
-    }
-  }
-
-  private static void requireFiniteKv(Tensor t, int l, long start, int len, String what) {
-    float[] d = t.data();
-    int dim = t.dim();
-    for (int i = 0; i < d.length; i++) {
-      if (!Float.isFinite(d[i])) {
-        int row = i / dim;
-        throw new NumericOverflowException("layer " + l + ": the " + what + " of kv head " + row / len + " at position "
-            + (start + row % len) + " is " + d[i] + " (the weights take this document's values past float32)");
-      }
     }
   }
 
@@ -401,8 +394,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
         st = AttentionState.mergeAll(n, states);
       } catch (NonFiniteScoreException e) { // a q.k past float32 (k was checked when computed)
         throw new NumericOverflowException("layer " + l + ": the attention score of head " + e.head + " at position "
-            + e.queryPos + " against the key at position " + e.keyPos + " is " + e.score
-            + " (the weights take this document's values past float32)");
+            + e.queryPos + " against the key at position " + e.keyPos + " is " + e.score + PAST_FLOAT32);
       }
       if (visible.hasNext()) { // a chunk left out would change the answer without a word
         throw new IllegalArgumentException("layer " + l + ", chunk at " + start + ": more than n = " + n
@@ -414,7 +406,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       NDArray gate = g.matMul(w.gateT());
       NDArray act = gate.mul(Activation.sigmoid(gate)).mul(g.matMul(w.upT())); // silu(gate) * up
       float[] out = xa.add(act.matMul(w.downT())).toFloatArray();
-      requireFinite(out, c.hiddenSize, start, "layer " + l + ": the hidden state");
+      requireFinite(out, c.hiddenSize, len, start, "layer " + l + ": the hidden state");
       return out;
     }
   }

@@ -381,10 +381,10 @@ final class TileWorker {
   private int finish(CpuAttention.Problem p, float[] o, float[] lse32, double[] lse64, UnifiedMax um) {
     int d = p.dim;
     int flaggedRows = 0;
+    rows:
     for (int i = 0; i < rows; i++) {
-      // A unified-max row is also recomputed when its sum or output overflowed (weights near e^88
-      // under an upper bound near 88): with its running max the recompute tells a v too large apart.
-      if (um != null && (!um.accepts(seenMin[i], seenMax[i]) || !Float.isFinite(sum[i]) || outputOverflows(i, p.dim))) {
+      // A unified-max row is also recomputed when its sum overflowed (many keys near the upper bound).
+      if (um != null && (!um.accepts(seenMin[i], seenMax[i]) || !Float.isFinite(sum[i]))) {
         flags[i] = true;
         flaggedRows++;
         continue;
@@ -404,6 +404,13 @@ final class TileWorker {
       for (int c = 0, at = i; c < d; c++, at += blockQ) {
         float x = ot[at] * inv;
         if (!Float.isFinite(x)) {
+          if (um != null) {
+            // Weights near e^88 (an upper bound near 88) times v: the recompute's running max keeps
+            // the row finite, or names a v too large; it writes the whole row over what this one wrote.
+            flags[i] = true;
+            flaggedRows++;
+            continue rows;
+          }
           int row = out / p.heads, h = out % p.heads;
           throw new IllegalArgumentException("non-finite attention output at batch " + row / p.tq + ", head " + h
               + ", query token " + row % p.tq + ", dim " + c + ": v holds NaN, Infinity or values too large for float32");
@@ -425,17 +432,4 @@ final class TileWorker {
     return flaggedRows;
   }
 
-  /** Whether lane i's normalized output has a non-finite entry (the loop above writes the same x). */
-  private boolean outputOverflows(int i, int d) {
-    if (sum[i] == 0f) { // no key seen: written as (0, -inf)
-      return false;
-    }
-    float inv = 1f / sum[i];
-    for (int c = 0, at = i; c < d; c++, at += blockQ) {
-      if (!Float.isFinite(ot[at] * inv)) {
-        return true;
-      }
-    }
-    return false;
-  }
 }

@@ -166,11 +166,7 @@ public final class Demo {
     try {
       return runPpl(spark, dir, work, tokens, out);
     } finally {
-      try (java.util.stream.Stream<Path> all = Files.walk(work)) {
-        for (Path p : (Iterable<Path>) all.sorted(Comparator.reverseOrder())::iterator) {
-          Files.deleteIfExists(p);
-        }
-      }
+      LongctxMain.deleteMadeFolder(work);
     }
   }
 
