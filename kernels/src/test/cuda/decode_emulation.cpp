@@ -1,8 +1,8 @@
 // Host emulation of flash_decode.cu (CUDA-core and tensor-core partials) for tests on machines without a GPU (CudaDecodeEmulationTest).
 //
 // The kernel source is compiled unchanged by g++ as C++20, with this file supplying what the GPU
-// would: every CTA runs as 128 std::threads (one per CUDA thread; emu::launch takes the block size),
-// __syncthreads is a barrier of the 128, warp shuffles / __any_sync / __syncwarp exchange through per-warp slots between barriers
+// would: every CTA runs as 128 fibers on one OS thread (one per CUDA thread; emu::launch takes the
+// block size), __syncthreads is a barrier of the 128, warp shuffles / __any_sync / __syncwarp exchange through per-warp slots between barriers
 // of the 32 lanes, __shared__ variables are statics (CTAs run one after another), dynamic shared
 // memory is one buffer poisoned with NaN bytes before each CTA, and cp.async lands when
 // LONGCTX_EMU_COPY says (emulation.h): by default its destination is NaN from issue and the copy

@@ -15,8 +15,9 @@
 //   random each copy is poisoned at issue as in wait and lands at a random emulated operation of
 //          its thread between issue and wait; threads yield at random operations, and after each
 //          __syncthreads one warp chosen at random waits for the others to reach the next (seed
-//          LONGCTX_EMU_SEED, else the clock; printed to stderr when chosen; the OS scheduler still
-//          adds its own nondeterminism).
+//          LONGCTX_EMU_SEED, else the clock; printed to stderr when chosen).
+// Threads are fibers on one OS thread (see "Fibers" below): which thread runs when is decided by
+// the emulation alone, so every mode is deterministic and a random-mode seed replays a run exactly.
 // wait is the default because it is the strictest: the poison at issue covers what issue would
 // show, with NaN in place of plausible data, and the late landing covers reads before the wait.
 // CI runs wait and issue (and the tc test random) and asserts that they give the same bits: a
@@ -25,9 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <cfloat>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -43,6 +42,9 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+#include <ucontext.h>
+
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <vector_types.h>
@@ -55,9 +57,8 @@ namespace emu {
 // Block size follows each launch (decode and the plain forward: 128 threads; the tensor-core
 // forward: 256); the per-warp slots below are sized for CUDA's largest block, 1,024 threads.
 constexpr int kMaxWarps = 32;
-thread_local dim3 thread_idx, block_idx, grid_dim, block_dim;
-std::barrier<>* cta_barrier;
-std::barrier<>* warp_barrier[kMaxWarps];
+// The running thread's index (set at each switch) and its CTA's.
+dim3 thread_idx, block_idx, grid_dim, block_dim;
 float fslot[kMaxWarps][32];
 unsigned uslot[kMaxWarps][32];
 alignas(16) unsigned char smem[256 * 1024];
@@ -68,8 +69,6 @@ struct Copy {
   const void* src;
   int bytes;
 };
-thread_local std::vector<std::vector<Copy>> groups;  // committed, oldest first
-thread_local std::vector<Copy> open_group;
 
 enum class CopyMode { kWait, kIssue, kRandom };
 struct CopyConfig {
@@ -101,7 +100,129 @@ inline const CopyConfig& copy_config() {
   return config;
 }
 
-thread_local std::mt19937_64 copy_rng;
+// Fibers. Each emulated CUDA thread is a fiber (ucontext) with its own stack, all of a CTA on one
+// OS thread; a thread runs until it waits (a barrier, a lagging warp in random mode) or yields
+// (random mode), and then the next runnable thread in index order runs. A barrier therefore costs
+// a user-space switch, not a wake-up through the OS, and a run is the same every time. All threads
+// waiting with none runnable is a deadlock (a barrier some thread never reaches): the run aborts
+// saying where each thread waits, where OS threads would hang.
+struct Barrier {
+  const char* name;
+  int count;                           // threads taking part
+  int arrived = 0;                     // of the current generation
+  unsigned long long generation = 0;   // completed rounds
+  void arrive_and_wait();
+};
+Barrier cta_barrier{"__syncthreads", 0};
+Barrier warp_barrier[kMaxWarps];
+
+struct Thread {
+  ucontext_t context;
+  void* stack = nullptr;
+  dim3 idx;
+  std::vector<std::vector<Copy>> groups;  // committed cp.async groups, oldest first
+  std::vector<Copy> open_group;
+  std::mt19937_64 rng;                   // random mode: landings and yields
+  int warp_parity = 0;                   // which exchange slot set the next warp operation uses
+  unsigned long long barriers_passed = 0;
+  enum class Wait { kNone, kBarrier, kLag } wait = Wait::kNone;
+  const Barrier* barrier = nullptr;      // kBarrier: until its generation passes `generation`
+  unsigned long long generation = 0;
+  unsigned long long lag_slot = 0;       // kLag: until the other warps are at barrier slot lag_slot
+  bool done = false;
+};
+constexpr size_t kStackBytes = 512 * 1024;  // per thread; a guard page below each
+constexpr size_t kGuardBytes = 4096;
+std::vector<Thread> threads;                 // the CTA's, reused from CTA to CTA
+int running = -1;                            // index into threads; -1: the scheduler's own context
+ucontext_t scheduler_context;
+std::function<void()> const* kernel_body;
+std::atomic<int> barrier_arrivals[4];        // random mode's lag: threads at (or past the end before) call k, slot k % 4
+
+inline Thread& me() { return threads[running]; }
+
+inline bool ready(const Thread& t) {
+  if (t.done) return false;
+  switch (t.wait) {
+    case Thread::Wait::kNone: return true;
+    case Thread::Wait::kBarrier: return t.barrier->generation != t.generation;
+    case Thread::Wait::kLag: return barrier_arrivals[t.lag_slot] >= (int)block_dim.x - 32;
+  }
+  return false;
+}
+
+[[noreturn]] inline void deadlock() {
+  std::fprintf(stderr, "emulation: deadlock in block %u,%u,%u: no thread can run\n", block_idx.x, block_idx.y,
+               block_idx.z);
+  for (const Thread& t : threads) {
+    if (!t.done && t.wait == Thread::Wait::kBarrier) {
+      std::fprintf(stderr, "  thread %u waits at %s (%d of %d arrived)\n", t.idx.x, t.barrier->name, t.barrier->arrived,
+                   t.barrier->count);
+    }
+  }
+  std::abort();
+}
+
+// Leaves the running thread (which stays runnable unless it set a wait) for the next ready one in
+// index order after it; returns when the scheduler picks this thread again. With none ready but a
+// lagging warp, the lag ends (the others cannot move without it); with none at all: every thread
+// done (back to the launch) or a deadlock.
+inline void switch_thread() {
+  const int n = (int)threads.size();
+  const int from = running;
+  int next = -1;
+  for (int i = 1; i <= n && next < 0; i++) {
+    const int c = ((from < 0 ? -1 : from) + i + n) % n;
+    if (ready(threads[c])) next = c;
+  }
+  if (next < 0) {
+    for (int c = 0; c < n && next < 0; c++) {
+      if (!threads[c].done && threads[c].wait == Thread::Wait::kLag) {
+        threads[c].wait = Thread::Wait::kNone;
+        next = c;
+      }
+    }
+  }
+  if (next < 0) {
+    for (const Thread& t : threads) {
+      if (!t.done) deadlock();
+    }
+    running = -1;
+    if (from >= 0) swapcontext(&threads[from].context, &scheduler_context);
+    return;
+  }
+  if (next == from) return;
+  running = next;
+  thread_idx = threads[next].idx;
+  if (from >= 0) {
+    swapcontext(&threads[from].context, &threads[next].context);
+  } else {
+    swapcontext(&scheduler_context, &threads[next].context);
+  }
+  // Back in `from` (or in the scheduler, when every thread is done).
+  if (from >= 0) {
+    running = from;
+    thread_idx = threads[from].idx;
+  }
+}
+
+inline void Barrier::arrive_and_wait() {
+  Thread& t = me();
+  if (++arrived == count) {
+    arrived = 0;
+    generation++;
+    return;  // the last to arrive goes on; the others are ready from now
+  }
+  t.wait = Thread::Wait::kBarrier;
+  t.barrier = this;
+  t.generation = generation;
+  switch_thread();
+  t.wait = Thread::Wait::kNone;
+}
+
+// Lets the other threads run (random mode); this one stays ready.
+inline void yield() { switch_thread(); }
+
 
 inline void land(const Copy& c) {
   std::memset(c.dst, 0, 16);  // cp.async zero-fills past src_bytes
@@ -113,11 +234,11 @@ inline void land(const Copy& c) {
 // ahead: a plain shared-memory race with no barrier between shows more often).
 inline void maybe_land() {
   if (copy_config().mode != CopyMode::kRandom) return;
-  if ((copy_rng() & 7) == 0) std::this_thread::yield();
+  if ((me().rng() & 7) == 0) yield();
   auto step = [](std::vector<Copy>& g) {
     size_t kept = 0;
     for (size_t i = 0; i < g.size(); i++) {
-      if ((copy_rng() & 3) == 0) {
+      if ((me().rng() & 3) == 0) {
         land(g[i]);
       } else {
         g[kept++] = g[i];
@@ -125,8 +246,8 @@ inline void maybe_land() {
     }
     g.resize(kept);
   };
-  step(open_group);
-  for (std::vector<Copy>& g : groups) step(g);
+  step(me().open_group);
+  for (std::vector<Copy>& g : me().groups) step(g);
 }
 
 // random mode: after each __syncthreads one warp, chosen from the seed and the barrier's number
@@ -134,11 +255,9 @@ inline void maybe_land() {
 // __syncthreads (or ended) before it goes on: the most skew the barriers allow. With a barrier
 // missing, the others then run into the next phase while it is still in this one, and the race
 // shows nearly every time instead of when the OS scheduler happens to interleave.
-thread_local unsigned long long barriers_passed;      // __syncthreads calls this thread has passed
-std::atomic<int> barrier_arrivals[4];                  // threads at (or past the end before) call k, slot k % 4
-inline void arrive_count() { barrier_arrivals[barriers_passed % 4]++; }
+inline void arrive_count() { barrier_arrivals[me().barriers_passed % 4]++; }
 inline void maybe_lag() {
-  const unsigned long long k = barriers_passed++;      // the barrier just passed
+  const unsigned long long k = me().barriers_passed++;  // the barrier just passed
   if (thread_idx.x == 0) barrier_arrivals[(k + 2) % 4] = 0;  // nobody can be at k + 2 before thread 0 is at k + 1
   if (copy_config().mode != CopyMode::kRandom) return;
   unsigned long long h = copy_config().seed ^ (k * 0x9E3779B97F4A7C15ull) ^
@@ -148,8 +267,19 @@ inline void maybe_lag() {
   h ^= h >> 29;
   const int warps = block_dim.x / 32, others = (int)block_dim.x - 32;
   if ((int)(h % warps) != (int)thread_idx.x / 32) return;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
-  while (barrier_arrivals[(k + 1) % 4] < others && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+  if (barrier_arrivals[(k + 1) % 4] >= others) return;
+  me().wait = Thread::Wait::kLag;
+  me().lag_slot = (k + 1) % 4;
+  switch_thread();
+  me().wait = Thread::Wait::kNone;
+}
+
+// A fiber's whole life: the kernel, then a last arrival so that a lagging warp does not wait for it.
+inline void thread_main() {
+  (*kernel_body)();
+  arrive_count();
+  me().done = true;
+  switch_thread();  // never comes back: a done thread is never picked
 }
 
 [[noreturn]] inline void fault(const char* what, const void* p) {
@@ -211,18 +341,18 @@ inline float exp2_ftz(float x) {
 inline void __syncthreads() {
   emu::maybe_land();
   emu::arrive_count();
-  emu::cta_barrier->arrive_and_wait();
+  emu::cta_barrier.arrive_and_wait();
   emu::maybe_lag();
 }
-inline void __syncwarp() { emu::warp_barrier[emu::warp()]->arrive_and_wait(); }
+inline void __syncwarp() { emu::warp_barrier[emu::warp()].arrive_and_wait(); }
 
 inline double __shfl_xor_sync(unsigned, double x, int off) {
   static double dslot[emu::kMaxWarps][32];
   int w = emu::warp(), l = emu::lane();
   dslot[w][l] = x;
-  emu::warp_barrier[w]->arrive_and_wait();
+  emu::warp_barrier[w].arrive_and_wait();
   double y = dslot[w][l ^ off];
-  emu::warp_barrier[w]->arrive_and_wait();
+  emu::warp_barrier[w].arrive_and_wait();
   return y;
 }
 
@@ -231,9 +361,9 @@ inline long long __shfl_xor_sync(unsigned, long long x, int off) {
   emu::maybe_land();
   int w = emu::warp(), l = emu::lane();
   lslot[w][l] = x;
-  emu::warp_barrier[w]->arrive_and_wait();
+  emu::warp_barrier[w].arrive_and_wait();
   long long y = lslot[w][l ^ off];
-  emu::warp_barrier[w]->arrive_and_wait();
+  emu::warp_barrier[w].arrive_and_wait();
   return y;
 }
 
@@ -241,9 +371,9 @@ inline float __shfl_xor_sync(unsigned, float x, int off) {
   emu::maybe_land();
   int w = emu::warp(), l = emu::lane();
   emu::fslot[w][l] = x;
-  emu::warp_barrier[w]->arrive_and_wait();
+  emu::warp_barrier[w].arrive_and_wait();
   float y = emu::fslot[w][l ^ off];
-  emu::warp_barrier[w]->arrive_and_wait();
+  emu::warp_barrier[w].arrive_and_wait();
   return y;
 }
 
@@ -252,10 +382,10 @@ namespace emu {
 inline unsigned ballot(int pred) {
   int w = emu::warp(), l = emu::lane();
   emu::uslot[w][l] = pred ? 1u : 0u;
-  emu::warp_barrier[w]->arrive_and_wait();
+  emu::warp_barrier[w].arrive_and_wait();
   unsigned bits = 0;
   for (int i = 0; i < 32; i++) bits |= emu::uslot[w][i] << i;
-  emu::warp_barrier[w]->arrive_and_wait();
+  emu::warp_barrier[w].arrive_and_wait();
   return bits;
 }
 }  // namespace emu
@@ -283,18 +413,19 @@ inline void cp_async16(void* dst, const void* src, int src_bytes) {
   // wait and the barrier after it (read-after-write), or a copy issued into a buffer that another
   // warp still reads (write-after-read), shows as NaN.
   std::memset(dst, 0xff, 16);
-  emu::open_group.push_back({dst, src, src_bytes});
+  emu::me().open_group.push_back({dst, src, src_bytes});
   emu::maybe_land();
 }
 inline void cp_async_commit() {
-  emu::groups.push_back(std::move(emu::open_group));
-  emu::open_group.clear();
+  emu::me().groups.push_back(std::move(emu::me().open_group));
+  emu::me().open_group.clear();
   emu::maybe_land();
 }
 inline void cp_async_wait_n(size_t keep) {
-  while (emu::groups.size() > keep) {
-    for (const emu::Copy& c : emu::groups.front()) emu::land(c);
-    emu::groups.erase(emu::groups.begin());
+  std::vector<std::vector<emu::Copy>>& groups = emu::me().groups;
+  while (groups.size() > keep) {
+    for (const emu::Copy& c : groups.front()) emu::land(c);
+    groups.erase(groups.begin());
   }
 }
 inline void cp_async_wait_1() { cp_async_wait_n(1); }
@@ -314,13 +445,11 @@ struct WarpOperands {
   uint32_t a[32][4], b[32][2];    // mma: each lane's A and B registers
 };
 WarpOperands warp_operands[kMaxWarps][2];
-thread_local int warp_parity;
-
-inline WarpOperands& exchange_begin() { return warp_operands[warp()][warp_parity]; }
+inline WarpOperands& exchange_begin() { return warp_operands[warp()][me().warp_parity]; }
 inline void exchange_wait() {
   maybe_land();
-  warp_barrier[warp()]->arrive_and_wait();
-  warp_parity ^= 1;
+  warp_barrier[warp()].arrive_and_wait();
+  me().warp_parity ^= 1;
 }
 
 inline uint16_t b16_at(const unsigned char* p) {
@@ -456,45 +585,62 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& body, siz
                  kMaxWarps);
     std::abort();
   }
-  for (unsigned z = 0; z < grid.z; z++) {
-    for (unsigned y = 0; y < grid.y; y++) {
-      for (unsigned x = 0; x < grid.x; x++) {
-        std::memset(emu::smem, 0xff, sizeof(emu::smem));  // NaN poison
-        for (std::atomic<int>& a : emu::barrier_arrivals) a = 0;
-        std::barrier<> cta(n);
-        std::vector<std::unique_ptr<std::barrier<>>> warps;
-        for (int w = 0; w < n / 32; w++) {
-          warps.push_back(std::make_unique<std::barrier<>>(32));
-          emu::warp_barrier[w] = warps.back().get();
+  // The CTAs run on an OS thread of their own, so that fibers never run on a caller's stack (the
+  // fake libcuda's caller is a JVM thread).
+  std::thread([&] {
+    for (size_t i = n; i < threads.size(); i++) munmap(threads[i].stack, kStackBytes + kGuardBytes);
+    threads.resize(n);
+    for (Thread& t : threads) {
+      if (t.stack == nullptr) {
+        void* m = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED || mprotect(m, kGuardBytes, PROT_NONE) != 0) {
+          std::fprintf(stderr, "emulation: no memory for a thread's stack\n");
+          std::abort();
         }
-        emu::cta_barrier = &cta;
-        std::vector<std::thread> threads;
-        for (int t = 0; t < n; t++) {
-          threads.emplace_back([&, t] {
-            emu::thread_idx = dim3(t, 0, 0);
-            emu::block_idx = dim3(x, y, z);
-            emu::grid_dim = grid;
-            emu::block_dim = block;
-            emu::groups.clear();
-            emu::open_group.clear();
-            emu::warp_parity = 0;
-            emu::barriers_passed = 0;
-            emu::copy_rng.seed(emu::copy_config().seed ^ (0x9E3779B97F4A7C15ull * (1 + t + n * (x + 65536ull * (y + 65536ull * z)))));
-            body();
-            emu::arrive_count();  // an ended thread counts as arrived for a lagging warp
-          });
-        }
-        for (std::thread& t : threads) t.join();
-        for (size_t i = dyn_smem; i < sizeof(emu::smem); i++) {
-          if (emu::smem[i] != 0xff) {
-            std::fprintf(stderr, "emulation: CTA (%u,%u,%u) wrote shared memory byte %zu, past its %zu dynamic bytes\n", x,
-                         y, z, i, dyn_smem);
-            std::abort();
+        t.stack = m;
+      }
+    }
+    kernel_body = &body;
+    grid_dim = grid;
+    block_dim = block;
+    for (unsigned z = 0; z < grid.z; z++) {
+      for (unsigned y = 0; y < grid.y; y++) {
+        for (unsigned x = 0; x < grid.x; x++) {
+          std::memset(smem, 0xff, sizeof(smem));  // NaN poison
+          for (std::atomic<int>& a : barrier_arrivals) a = 0;
+          block_idx = dim3(x, y, z);
+          cta_barrier.count = n;
+          cta_barrier.arrived = 0;
+          for (int w = 0; w < n / 32; w++) warp_barrier[w] = Barrier{"a warp barrier (shuffle, vote, ldmatrix, mma or __syncwarp)", 32};
+          for (int i = 0; i < n; i++) {
+            Thread& t = threads[i];
+            t.idx = dim3(i, 0, 0);
+            t.groups.clear();
+            t.open_group.clear();
+            t.warp_parity = 0;
+            t.barriers_passed = 0;
+            t.wait = Thread::Wait::kNone;
+            t.done = false;
+            t.rng.seed(copy_config().seed ^ (0x9E3779B97F4A7C15ull * (1 + i + n * (x + 65536ull * (y + 65536ull * z)))));
+            getcontext(&t.context);
+            t.context.uc_stack.ss_sp = static_cast<char*>(t.stack) + kGuardBytes;
+            t.context.uc_stack.ss_size = kStackBytes;
+            t.context.uc_link = nullptr;
+            makecontext(&t.context, thread_main, 0);
+          }
+          running = -1;
+          switch_thread();  // returns when every thread of the CTA is done
+          for (size_t i = dyn_smem; i < sizeof(smem); i++) {
+            if (smem[i] != 0xff) {
+              std::fprintf(stderr, "emulation: CTA (%u,%u,%u) wrote shared memory byte %zu, past its %zu dynamic bytes\n", x,
+                           y, z, i, dyn_smem);
+              std::abort();
+            }
           }
         }
       }
     }
-  }
+  }).join();
 }
 
 using Partial = void (*)(const void*, const void* const*, const void* const*, const long long*, int, const long long*,
