@@ -270,7 +270,18 @@ public final class AttentionOp {
       if (s == null) {
         throw new IllegalStateException("libtorch path requested but the TorchScript attention module did not load");
       }
-      return libtorchForward(s, q, k, v, d, opt, layout);
+      NDList r = libtorchForward(s, q, k, v, d, opt, layout);
+      if (r != null) {
+        return r;
+      }
+      // The Java kernel checks each score: it names NaN, Infinity or an overflow where it finds one.
+      NDList java = javaForward(q, k, v, d, qPos, kPos, opt, layout);
+      if (path == Path.LIBTORCH) {
+        java.close();
+        throw new IllegalArgumentException("libtorch path requested but q and k are large enough for a q.k to "
+            + "overflow float32, which libtorch's kernel would take as a masked key: Path.JAVA computes this call");
+      }
+      return java;
     }
     if (chosen == Path.CUDA) {
       AttentionState st = CudaAttention.instance().forward(toTensor(q, layout), toTensor(k, layout),
@@ -320,7 +331,12 @@ public final class AttentionOp {
     return calibrated.computeIfAbsent(ShapeClass.of(d, opt, layout), shape -> {
       Measured m = calibrator.faster(shape,
           () -> javaForward(q, k, v, d, qPos, kPos, opt, layout).close(),
-          () -> libtorchForward(s, q, k, v, d, opt, layout).close());
+          () -> {
+            NDList r = libtorchForward(s, q, k, v, d, opt, layout);
+            if (r != null) {
+              r.close();
+            }
+          });
       LOG.log(System.Logger.Level.INFO, () -> m.rounds() == 0
           ? String.format("attention path for %s: %s", shape, m.faster())
           : String.format("attention path for %s: %s (measured on this machine: best java %.2f ms, libtorch %.2f ms,"
@@ -370,6 +386,7 @@ public final class AttentionOp {
     return true;
   }
 
+  /** libtorch's fused attention on the call, or null where a q.k could overflow there ({@link #qkMayOverflow}). */
   private NDList libtorchForward(LibtorchSdpa s, NDArray q, NDArray k, NDArray v, Dims d, AttentionOptions opt,
       Layout layout) {
     NDManager out = q.getManager();
@@ -387,6 +404,9 @@ public final class AttentionOp {
         // libtorch applies 1/sqrt(D); fold the requested scale into q instead (O(T*D), exact up to rounding).
         qa = temp(qa.mul((float) (scale / def)), q, scope);
       }
+      if (qkMayOverflow(qa, ka, d.dim)) {
+        return null;
+      }
       NDList r = s.forward(qa, ka, va, opt.causal());
       NDArray o = temp(r.get(0), q, scope), lse = temp(r.get(1), q, scope);
       if (nanOrInfinity(o, lse)) {
@@ -403,6 +423,27 @@ public final class AttentionOp {
       o.attach(out);
       lse.attach(out);
       return new NDList(o, lse);
+    }
+  }
+
+  /**
+   * Whether some q.k could overflow float32 in libtorch's kernel, which takes an overflow to -inf as
+   * a masked key, silently (a row of them came back as o = 0, lse = 0); the Java kernel checks each
+   * score and refuses. Every partial sum of a q.k is at most D * max|q| * max|k|, so
+   * below {@link #QK_BOUND} (a margin of 3.4x under Float.MAX_VALUE for the sum's rounding) none can;
+   * above it (inputs near 1e17 and more, or NaN) the call goes to the Java kernel. Four reductions,
+   * no temporaries of the inputs' size.
+   */
+  private static boolean qkMayOverflow(NDArray q, NDArray k, int dim) {
+    double bound = dim * maxAbs(q) * maxAbs(k);
+    return !(bound < QK_BOUND); // NaN: true
+  }
+
+  private static final double QK_BOUND = 1e38;
+
+  private static double maxAbs(NDArray x) {
+    try (NDArray hi = x.max(); NDArray lo = x.min()) {
+      return Math.max(hi.getFloat(), -lo.getFloat()); // NaN if either is
     }
   }
 
@@ -495,6 +536,10 @@ public final class AttentionOp {
         first = d;
         checkPositions(qPos, d.tq, "qPos");
         qt = toTensor(q, layout);
+      } else if (d.kvHeads != first.kvHeads) {
+        // Each chunk alone fits q, but a cache's chunks must share one head mapping.
+        throw new IllegalArgumentException("chunk " + i + " has " + d.kvHeads + " kv heads, chunk 0 has "
+            + first.kvHeads);
       }
       long start = kStart != null ? kStart[i] : next;
       if (d.tk > 0 && start > Long.MAX_VALUE - (d.tk - 1)) { // the last key's position would wrap to a negative one
@@ -539,6 +584,11 @@ public final class AttentionOp {
       NDArray o = s.get(0), lse = s.get(1);
       checkType(o, "state " + i + " o");
       checkType(lse, "state " + i + " lse");
+      if (o.getDataType() != DataType.FLOAT32 || lse.getDataType() != DataType.FLOAT32) {
+        // float16 holds lse near 5 only to 0.004, which moves merge weights by 0.4%.
+        throw new IllegalArgumentException("state " + i + ": o and lse must be float32 (attention states are, as this "
+            + "operator returns them), got " + o.getDataType() + " and " + lse.getDataType());
+      }
       requireCpu(o, "state " + i + " o");
       requireCpu(lse, "state " + i + " lse");
       Shape os = o.getShape();
@@ -712,23 +762,25 @@ public final class AttentionOp {
   }
 
   /**
-   * One copy into a float[] ({@code reuse[slot]} where it has the size; a new array, kept there when
-   * reuse is given, otherwise): for float32, {@code toByteBuffer(true)} is a direct view of the
-   * tensor's memory (DJL first makes a strided array contiguous, into a temporary attached to the
-   * array's manager) and the bulk get is a memcpy, in pieces on the kernels' threads from 1 MiB;
+   * One copy of a float32 array into a float[] ({@code reuse[slot]} where it has the size; a new
+   * array, kept there when reuse is given, otherwise): {@code toByteBuffer(true)} is a direct view of the
+   * tensor's memory (DJL first makes a strided array contiguous, into a temporary freed here) and
+   * the bulk get is a memcpy, in pieces on the kernels' threads from 1 MiB;
    * {@code toFloatArray()} would copy twice.
    */
   private static float[] toFloats(NDArray a, float[][] reuse, int slot) {
-    if (a.getDataType() != DataType.FLOAT32) {
-      return a.toFloatArray();
-    }
     int n = Math.toIntExact(a.size());
     float[] out = reuse != null && reuse[slot] != null && reuse[slot].length == n ? reuse[slot] : new float[n];
     if (reuse != null) {
       reuse[slot] = out;
     }
-    FloatBuffer src = a.toByteBuffer(true).order(java.nio.ByteOrder.nativeOrder()).asFloatBuffer();
-    inRanges(n, (from, to) -> src.get(from, out, from, to - from));
+    // For a strided array DJL makes the contiguous copy on a's manager, where nothing would close it:
+    // a is lent to a scope for the copy, so that the copy lands and is freed there.
+    try (NDManager scope = a.getManager().newSubManager()) {
+      scope.tempAttachAll(a);
+      FloatBuffer src = a.toByteBuffer(true).order(java.nio.ByteOrder.nativeOrder()).asFloatBuffer();
+      inRanges(n, (from, to) -> src.get(from, out, from, to - from));
+    }
     return out;
   }
 

@@ -178,7 +178,10 @@ public final class LibtorchSdpa implements AutoCloseable {
   /**
    * TorchScript source of the module. Serialized TorchScript spells operators {@code ops.aten.NAME}
    * and the causal flag must be a literal. The CPU flash kernel returns (output, logsumexp); both are
-   * strided views ([B, T, H, *] storage) of shape [B, H, T, D] and [B, H, T].
+   * strided views ([B, T, H, *] storage) of shape [B, H, T, D] and [B, H, T]. It reads any strides
+   * on the first three axes but takes the head-dim axis as dense without checking (a transposed K
+   * cache, a broadcast v or a stepped slice gave finite garbage), so an input whose D axis is not
+   * is made contiguous first, as torch's own scaled_dot_product_attention does before this kernel.
    */
   static String torchScriptSource(String className, boolean causal) {
     return "class " + className + "(Module):\n"
@@ -189,6 +192,7 @@ public final class LibtorchSdpa implements AutoCloseable {
         + "    q: Tensor,\n"
         + "    k: Tensor,\n"
         + "    v: Tensor) -> Tuple[Tensor, Tensor]:\n"
+        + denseHeadDim("q") + denseHeadDim("k") + denseHeadDim("v")
         + "    group = ops.aten.floordiv(ops.aten.size(q, 1), ops.aten.size(k, 1))\n"
         + "    if ops.aten.gt(group, 1):\n"
         + "      k1 = ops.aten.repeat_interleave(k, group, 1)\n"
@@ -199,6 +203,11 @@ public final class LibtorchSdpa implements AutoCloseable {
         + "    o, lse = ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k1, v1, 0., "
         + (causal ? "True" : "False") + ")\n"
         + "    return (o, lse)\n";
+  }
+
+  private static String denseHeadDim(String x) {
+    return "    if ops.aten.ne(ops.aten.stride(" + x + ", 3), 1):\n"
+        + "      " + x + " = ops.aten.contiguous(" + x + ")\n";
   }
 
   /**

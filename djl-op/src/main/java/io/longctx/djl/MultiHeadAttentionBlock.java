@@ -23,7 +23,8 @@ import io.longctx.kernels.AttentionOptions;
  *
  * <p>Inputs, as the DJL block: {@code (x)} self-attention, {@code (x, mask)}, {@code (key, query,
  * value)} or {@code (key, query, value, mask)}; embeddings are [B, T, E]; the mask is [B, Tq, Tk]
- * with 1 for visible keys (or an additive 4-d offset). Output: {@code (y [B, Tq, E])}. Positions
+ * with 1 for visible keys (or an additive 4-d offset; a row whose 0/1 mask hides every key attends
+ * all of them evenly, as in DJL's block). Output: {@code (y [B, Tq, E])}. Positions
  * come from the forward {@code params}: {@link #Q_POSITIONS} and {@link #K_POSITIONS} as
  * {@code long[]} (default 0..T-1); they drive the causal/window masks and the rotary angles. In
  * self-attention, {@code (x)} or {@code (x, x, x)} with one array as key and query, the keys take the
@@ -175,7 +176,10 @@ public final class MultiHeadAttentionBlock extends AbstractBlock {
 
   /**
    * DJL's convention: a [B, Tq, Tk] 0/1 mask becomes an offset of -100000 on hidden keys; a 4-d mask
-   * [B or 1, 1 or H, Tq, Tk] is taken as additive already.
+   * [B or 1, 1 or H, Tq, Tk] is taken as additive already. The offset is finite, as in DJL's block,
+   * so a query row whose 0/1 mask hides every key attends all of them evenly; under the operator's
+   * convention (docs/CONVENTIONS.md) such a row sees no key and its output is 0: pass an additive
+   * mask of -Infinity (or a causal option) to get that.
    */
   private static NDArray additiveMask(NDArray mask, long batch, long heads, long tq, long tk) {
     Shape s = mask.getShape();

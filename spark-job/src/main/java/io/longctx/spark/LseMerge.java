@@ -98,11 +98,27 @@ public final class LseMerge extends Aggregator<StatePart, LseBuffer, MergedState
       if (r > 0 && c[i] == c[order[r - 1]]) {
         throw new IllegalStateException("lse_merge: chunk " + c[i] + " appears twice in one group");
       }
+      if (seesNoKey(l, i * heads, heads)) {
+        // A chunk paired with the query's block that this query does not see. Merging it is exact, but
+        // it would reshape the merge tree, so the bits would depend on the other queries of the block
+        // (--query-block); skipped, the tree is over exactly the chunks the query sees.
+        continue;
+      }
       states.add(AttentionState.of(Arrays.copyOfRange(x, i * width, (i + 1) * width),
           Arrays.copyOfRange(l, i * heads, (i + 1) * heads), 1, heads, dim));
     }
-    AttentionState m = AttentionState.mergeAll(states);
+    AttentionState m = states.isEmpty() ? AttentionState.empty(1, heads, dim) : AttentionState.mergeAll(states);
     return new MergedState(b.getKeyCount(), m.lse(), m.o());
+  }
+
+  /** Whether every head's lse is -inf: the empty state, the merge's identity. */
+  private static boolean seesNoKey(float[] lse, int from, int heads) {
+    for (int h = 0; h < heads; h++) {
+      if (lse[from + h] != Float.NEGATIVE_INFINITY) {
+        return false;
+      }
+    }
+    return true;
   }
 
   @Override
