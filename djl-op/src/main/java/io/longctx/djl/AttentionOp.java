@@ -392,20 +392,20 @@ public final class AttentionOp {
     NDManager out = q.getManager();
     try (NDManager scope = out.newSubManager()) {
       NDArray qa = temp(asFloat32(q), q, scope), ka = temp(asFloat32(k), k, scope), va = temp(asFloat32(v), v, scope);
+      double scale = opt.scaleFor(d.dim);
+      opt.scoreScale(d.dim); // refuses a scale float32 holds only as 0, a subnormal or infinity, as the Java path does
+      double def = 1.0 / Math.sqrt(d.dim);
+      if (qkMayOverflow(qa, ka, scale / def)) { // before the transposes: the callers' arrays flatten as views
+        return null;
+      }
       if (layout == Layout.BTHD) {
         qa = temp(qa.transpose(0, 2, 1, 3), q, scope);
         ka = temp(ka.transpose(0, 2, 1, 3), k, scope);
         va = temp(va.transpose(0, 2, 1, 3), v, scope);
       }
-      double scale = opt.scaleFor(d.dim);
-      opt.scoreScale(d.dim); // refuses a scale float32 holds only as 0, a subnormal or infinity, as the Java path does
-      double def = 1.0 / Math.sqrt(d.dim);
       if (scale != def) {
         // libtorch applies 1/sqrt(D); fold the requested scale into q instead (O(T*D), exact up to rounding).
         qa = temp(qa.mul((float) (scale / def)), q, scope);
-      }
-      if (qkMayOverflow(qa, ka, d.dim)) {
-        return null;
       }
       NDList r = s.forward(qa, ka, va, opt.causal());
       NDArray o = temp(r.get(0), q, scope), lse = temp(r.get(1), q, scope);
@@ -429,23 +429,25 @@ public final class AttentionOp {
   /**
    * Whether some q.k could overflow float32 in libtorch's kernel, which takes an overflow to -inf as
    * a masked key, silently (a row of them came back as o = 0, lse = 0); the Java kernel checks each
-   * score and refuses. Every partial sum of a q.k is at most D * max|q| * max|k|, so
-   * below {@link #QK_BOUND} (a margin of 3.4x under Float.MAX_VALUE for the sum's rounding) none can;
-   * above it (inputs near 1e17 and more, or NaN) the call goes to the Java kernel. Four reductions,
-   * no temporaries of the inputs' size.
+   * score and refuses. Every partial sum of a q.k is at most |q| |k| (Cauchy-Schwarz), and so at
+   * most the product of the two arrays' Frobenius norms (q's times {@code qFactor}, the scale folded
+   * into it): below {@link #QK_BOUND} (a margin of 3.4x under Float.MAX_VALUE for the sum's
+   * rounding) none can overflow; above it (entries near 1e16 and more at these sizes, or NaN) the call
+   * goes to the Java kernel. Two dot products, 0.05 ms each at [1, 8, 1024, 128] on 2 cores (a
+   * max and a min per array cost 0.13-0.3 ms, a norm 0.16; docs/BENCHMARKS.md).
    */
-  private static boolean qkMayOverflow(NDArray q, NDArray k, int dim) {
-    double bound = dim * maxAbs(q) * maxAbs(k);
-    return !(bound < QK_BOUND); // NaN: true
+  private static boolean qkMayOverflow(NDArray q, NDArray k, double qFactor) {
+    double bound = Math.sqrt(sumOfSquares(q) * sumOfSquares(k)) * Math.abs(qFactor);
+    return !(bound < QK_BOUND); // NaN or infinity: true
+  }
+
+  private static double sumOfSquares(NDArray x) {
+    try (NDArray flat = x.flatten(); NDArray s = flat.dot(flat)) {
+      return s.getFloat();
+    }
   }
 
   private static final double QK_BOUND = 1e38;
-
-  private static double maxAbs(NDArray x) {
-    try (NDArray hi = x.max(); NDArray lo = x.min()) {
-      return Math.max(hi.getFloat(), -lo.getFloat()); // NaN if either is
-    }
-  }
 
   /**
    * Whether o holds NaN or an infinity or lse NaN or +inf (-inf is a row with no keys). A sum is finite
