@@ -661,7 +661,9 @@ public final class PplJob {
     }
 
     static Loaded get(String dir) {
-      // Keyed by the files' modification times too: a checkpoint rewritten in place is loaded again.
+      // Keyed by each file's modification time, size and file key (inode) too: a checkpoint rewritten
+      // in place, or replaced by a copy that kept the old times (cp -p, rsync -t, tar), is loaded again.
+      // Only a same-size rewrite in place that also restores the times goes unseen.
       return CACHE.computeIfAbsent(dir + "@" + stamp(dir), key -> {
         String d = dir;
         try {
@@ -684,7 +686,9 @@ public final class PplJob {
       StringBuilder b = new StringBuilder();
       try (var files = java.nio.file.Files.list(java.nio.file.Path.of(dir))) {
         for (java.nio.file.Path f : (Iterable<java.nio.file.Path>) files.sorted()::iterator) {
-          b.append(f.getFileName()).append(':').append(java.nio.file.Files.getLastModifiedTime(f).toMillis()).append(';');
+          var a = java.nio.file.Files.readAttributes(f, java.nio.file.attribute.BasicFileAttributes.class);
+          b.append(f.getFileName()).append(':').append(a.lastModifiedTime().toInstant()).append(':').append(a.size())
+              .append(':').append(a.fileKey()).append(';');
         }
       } catch (IOException e) {
         throw new java.io.UncheckedIOException("listing the model directory " + dir, e);

@@ -2,7 +2,9 @@ package io.longctx.spark;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotSame;
 import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import ai.djl.huggingface.tokenizers.HuggingFaceTokenizer;
@@ -68,6 +70,33 @@ class PplJobTest {
 
   static String tokensJson(int[] t) {
     return Arrays.stream(t).mapToObj(Integer::toString).collect(Collectors.joining(",", "[", "]"));
+  }
+
+  /**
+   * The executors' model cache sees a checkpoint replaced by a copy that kept the old modification
+   * times (cp -p, rsync -t, tar): the copy is a new file, so its file key differs.
+   */
+  @Test
+  void aCheckpointReplacedWithItsOldTimesIsLoadedAgain() throws Exception {
+    Path dir = tmp.resolve("model-copy");
+    Files.createDirectories(dir);
+    try (var files = Files.list(model)) {
+      for (Path f : (Iterable<Path>) files::iterator) {
+        Files.copy(f, dir.resolve(f.getFileName()), java.nio.file.StandardCopyOption.COPY_ATTRIBUTES);
+      }
+    }
+    PplJob.Loaded first = PplJob.Loaded.get(dir.toString());
+    assertSame(first, PplJob.Loaded.get(dir.toString()), "unchanged files: the cached model");
+    Path weights;
+    try (var files = Files.list(dir)) {
+      weights = files.filter(f -> f.getFileName().toString().endsWith(".safetensors")).findFirst().orElseThrow();
+    }
+    var before = Files.getLastModifiedTime(weights);
+    Path fresh = tmp.resolve("fresh.safetensors");
+    Files.copy(weights, fresh, java.nio.file.StandardCopyOption.COPY_ATTRIBUTES);
+    Files.move(fresh, weights, java.nio.file.StandardCopyOption.REPLACE_EXISTING); // as rsync does: a new file
+    Files.setLastModifiedTime(weights, before);
+    assertNotSame(first, PplJob.Loaded.get(dir.toString()), "a replaced file with the old time: loaded again");
   }
 
   @Test
