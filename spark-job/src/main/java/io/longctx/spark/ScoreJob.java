@@ -156,10 +156,11 @@ public final class ScoreJob {
     if (!prefill) {
       final String queriesPath = opt.queries;
       final int qb = opt.queryBlock;
+      final long gap = blockGap(attn, chunkLen);
       blocks = queryRows
           .map((MapFunction<Token, Token>) t -> validateQuery(t, sh), Encoders.bean(Token.class))
           .groupByKey((MapFunction<Token, String>) Token::getDocId, Encoders.STRING())
-          .flatMapGroups((FlatMapGroupsFunction<String, Token, QueryBlock>) (doc, it) -> buildBlocks(doc, it, sh, qb,
+          .flatMapGroups((FlatMapGroupsFunction<String, Token, QueryBlock>) (doc, it) -> buildBlocks(doc, it, sh, qb, gap,
               queriesPath), Encoders.bean(QueryBlock.class))
           .persist(StorageLevel.MEMORY_AND_DISK());
     }
@@ -632,7 +633,24 @@ public final class ScoreJob {
     return b;
   }
 
-  static Iterator<QueryBlock> buildBlocks(String doc, Iterator<Token> it, Shape s, int blockLen, String path) {
+  /**
+   * The position gap at which a decode block ends early: with a window W, a block is paired with every
+   * chunk between its first and last query, and a gap of W + chunkLen or more between two of them
+   * holds a whole chunk neither sees. Without a window every earlier chunk is seen (causal) or every
+   * chunk (no mask): no gap is wasted.
+   */
+  static long blockGap(AttentionOptions attn, int chunkLen) {
+    return attn.window() > 0 ? attn.window() + chunkLen : Long.MAX_VALUE;
+  }
+
+  /**
+   * A document's queries as blocks of up to {@code blockLen}, by position (those without one last);
+   * a block also ends before a query {@code gap} or more positions past the one before it
+   * ({@link #blockGap}), so that a windowed block is not paired with the chunks between far-apart
+   * queries (64 queries spread over 1M tokens would have been paired with every chunk). A query's
+   * bits do not depend on its block ({@link LseMerge} merges only the chunks it sees).
+   */
+  static Iterator<QueryBlock> buildBlocks(String doc, Iterator<Token> it, Shape s, int blockLen, long gap, String path) {
     List<Token> qs = new ArrayList<>();
     it.forEachRemaining(qs::add);
     qs.sort(Comparator.comparing((Token t) -> t.getPos() == null)
@@ -650,7 +668,8 @@ public final class ScoreJob {
     while (i < qs.size()) {
       boolean hasPos = qs.get(i).getPos() != null;
       int j = i;
-      while (j < qs.size() && j - i < blockLen && (qs.get(j).getPos() != null) == hasPos) {
+      while (j < qs.size() && j - i < blockLen && (qs.get(j).getPos() != null) == hasPos
+          && !(hasPos && j > i && qs.get(j).getPos() - qs.get(j - 1).getPos() >= gap)) {
         j++;
       }
       int n = j - i;

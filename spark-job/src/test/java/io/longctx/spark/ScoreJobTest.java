@@ -147,4 +147,34 @@ class ScoreJobTest {
     assertTrue(e.getMessage().contains("column 'q' is missing or null (and in every other row)"), e.getMessage());
     assertTrue(e.getMessage().contains("no-q.parquet/part-"), e.getMessage());
   }
+  /**
+   * Decode blocks under a window end at a gap that holds a whole chunk no query of the block sees, so
+   * the block is not paired with it; without a window blocks are cut by count alone.
+   */
+  @Test
+  void windowedDecodeBlocksEndAtAGapNoQuerySees() {
+    ScoreJob.Shape shape = new ScoreJob.Shape(1, 1, 2);
+    long[] pos = {10, 20, 183, 5000, 5010, 9000};
+    java.util.function.LongFunction<List<List<Long>>> blocks = gap -> {
+      List<Token> qs = new ArrayList<>();
+      for (long p : pos) {
+        Token t = new Token();
+        t.setQueryId("q" + p);
+        t.setDocId("d");
+        t.setPos(p);
+        t.setQ(new float[] {1, 2});
+        qs.add(t);
+      }
+      List<List<Long>> out = new ArrayList<>();
+      ScoreJob.buildBlocks("d", qs.iterator(), shape, 4, gap, "queries").forEachRemaining(
+          b -> out.add(java.util.Arrays.stream(b.getQPos()).boxed().toList()));
+      return out;
+    };
+    // window 100, chunks of 64: a gap of 164 or more (20 -> 183 is 163: kept together)
+    long gap = ScoreJob.blockGap(io.longctx.kernels.AttentionOptions.DEFAULT.withWindow(100), 64);
+    assertEquals(164, gap);
+    assertEquals(List.of(List.of(10L, 20L, 183L), List.of(5000L, 5010L), List.of(9000L)), blocks.apply(gap));
+    assertEquals(List.of(List.of(10L, 20L, 183L, 5000L), List.of(5010L, 9000L)),
+        blocks.apply(ScoreJob.blockGap(io.longctx.kernels.AttentionOptions.DEFAULT.withCausal(true), 64)));
+  }
 }
