@@ -576,7 +576,7 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
       ldmatrix_x4(qf[kc], &sm.qt[(16 * warp + (lane / 8) % 2 * 8 + lane % 8) * sm.stride + kc * 16 + lane / 16 * 8]);
     }
   }
-  __syncthreads();  // qt read: the first tile's prefetch overwrites it
+  __syncthreads();  // qt read (qt is V's stage 1, which the loop's second load reuses after its own barrier)
   const int row_a = 16 * warp + g;  // this thread's rows: row_a and row_a + 8
   const long long my_qp[2] = {row_a < n_rows ? sm.qp[row_a] : 0, row_a + 8 < n_rows ? sm.qp[row_a + 8] : 0};
 

@@ -44,6 +44,7 @@
 
 #include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -102,7 +103,7 @@ inline const CopyConfig& copy_config() {
 
 // Fibers. Each emulated CUDA thread is a fiber (ucontext) with its own stack, all of a CTA on one
 // OS thread; a thread runs until it waits (a barrier, a lagging warp in random mode) or yields
-// (random mode), and then the next runnable thread in index order runs. A barrier therefore costs
+// (random mode), and then the next runnable thread in index order runs (descending in issue mode). A barrier therefore costs
 // a user-space switch, not a wake-up through the OS, and a run is the same every time. All threads
 // waiting with none runnable is a deadlock (a barrier some thread never reaches): the run aborts
 // saying where each thread waits, where OS threads would hang.
@@ -131,8 +132,8 @@ struct Thread {
   unsigned long long lag_slot = 0;       // kLag: until the other warps are at barrier slot lag_slot
   bool done = false;
 };
-constexpr size_t kStackBytes = 512 * 1024;  // per thread; a guard page below each
-constexpr size_t kGuardBytes = 4096;
+constexpr size_t kStackBytes = 512 * 1024;  // per thread (kernel frames take about 1.3 KB); a guard page below each
+inline size_t guard_bytes() { return (size_t)sysconf(_SC_PAGESIZE); }
 std::vector<Thread> threads;                 // the CTA's, reused from CTA to CTA
 int running = -1;                            // index into threads; -1: the scheduler's own context
 ucontext_t scheduler_context;
@@ -154,25 +155,36 @@ inline bool ready(const Thread& t) {
 [[noreturn]] inline void deadlock() {
   std::fprintf(stderr, "emulation: deadlock in block %u,%u,%u: no thread can run\n", block_idx.x, block_idx.y,
                block_idx.z);
+  int exited = 0;
+  std::map<const Barrier*, std::vector<unsigned>> waiting;  // barrier -> threads waiting there
   for (const Thread& t : threads) {
-    if (!t.done && t.wait == Thread::Wait::kBarrier) {
-      std::fprintf(stderr, "  thread %u waits at %s (%d of %d arrived)\n", t.idx.x, t.barrier->name, t.barrier->arrived,
-                   t.barrier->count);
+    if (t.done) {
+      exited++;
+    } else if (t.wait == Thread::Wait::kBarrier) {
+      waiting[t.barrier].push_back(t.idx.x);
     }
   }
+  for (const auto& [b, ts] : waiting) {
+    std::fprintf(stderr, "  %zu threads (%u..%u) wait at %s, %d of %d arrived\n", ts.size(), ts.front(), ts.back(),
+                 b->name, b->arrived, b->count);
+  }
+  if (exited > 0) std::fprintf(stderr, "  %d threads have ended (a barrier after a return they skip?)\n", exited);
   std::abort();
 }
 
 // Leaves the running thread (which stays runnable unless it set a wait) for the next ready one in
-// index order after it; returns when the scheduler picks this thread again. With none ready but a
-// lagging warp, the lag ends (the others cannot move without it); with none at all: every thread
-// done (back to the launch) or a deadlock.
+// index order after it (before it in issue mode: the wait and issue runs CI compares then see
+// opposite orders, so a race between a lower and a higher thread shows in one of them); returns
+// when the scheduler picks this thread again. With none ready but a lagging warp, the lag ends (the
+// others cannot move without it); with none at all: every thread done (back to the launch) or a
+// deadlock.
 inline void switch_thread() {
   const int n = (int)threads.size();
   const int from = running;
+  const int step = copy_config().mode == CopyMode::kIssue ? -1 : 1;
   int next = -1;
   for (int i = 1; i <= n && next < 0; i++) {
-    const int c = ((from < 0 ? -1 : from) + i + n) % n;
+    const int c = ((from < 0 ? (step > 0 ? -1 : n) : from) + step * i + 2 * n) % n;
     if (ready(threads[c])) next = c;
   }
   if (next < 0) {
@@ -254,7 +266,7 @@ inline void maybe_land() {
 // (the same choice in every thread of the block), waits until the other warps have reached their next
 // __syncthreads (or ended) before it goes on: the most skew the barriers allow. With a barrier
 // missing, the others then run into the next phase while it is still in this one, and the race
-// shows nearly every time instead of when the OS scheduler happens to interleave.
+// shows nearly every time instead of only when the schedule happens to interleave them.
 inline void arrive_count() { barrier_arrivals[me().barriers_passed % 4]++; }
 inline void maybe_lag() {
   const unsigned long long k = me().barriers_passed++;  // the barrier just passed
@@ -586,14 +598,16 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& body, siz
     std::abort();
   }
   // The CTAs run on an OS thread of their own, so that fibers never run on a caller's stack (the
-  // fake libcuda's caller is a JVM thread).
+  // fake libcuda's caller is a JVM thread); one launch at a time (the fibers and smem are global).
+  static std::mutex one_launch;
+  std::lock_guard<std::mutex> lock(one_launch);
   std::thread([&] {
-    for (size_t i = n; i < threads.size(); i++) munmap(threads[i].stack, kStackBytes + kGuardBytes);
+    for (size_t i = n; i < threads.size(); i++) munmap(threads[i].stack, kStackBytes + guard_bytes());
     threads.resize(n);
     for (Thread& t : threads) {
       if (t.stack == nullptr) {
-        void* m = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (m == MAP_FAILED || mprotect(m, kGuardBytes, PROT_NONE) != 0) {
+        void* m = mmap(nullptr, kStackBytes + guard_bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED || mprotect(m, guard_bytes(), PROT_NONE) != 0) {
           std::fprintf(stderr, "emulation: no memory for a thread's stack\n");
           std::abort();
         }
@@ -623,7 +637,7 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& body, siz
             t.done = false;
             t.rng.seed(copy_config().seed ^ (0x9E3779B97F4A7C15ull * (1 + i + n * (x + 65536ull * (y + 65536ull * z)))));
             getcontext(&t.context);
-            t.context.uc_stack.ss_sp = static_cast<char*>(t.stack) + kGuardBytes;
+            t.context.uc_stack.ss_sp = static_cast<char*>(t.stack) + guard_bytes();
             t.context.uc_stack.ss_size = kStackBytes;
             t.context.uc_link = nullptr;
             makecontext(&t.context, thread_main, 0);
