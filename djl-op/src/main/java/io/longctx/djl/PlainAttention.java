@@ -32,9 +32,20 @@ public final class PlainAttention {
     q = q.toType(DataType.FLOAT32, false);
     k = k.toType(DataType.FLOAT32, false);
     v = v.toType(DataType.FLOAT32, false);
+    if (q.getShape().dimension() != 4 || k.getShape().dimension() != 4 || v.getShape().dimension() != 4) {
+      throw new IllegalArgumentException("q, k, v must be 4-d [B, H, T, D], got q " + q.getShape() + ", k "
+          + k.getShape() + ", v " + v.getShape());
+    }
     long heads = q.getShape().get(1), kvHeads = k.getShape().get(1);
     long tq = q.getShape().get(2), tk = k.getShape().get(2);
     int dim = (int) q.getShape().get(3);
+    if (kvHeads == 0 || heads % kvHeads != 0) {
+      throw new IllegalArgumentException("q's " + heads + " heads are not a multiple of k's " + kvHeads);
+    }
+    if (qPos != null && qPos.length != tq || kPos != null && kPos.length != tk) {
+      throw new IllegalArgumentException("positions: qPos has " + (qPos == null ? "default" : qPos.length)
+          + " for " + tq + " queries, kPos " + (kPos == null ? "default" : kPos.length) + " for " + tk + " keys");
+    }
     if (tk == 0) { // no key: the max over an empty axis would fail; every row is the empty state
       NDArray o = q.zerosLike();
       NDArray lse = q.getManager().full(new Shape(q.getShape().get(0), heads, tq), Float.NEGATIVE_INFINITY);

@@ -203,4 +203,15 @@ class AttentionOpInputsTest {
           null, null, AttentionOptions.DEFAULT, Layout.BHTD));
     }
   }
+
+  /** PlainAttention (public) names positions of the wrong length (an index error before). */
+  @Test
+  void plainAttentionNamesPositionsOfTheWrongLength() {
+    try (NDManager m = manager.newSubManager()) {
+      NDArray x = m.randomNormal(new Shape(1, 2, 4, 8));
+      IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+          () -> PlainAttention.forward(x, x, x, new long[] {0, 1, 2}, null, AttentionOptions.DEFAULT.withCausal(true), null));
+      assertTrue(e.getMessage().contains("qPos has 3 for 4 queries"), e.getMessage());
+    }
+  }
 }
