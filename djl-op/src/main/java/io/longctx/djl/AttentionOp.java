@@ -42,8 +42,11 @@ import java.util.function.IntConsumer;
  *
  * <p><b>Paths.</b> On CPU each forward call goes to one of two implementations, both exact and both
  * returning lse ({@link #choose}): libtorch's fused CPU flash attention (through
- * {@link LibtorchSdpa}; zero-copy both ways: the arrays go in as they are, and libtorch's outputs
- * come back as they are, in BHTD strided views of its [B, T, H, *] storage) or our Java kernel
+ * {@link LibtorchSdpa}; zero-copy both ways: the arrays go in as they are (one whose head-dim axis
+ * is not dense, a transposed K cache or a broadcast, is made contiguous first: the kernel reads D as
+ * dense), and libtorch's outputs come back as they are, in BHTD strided views of its [B, T, H, *]
+ * storage; a call whose q.k could overflow float32 goes to the Java kernel, which checks each
+ * score, where libtorch's would take the overflow as a masked key) or our Java kernel
  * ({@link CpuAttention}; the kernel reads {@code float[]}, so q, k, v are copied once into the JVM
  * and o, lse once out, O(T*D) each). Memory is O(T*D) on both paths; no T x T matrix is formed.
  * Decoding and merging always use the Java kernels. Where the one backend selector
