@@ -5,9 +5,9 @@ import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
 import com.google.gson.JsonSyntaxException;
 import java.io.IOException;
-import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.Arrays;
 import java.util.Locale;
 import java.util.Map;
 import java.util.Objects;
@@ -79,7 +79,7 @@ public final class LlamaConfig {
     if (!Files.isRegularFile(file)) {
       throw new IllegalArgumentException(file + ": no config.json in the checkpoint directory");
     }
-    return parse(Files.readString(file, StandardCharsets.UTF_8), file.toString());
+    return parse(Safetensors.readUtf8(file), file.toString());
   }
 
   /**
@@ -285,36 +285,63 @@ public final class LlamaConfig {
     return inv;
   }
 
+  /**
+   * The tensors of this config ({@link #expectedTensors}), checked against a checkpoint's entries:
+   * exactly these names, with these shapes ({@link Safetensors#requireExactly}). Where the config
+   * needs more tensors than the checkpoint holds, the first missing one is named before the rest of
+   * the names are built: 2e9 layers would fill the heap.
+   */
+  public Map<String, long[]> requireTensors(Map<String, Safetensors.Entry> entries, Path dir) {
+    long perLayer = 9 + (qkvBias ? 3 : 0) + (oBias ? 1 : 0);
+    long need = 2 + (tieWordEmbeddings ? 0 : 1) + perLayer * layers;
+    if (need > entries.size()) { // one of the first entries.size() + 1 names is missing
+      forEachExpected((name, shape) -> {
+        if (!entries.containsKey(name)) {
+          throw new IllegalArgumentException(dir + ": tensor " + name + " is missing (shape " + Arrays.toString(shape)
+              + " expected; config.json: " + layers + " layers, " + need + " tensors, the checkpoint holds "
+              + entries.size() + ")");
+        }
+      });
+    }
+    Map<String, long[]> expected = expectedTensors();
+    Safetensors.requireExactly(entries, expected, dir);
+    return expected;
+  }
+
   /** The tensor names and shapes a checkpoint of this config must hold, in a stable order. */
   public Map<String, long[]> expectedTensors() {
     Map<String, long[]> m = new java.util.LinkedHashMap<>();
+    forEachExpected(m::put);
+    return m;
+  }
+
+  private void forEachExpected(java.util.function.BiConsumer<String, long[]> f) {
     long e = hiddenSize, qOut = (long) heads * headDim, kvOut = (long) kvHeads * headDim;
-    m.put("model.embed_tokens.weight", new long[] {vocabSize, e});
+    f.accept("model.embed_tokens.weight", new long[] {vocabSize, e});
     for (int l = 0; l < layers; l++) {
       String p = "model.layers." + l + ".";
-      m.put(p + "input_layernorm.weight", new long[] {e});
-      m.put(p + "self_attn.q_proj.weight", new long[] {qOut, e});
-      m.put(p + "self_attn.k_proj.weight", new long[] {kvOut, e});
-      m.put(p + "self_attn.v_proj.weight", new long[] {kvOut, e});
+      f.accept(p + "input_layernorm.weight", new long[] {e});
+      f.accept(p + "self_attn.q_proj.weight", new long[] {qOut, e});
+      f.accept(p + "self_attn.k_proj.weight", new long[] {kvOut, e});
+      f.accept(p + "self_attn.v_proj.weight", new long[] {kvOut, e});
       if (qkvBias) {
-        m.put(p + "self_attn.q_proj.bias", new long[] {qOut});
-        m.put(p + "self_attn.k_proj.bias", new long[] {kvOut});
-        m.put(p + "self_attn.v_proj.bias", new long[] {kvOut});
+        f.accept(p + "self_attn.q_proj.bias", new long[] {qOut});
+        f.accept(p + "self_attn.k_proj.bias", new long[] {kvOut});
+        f.accept(p + "self_attn.v_proj.bias", new long[] {kvOut});
       }
-      m.put(p + "self_attn.o_proj.weight", new long[] {e, qOut});
+      f.accept(p + "self_attn.o_proj.weight", new long[] {e, qOut});
       if (oBias) {
-        m.put(p + "self_attn.o_proj.bias", new long[] {e});
+        f.accept(p + "self_attn.o_proj.bias", new long[] {e});
       }
-      m.put(p + "post_attention_layernorm.weight", new long[] {e});
-      m.put(p + "mlp.gate_proj.weight", new long[] {intermediateSize, e});
-      m.put(p + "mlp.up_proj.weight", new long[] {intermediateSize, e});
-      m.put(p + "mlp.down_proj.weight", new long[] {e, intermediateSize});
+      f.accept(p + "post_attention_layernorm.weight", new long[] {e});
+      f.accept(p + "mlp.gate_proj.weight", new long[] {intermediateSize, e});
+      f.accept(p + "mlp.up_proj.weight", new long[] {intermediateSize, e});
+      f.accept(p + "mlp.down_proj.weight", new long[] {e, intermediateSize});
     }
-    m.put("model.norm.weight", new long[] {e});
+    f.accept("model.norm.weight", new long[] {e});
     if (!tieWordEmbeddings) {
-      m.put("lm_head.weight", new long[] {vocabSize, e});
+      f.accept("lm_head.weight", new long[] {vocabSize, e});
     }
-    return m;
   }
 
   @Override

@@ -120,8 +120,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     }
     LlamaConfig cfg = LlamaConfig.read(dir);
     Map<String, Safetensors.Entry> entries = Safetensors.checkpointEntries(dir);
-    Map<String, long[]> expected = cfg.expectedTensors();
-    Safetensors.requireExactly(entries, expected, dir);
+    Map<String, long[]> expected = cfg.requireTensors(entries, dir);
     LibtorchWarmup.ensure();
     backend = explicitBackend != null ? explicitBackend : AttentionBackends.select(AttentionBackends.choice());
     NDManager wm = manager.newSubManager();

@@ -62,8 +62,9 @@ public final class Safetensors {
 
   /**
    * Reads and validates a file's header: the length fits the file, the JSON is an object of
-   * entries with a supported dtype, non-negative shape and {@code data_offsets} whose length is
-   * numel times the element size, inside the data and not overlapping one another.
+   * entries, each name once, with a supported dtype, non-negative shape and {@code data_offsets}
+   * whose length is numel times the element size; the entries' data follow one another and cover
+   * the file's data exactly, as Hugging Face's reader requires.
    */
   public static Map<String, Entry> readHeader(Path file) throws IOException {
     try (FileChannel ch = FileChannel.open(file, StandardOpenOption.READ)) {
@@ -94,6 +95,7 @@ public final class Safetensors {
         }
         throw new IllegalArgumentException(file + ": safetensors header is not valid JSON: " + e.getMessage(), e);
       }
+      requireUniqueNames(json, file);
       long dataStart = 8 + n, dataLen = size - dataStart;
       Map<String, Entry> out = new LinkedHashMap<>();
       for (Map.Entry<String, JsonElement> me : header.entrySet()) {
@@ -103,13 +105,26 @@ public final class Safetensors {
         }
         out.put(name, entry(file, name, me.getValue(), dataStart, dataLen));
       }
+      // As Hugging Face's reader requires: the tensors' data follow one another from the data's start
+      // to the file's end, no overlap, no gap, nothing after.
       List<Entry> byBegin = new ArrayList<>(out.values());
       byBegin.sort(Comparator.comparingLong(Entry::begin));
-      for (int i = 1; i < byBegin.size(); i++) {
-        if (byBegin.get(i).begin() < byBegin.get(i - 1).end()) {
-          throw new IllegalArgumentException(file + ": tensors " + byBegin.get(i - 1).name() + " and "
-              + byBegin.get(i).name() + " overlap in the data");
+      long at = dataStart;
+      for (int i = 0; i < byBegin.size(); i++) {
+        Entry e = byBegin.get(i);
+        if (e.begin() < at) {
+          throw new IllegalArgumentException(file + ": tensors " + byBegin.get(i - 1).name() + " and " + e.name()
+              + " overlap in the data");
         }
+        if (e.begin() > at) {
+          throw new IllegalArgumentException(file + ": " + (e.begin() - at) + " bytes before tensor " + e.name()
+              + " belong to no tensor (data_offsets must follow one another from 0)");
+        }
+        at = e.end();
+      }
+      if (at != size) {
+        throw new IllegalArgumentException(file + ": " + (size - at) + " bytes after the last tensor belong to no "
+            + "tensor (the header does not cover the file)");
       }
       return out;
     }
@@ -157,6 +172,35 @@ public final class Safetensors {
     return e;
   }
 
+  /**
+   * Refuses a header naming a tensor twice: the JSON tree keeps only the last entry of a name, so the
+   * first would be dropped without a word (a wrong score, exit 0, before this check).
+   */
+  private static void requireUniqueNames(String json, Path file) {
+    java.util.Set<String> seen = new java.util.HashSet<>();
+    try (com.google.gson.stream.JsonReader r = new com.google.gson.stream.JsonReader(new java.io.StringReader(json))) {
+      r.beginObject();
+      while (r.hasNext()) {
+        String name = r.nextName();
+        if (!seen.add(name)) {
+          throw new IllegalArgumentException(file + ": tensor " + name + " appears twice in the header");
+        }
+        r.skipValue();
+      }
+    } catch (IOException | IllegalStateException e) { // the tree parse before accepted it: not expected
+      throw new IllegalArgumentException(file + ": safetensors header is not valid JSON: " + e.getMessage(), e);
+    }
+  }
+
+  /** A JSON file of a checkpoint as text; bytes that are not UTF-8 are bad input, named by the file. */
+  static String readUtf8(Path file) throws IOException {
+    try {
+      return Files.readString(file, StandardCharsets.UTF_8);
+    } catch (java.nio.charset.CharacterCodingException e) {
+      throw new IllegalArgumentException(file + ": not UTF-8 text (" + e + ")", e);
+    }
+  }
+
   private static long nonNegative(JsonElement e, String what) {
     if (!e.isJsonPrimitive() || !e.getAsJsonPrimitive().isNumber()) {
       throw new IllegalArgumentException(what + " must hold integers, got " + e);
@@ -184,7 +228,7 @@ public final class Safetensors {
     if (Files.isRegularFile(index)) {
       JsonObject wm;
       try {
-        JsonElement root = JsonParser.parseString(Files.readString(index, StandardCharsets.UTF_8));
+        JsonElement root = JsonParser.parseString(readUtf8(index));
         JsonElement w = root.isJsonObject() ? root.getAsJsonObject().get("weight_map") : null;
         if (w == null || !w.isJsonObject()) {
           throw new IllegalArgumentException(index + ": field weight_map missing or not an object");

@@ -39,9 +39,9 @@ final class DenseLlama implements AutoCloseable {
   static DenseLlama load(Path dir, NDManager parent) throws IOException {
     LlamaConfig cfg = LlamaConfig.read(dir);
     Map<String, Safetensors.Entry> entries = Safetensors.checkpointEntries(dir);
-    Safetensors.requireExactly(entries, cfg.expectedTensors(), dir);
+    Map<String, long[]> expected = cfg.requireTensors(entries, dir);
     DenseLlama m = new DenseLlama(cfg, parent.newSubManager());
-    for (String name : cfg.expectedTensors().keySet()) {
+    for (String name : expected.keySet()) {
       Safetensors.Entry e = entries.get(name);
       NDArray a = m.manager.create(Safetensors.readAsFloat32(e), new Shape(e.shape()), DataType.FLOAT32);
       // Matrices held transposed ([in, out]), once, so that a forward creates nothing on the weights' manager.

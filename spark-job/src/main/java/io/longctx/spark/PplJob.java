@@ -283,7 +283,10 @@ public final class PplJob {
     Dataset<Row> df = read(spark, fmt, opt.input);
     boolean hasText = Arrays.asList(df.columns()).contains("text");
     boolean hasTokens = Arrays.asList(df.columns()).contains("tokens");
-    if (hasText) {
+    // JSON input always has a text column (its schema is fixed): without a tokenizer.json, look for a
+    // row that uses it before asking for one (a scan paid only then).
+    if (hasText && (java.nio.file.Files.exists(java.nio.file.Path.of(opt.model, "tokenizer.json"))
+        || !df.where(functions.col("text").isNotNull()).isEmpty())) {
       checkTokenizer(opt.model);
     }
     List<Column> cols = new ArrayList<>();
@@ -476,7 +479,7 @@ public final class PplJob {
     }
     try {
       LlamaConfig cfg = LlamaConfig.read(p);
-      Safetensors.requireExactly(Safetensors.checkpointEntries(p), cfg.expectedTensors(), p);
+      cfg.requireTensors(Safetensors.checkpointEntries(p), p);
       return cfg;
     } catch (IllegalArgumentException e) {
       throw new InputError("MODEL " + dir + ": " + e.getMessage());

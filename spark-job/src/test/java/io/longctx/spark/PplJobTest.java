@@ -99,6 +99,33 @@ class PplJobTest {
     assertNotSame(first, PplJob.Loaded.get(dir.toString()), "a replaced file with the old time: loaded again");
   }
 
+  /**
+   * JSON Lines rows with tokens only, over a checkpoint without tokenizer.json: JSON input always
+   * has a text column (its schema is fixed), and the driver used to demand a tokenizer (exit 2)
+   * though no row had text; Parquet with the same rows scored.
+   */
+  @Test
+  void tokenRowsInJsonNeedNoTokenizer() throws Exception {
+    Path noTokenizer = tmp.resolve("model-no-tokenizer");
+    Files.createDirectories(noTokenizer);
+    try (var files = Files.list(model)) {
+      for (Path f : (Iterable<Path>) files::iterator) {
+        if (!f.getFileName().toString().equals("tokenizer.json")) {
+          Files.copy(f, noTokenizer.resolve(f.getFileName()));
+        }
+      }
+    }
+    Path in = jsonl("tokens.jsonl", "{\"doc_id\": \"a\", \"tokens\": [1, 5, 9, 30, 200, 7]}");
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    assertEquals(0, run(err, "ppl", "--model", noTokenizer.toString(), "--input", in.toString(), "--output",
+        tmp.resolve("out").toString()), err.toString());
+    Path text = jsonl("text.jsonl", "{\"doc_id\": \"a\", \"tokens\": [1, 5]}", "{\"doc_id\": \"b\", \"text\": \"hi\"}");
+    err.reset();
+    assertEquals(2, run(err, "ppl", "--model", noTokenizer.toString(), "--input", text.toString(), "--output",
+        tmp.resolve("out2").toString()), err.toString());
+    assertTrue(err.toString().contains("text input needs a tokenizer"), err.toString());
+  }
+
   @Test
   void textAndTokensMatchTheModel() throws Exception {
     int[] toks = new int[90];
