@@ -58,6 +58,9 @@ public final class BenchPlots {
   static final Color[] COLORS = {new Color(0x1f77b4), new Color(0x2ca02c), new Color(0xd62728), new Color(0x7f7f7f)};
   static final String[] LABELS = {"java", "op", "libtorch-sdpa (anchor)", "djl-plain (materialized)"};
 
+  private static final String USAGE = "usage: longctx plots [--data DIR (default docs/bench-data)] [--out DIR "
+      + "(default docs/plots)] [--cpu LABEL (for lines without a cpu field)]";
+
   public static void main(String[] args) throws IOException {
     Path data = Path.of("docs/bench-data");
     Path out = Path.of("docs/plots");
@@ -67,8 +70,12 @@ public final class BenchPlots {
         case "--data" -> data = Path.of(args[++i]);
         case "--out" -> out = Path.of(args[++i]);
         case "--cpu" -> cpu = args[++i];
+        case "--help", "-h" -> {
+          System.out.println(USAGE);
+          return;
+        }
         default -> {
-          System.err.println("usage: longctx plots [--data DIR] [--out DIR] [--cpu LABEL (for lines without a cpu field)]");
+          System.err.println(USAGE);
           System.exit(2);
         }
       }

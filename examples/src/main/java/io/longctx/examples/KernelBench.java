@@ -101,6 +101,7 @@ public final class KernelBench {
   public static void main(String[] args) {
     String op = "all";
     int t = 4096, tk = -1, heads = -1, kvHeads = -1, dim = 128, iters = 7, warmup = 5;
+    boolean tGiven = false; // with --op decode, --t is the query rows (default 1), not the forward's 4096
     int blockQ = CpuAttention.DEFAULT_BLOCK_Q, blockK = 128, sweep = CpuAttention.DEFAULT_MAX_BLOCKS_PER_SWEEP, split = CpuAttention.DEFAULT_SPLIT_LEN, callers = 1;
     Boolean causal = null;
     boolean anchor = true;
@@ -112,7 +113,10 @@ public final class KernelBench {
       try {
         switch (a) {
           case "--op" -> op = args[++i];
-          case "--t" -> t = Integer.parseInt(args[++i]);
+          case "--t" -> {
+            t = Integer.parseInt(args[++i]);
+            tGiven = true;
+          }
           case "--tk" -> tk = Integer.parseInt(args[++i]);
           case "--heads" -> heads = Integer.parseInt(args[++i]);
           case "--kv-heads" -> kvHeads = Integer.parseInt(args[++i]);
@@ -185,7 +189,8 @@ public final class KernelBench {
       progress("loading libtorch through DJL (offline)");
     }
     try (LibtorchSdpa sdpa = needEngine ? LibtorchSdpa.open() : null) {
-      run(op, t, tk, heads, kvHeads, dim, iters, warmup, split, causal, kernels, sdpa, anchor, plain, only, callers);
+      run(op, t, tGiven ? t : 1, tk, heads, kvHeads, dim, iters, warmup, split, causal, kernels, sdpa, anchor, plain,
+          only, callers);
     }
   }
 
@@ -227,7 +232,7 @@ public final class KernelBench {
   /** A named implementation: {@code call} runs it once. */
   record Impl(String name, Supplier<?> call) {}
 
-  private static void run(String op, int t, int tk, int heads, int kvHeads, int dim, int iters, int warmup, int split,
+  private static void run(String op, int t, int decodeRows, int tk, int heads, int kvHeads, int dim, int iters, int warmup, int split,
       Boolean causal, CpuAttention kernels, LibtorchSdpa engine, boolean anchor, boolean plain, String only,
       int callers) {
     SplittableRandom rng = new SplittableRandom(42);
@@ -297,7 +302,7 @@ public final class KernelBench {
         progress("decode: generating inputs");
       }
       int h = headsFor("decode", heads), hkv = kvHeadsFor("decode", heads, kvHeads), n = tk > 0 ? tk : 65536;
-      int rows = op.equals("decode") && t != 4096 ? t : 1;
+      int rows = op.equals("decode") ? decodeRows : 1;
       Tensor q = Tensor.random(rng, 1, h, rows, dim);
       Tensor k = Tensor.random(rng, 1, hkv, n, dim);
       Tensor v = Tensor.random(rng, 1, hkv, n, dim);

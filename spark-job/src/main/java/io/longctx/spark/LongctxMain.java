@@ -7,7 +7,8 @@ import java.util.List;
 import java.util.Locale;
 
 /**
- * Entry point of the Spark application: {@code score}, {@code demo}, {@code gen}. Exit status 0 on
+ * Entry point of the Spark application: {@code score}, {@code ppl}, {@code gen}, {@code demo},
+ * {@code spark-bench}. Exit status 0 on
  * success, 2 on bad input or bad usage (message on stderr), 1 on any other failure.
  * Runs under bin/longctx (embedded local[*]) or under SparkSubmit (the -app.jar).
  */
@@ -66,7 +67,7 @@ public final class LongctxMain {
                               backend for the whole job: an executor that cannot run it fails the job
 
       Queries for a document that has no keys are an error (exit 2), naming the query and document.
-      A summary (documents, tokens, chunks, chunk pairs computed/skipped, backend, wall time,
+      A summary (documents, tokens, queries, chunks, chunk pairs computed/skipped, backend, wall time,
       tokens/s) goes to stderr at the end.
       """ + COMMON_HELP;
 
@@ -87,7 +88,7 @@ public final class LongctxMain {
         --seed S              random seed (default 42)
         --format F            parquet (default) | json
         --partitions N        write parallelism (default: by size)
-        --overwrite           replace existing files
+        --overwrite           replace DIR's keys and queries where they are earlier longctx outputs
         --output DIR          output directory (required)
       """ + COMMON_HELP;
 

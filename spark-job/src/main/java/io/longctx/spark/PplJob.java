@@ -78,8 +78,8 @@ public final class PplJob {
         --format F            parquet | json, the input (default: from the input extension)
         --output-format F     parquet | json, OUT (default: the input format)
         --per-token           add the logprobs column
-        --chunk-len N         tokens per chunk (default 512; any length gives the same sums up to
-                              float32 rounding, ~1e-6 relative)
+        --chunk-len N         tokens per chunk (default 512; any length gives the same sums within
+                              1e-5 relative, typically ~1e-6: float32 rounding)
         --partitions N        tasks of the one-document-per-task path (default: one per document)
         --split-above N       split documents longer than N tokens (0: every document of 2+ tokens).
                               Default: what one task can hold, a fifth of the executor heap
