@@ -72,19 +72,26 @@ class PplJobTest {
     return Arrays.stream(t).mapToObj(Integer::toString).collect(Collectors.joining(",", "[", "]"));
   }
 
+  /** A copy of the shared model under tmp (file times kept), without the file {@code except} (or null). */
+  Path copyOfModel(String name, String except) throws Exception {
+    Path dir = Files.createDirectories(tmp.resolve(name));
+    try (var files = Files.list(model)) {
+      for (Path f : (Iterable<Path>) files::iterator) {
+        if (!f.getFileName().toString().equals(except)) {
+          Files.copy(f, dir.resolve(f.getFileName()), java.nio.file.StandardCopyOption.COPY_ATTRIBUTES);
+        }
+      }
+    }
+    return dir;
+  }
+
   /**
    * The executors' model cache sees a checkpoint replaced by a copy that kept the old modification
    * times (cp -p, rsync -t, tar): the copy is a new file, so its file key differs.
    */
   @Test
   void aCheckpointReplacedWithItsOldTimesIsLoadedAgain() throws Exception {
-    Path dir = tmp.resolve("model-copy");
-    Files.createDirectories(dir);
-    try (var files = Files.list(model)) {
-      for (Path f : (Iterable<Path>) files::iterator) {
-        Files.copy(f, dir.resolve(f.getFileName()), java.nio.file.StandardCopyOption.COPY_ATTRIBUTES);
-      }
-    }
+    Path dir = copyOfModel("model-copy", null);
     PplJob.Loaded first = PplJob.Loaded.get(dir.toString());
     assertSame(first, PplJob.Loaded.get(dir.toString()), "unchanged files: the cached model");
     Path weights;
@@ -106,15 +113,7 @@ class PplJobTest {
    */
   @Test
   void tokenRowsInJsonNeedNoTokenizer() throws Exception {
-    Path noTokenizer = tmp.resolve("model-no-tokenizer");
-    Files.createDirectories(noTokenizer);
-    try (var files = Files.list(model)) {
-      for (Path f : (Iterable<Path>) files::iterator) {
-        if (!f.getFileName().toString().equals("tokenizer.json")) {
-          Files.copy(f, noTokenizer.resolve(f.getFileName()));
-        }
-      }
-    }
+    Path noTokenizer = copyOfModel("model-no-tokenizer", "tokenizer.json");
     Path in = jsonl("tokens.jsonl", "{\"doc_id\": \"a\", \"tokens\": [1, 5, 9, 30, 200, 7]}");
     ByteArrayOutputStream err = new ByteArrayOutputStream();
     assertEquals(0, run(err, "ppl", "--model", noTokenizer.toString(), "--input", in.toString(), "--output",
