@@ -232,9 +232,9 @@ public final class KernelBench {
   /** A named implementation: {@code call} runs it once. */
   record Impl(String name, Supplier<?> call) {}
 
-  private static void run(String op, int t, int decodeRows, int tk, int heads, int kvHeads, int dim, int iters, int warmup, int split,
-      Boolean causal, CpuAttention kernels, LibtorchSdpa engine, boolean anchor, boolean plain, String only,
-      int callers) {
+  private static void run(String op, int t, int decodeRows, int tk, int heads, int kvHeads, int dim, int iters,
+      int warmup, int split, Boolean causal, CpuAttention kernels, LibtorchSdpa engine, boolean anchor, boolean plain,
+      String only, int callers) {
     SplittableRandom rng = new SplittableRandom(42);
     AttentionOp attentionOp = new AttentionOp(kernels);
     if (op.equals("forward") || op.equals("all")) {

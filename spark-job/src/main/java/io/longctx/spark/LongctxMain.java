@@ -8,8 +8,8 @@ import java.util.Locale;
 
 /**
  * Entry point of the Spark application: {@code score}, {@code ppl}, {@code gen}, {@code demo},
- * {@code spark-bench}. Exit status 0 on
- * success, 2 on bad input or bad usage (message on stderr), 1 on any other failure.
+ * {@code spark-bench}. Exit status 0 on success, 2 on bad input or bad usage (message on stderr), 1
+ * on any other failure.
  * Runs under bin/longctx (embedded local[*]) or under SparkSubmit (the -app.jar).
  */
 public final class LongctxMain {
