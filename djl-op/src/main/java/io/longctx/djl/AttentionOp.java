@@ -779,11 +779,14 @@ public final class AttentionOp {
     if (reuse != null) {
       reuse[slot] = out;
     }
-    // For a strided array DJL makes the contiguous copy on a's manager, where nothing would close it:
-    // a is lent to a scope for the copy, so that the copy lands and is freed there.
+    // For a strided array toByteBuffer would make its contiguous copy on a's manager (the caller's),
+    // where nothing closes it. The flat reshape is a view of a contiguous array and a contiguous copy
+    // of any other, moved to a scope of ours at once; a itself stays where it is (another thread may
+    // be reading it: lending it to a scope broke two callers sharing one input).
     try (NDManager scope = a.getManager().newSubManager()) {
-      scope.tempAttachAll(a);
-      FloatBuffer src = a.toByteBuffer(true).order(java.nio.ByteOrder.nativeOrder()).asFloatBuffer();
+      NDArray flat = a.reshape(-1);
+      flat.attach(scope);
+      FloatBuffer src = flat.toByteBuffer(true).order(java.nio.ByteOrder.nativeOrder()).asFloatBuffer();
       inRanges(n, (from, to) -> src.get(from, out, from, to - from));
     }
     return out;

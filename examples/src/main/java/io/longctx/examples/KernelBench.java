@@ -31,8 +31,9 @@ import java.util.function.Supplier;
  * both alike; compare ratios, not absolute times.
  *
  * <pre>
- *   forward: GFLOP/s with FLOPs = 4*B*H*Tq*Tk*D (halved for causal square)
- *   decode:  GB/s of K and V read, beside a plain copy of the same bytes in the same run
+ *   forward: GFLOP/s with FLOPs = 4*B*H*D per visible (query, key) pair (causal: the top-left mask's)
+ *   decode:  GB/s of K and V read, beside a plain copy of the same bytes in the same run (one thread,
+ *            reading and writing them: a reference point, not the machine's read bandwidth)
  * </pre>
  *
  * <p>Implementations: {@code java} (our Java kernel on float[]), {@code op} (the DJL operator
@@ -96,7 +97,9 @@ public final class KernelBench {
       "",
       "impls: java (our Java kernel), op (the DJL AttentionOp, whichever path it picks), libtorch-sdpa",
       "(the anchor), djl-plain (--plain); decode also java-unified-max (FlashDecoding++) and copy",
-      "(System.arraycopy of the same K/V bytes: the memory-bandwidth ceiling, vs_copy).");
+      "(System.arraycopy of the same K/V bytes on one thread, which reads and writes them: a reference",
+      "point, not the read-bandwidth ceiling; vs_copy). The decode anchor takes each kv head's query",
+      "heads as rows, so it reads K and V once as the kernel does.");
 
   public static void main(String[] args) {
     String op = "all";
@@ -248,7 +251,7 @@ public final class KernelBench {
           : new boolean[] {false, true};
       for (boolean c : modes) {
         AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(c);
-        double flops = 4.0 * h * t * k.tokens() * dim * (c ? 0.5 : 1.0);
+        double flops = 4.0 * h * dim * visiblePairs(t, k.tokens(), c);
         List<Impl> impls = new ArrayList<>();
         impls.add(new Impl("java", () -> kernels.forward(q, k, v, null, null, opt)));
         if (engine != null) {
@@ -267,10 +270,11 @@ public final class KernelBench {
           progress("forward [1,%d,%d,%d] x %d keys, %s, kv heads %d: %s", h, t, dim, k.tokens(),
               c ? "causal" : "non-causal", hkv, names(impls));
         }
-        long rssBefore = rssKb("VmRSS");
+        long rssBefore = beforeMeasuredCall(impls, only);
         double[] ms = medianMs(warmup, iters, calls(impls), only == null);
+        String mem = only != null ? memoryFigures(rssBefore) : ""; // before choose(), which may calibrate
         int anchorAt = indexOf(impls, "libtorch-sdpa");
-        String path = engine != null ? attentionOp.choose(nd[0], nd[1], nd[2], null, null, opt,
+        String path = indexOf(impls, "op") >= 0 ? attentionOp.choose(nd[0], nd[1], nd[2], null, null, opt,
             AttentionOp.Layout.BHTD).name().toLowerCase(Locale.ROOT) : "";
         for (int i = 0; i < impls.size(); i++) {
           String name = impls.get(i).name();
@@ -282,9 +286,7 @@ public final class KernelBench {
           if (name.equals("op")) {
             extra += ", \"path\": \"" + path + "\"";
           }
-          if (only != null) {
-            extra += memoryFigures(rssBefore);
-          }
+          extra += mem;
           print(name, "forward", t, k.tokens(), h, hkv, dim, c, ms[i], gflops(flops, ms[i]) + extra);
         }
         if (callers > 1) {
@@ -330,8 +332,12 @@ public final class KernelBench {
           }
         }));
         if (anchor) {
-          // Every query row sits after every key, so full (non-causal) attention is the same answer.
-          impls.add(new Impl("libtorch-sdpa", () -> sdpaCall(engine, nd, false)));
+          // Every query row sits after every key, so full (non-causal) attention is the same answer; the
+          // query heads of a kv head go in as rows of that head ([1, H, rows, D] -> [1, Hkv, H/Hkv * rows, D],
+          // a view), so libtorch reads K and V as they are. Passing H query heads instead made the module
+          // expand K and V to H heads inside the timed call (4x K/V written at 32/8 heads).
+          NDArray[] grouped = {nd[0].reshape(1, hkv, (long) (h / hkv) * rows, dim), nd[1], nd[2]};
+          impls.add(new Impl("libtorch-sdpa", () -> sdpaCall(engine, grouped, false)));
         }
         if (plain) {
           impls.add(new Impl("djl-plain", () -> plainCall(nd, null, h / hkv)));
@@ -342,7 +348,7 @@ public final class KernelBench {
         progress("decode: %d query row(s), %d heads over %d kv heads, %d keys (K+V %.1f MiB), split %d: %s",
             rows, h, hkv, n, bytes / (1 << 20), splitLen, names(impls));
       }
-      long rssBefore = rssKb("VmRSS");
+      long rssBefore = beforeMeasuredCall(impls, only);
       double[] ms = medianMs(warmup, iters, calls(impls), only == null);
       int anchorAt = indexOf(impls, "libtorch-sdpa"), copyAt = indexOf(impls, "copy");
       for (int i = 0; i < ms.length; i++) {
@@ -480,10 +486,45 @@ public final class KernelBench {
   }
 
   /** Memory figures of a child run (--only): resident set before the call and its peak. */
+  /**
+   * The resident size before the measured call. In a --memory child ({@code only} set), first one
+   * untimed call (the JIT's compiles, thread pools, libtorch's set-up, the operator's calibration),
+   * then the kernel's peak-RSS mark reset (/proc/self/clear_refs), so that the figure is the call's
+   * own peak, not the JVM's first-call work.
+   */
+  static long beforeMeasuredCall(List<Impl> impls, String only) {
+    if (only != null) {
+      calls(impls).forEach(Supplier::get);
+      PEAK_RESET = resetPeakRss();
+    }
+    return rssKb("VmRSS");
+  }
+
+  private static boolean PEAK_RESET;
+
+  /** Resets VmHWM to the current RSS (Linux 4.0+); false where that is not possible. */
+  static boolean resetPeakRss() {
+    try {
+      Files.writeString(Paths.get("/proc/self/clear_refs"), "5");
+      return true;
+    } catch (IOException | RuntimeException e) {
+      return false;
+    }
+  }
+
+  /** Query-key pairs a call computes: all of them, or with the top-left causal mask min(i + 1, tk) per row i. */
+  static double visiblePairs(long tq, long tk, boolean causal) {
+    if (!causal) {
+      return (double) tq * tk;
+    }
+    long square = Math.min(tq, tk); // rows 0 .. square-1 see i + 1 keys; later rows see all tk
+    return square * (square + 1) / 2.0 + (double) (tq - square) * tk;
+  }
+
   static String memoryFigures(long rssBeforeKb) {
     long hwm = rssKb("VmHWM");
-    return String.format(Locale.ROOT, ", \"rss_before_mb\": %.1f, \"peak_rss_mb\": %.1f, \"peak_extra_mb\": %.1f",
-        rssBeforeKb / 1024.0, hwm / 1024.0, (hwm - rssBeforeKb) / 1024.0);
+    return String.format(Locale.ROOT, ", \"rss_before_mb\": %.1f, \"peak_rss_mb\": %.1f, \"peak_extra_mb\": %.1f, "
+        + "\"peak_reset\": %b", rssBeforeKb / 1024.0, hwm / 1024.0, (hwm - rssBeforeKb) / 1024.0, PEAK_RESET);
   }
 
   /** A field of /proc/self/status in kB (VmRSS, VmHWM), or -1 where there is none. */
