@@ -30,8 +30,10 @@ final class OverheadBench {
           + " [--runs 2] [--dir DIR] [--master URL] [--conf k=v]");
       out.println("  --dir DIR: where the generated document and the job's output go (default: a temporary folder,"
           + " deleted at the end).");
-      out.println("  Runs the job --runs times in one JVM: the first run pays Spark's and the JIT's warm-up (a fresh"
-          + " driver and executors), later runs show a warm, long-lived cluster.");
+      out.println("  Runs the job --runs times in one JVM: the first (\"cold\") run is the JVM's first score job,"
+          + " paying the JIT's compiles of Spark's and our job code, but after the generator's write job and with"
+          + " the kernel already compiled (it ran before, as the kernel-only pass); later runs show a warm,"
+          + " long-lived cluster. A fresh `score` process also compiles the kernel: it is colder than \"cold\".");
       return 0;
     }
     Generator g = new Generator();
