@@ -214,4 +214,37 @@ class AttentionOpInputsTest {
       assertTrue(e.getMessage().contains("qPos has 3 for 4 queries"), e.getMessage());
     }
   }
+
+  /**
+   * Two threads calling the operator on the same strided inputs at once: an earlier fix of the
+   * temporaries above lent the caller's array to a scope of the call, and the other thread then made
+   * its outputs on that scope after it closed ("NDManager has been closed already", intermittently).
+   */
+  @Test
+  void twoCallersShareOneStridedInput() throws Exception {
+    SplittableRandom rng = new SplittableRandom(OpChecks.seed());
+    Tensor q = OpChecks.random(rng, 1, 2, 40, 32, 1.5), k = OpChecks.random(rng, 1, 2, 40, 32, 1.5);
+    Tensor v = OpChecks.random(rng, 1, 2, 40, 32, 1);
+    try (NDManager m = manager.newSubManager()) {
+      NDArray qv = transposedStorage(m, q), kv = transposedStorage(m, k), vv = transposedStorage(m, v);
+      java.util.concurrent.ExecutorService pool = java.util.concurrent.Executors.newFixedThreadPool(2);
+      try {
+        List<java.util.concurrent.Future<?>> calls = new java.util.ArrayList<>();
+        for (int t = 0; t < 2; t++) {
+          calls.add(pool.submit(() -> {
+            for (int i = 0; i < 30; i++) {
+              AttentionOp.cpu().forward(qv, kv, vv, null, null, AttentionOptions.DEFAULT, Layout.BHTD, Path.JAVA)
+                  .close();
+            }
+            return null;
+          }));
+        }
+        for (java.util.concurrent.Future<?> f : calls) {
+          f.get(); // an exception in a caller fails here
+        }
+      } finally {
+        pool.shutdownNow();
+      }
+    }
+  }
 }
