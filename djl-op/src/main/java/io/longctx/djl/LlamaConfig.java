@@ -287,23 +287,19 @@ public final class LlamaConfig {
 
   /**
    * The tensors of this config ({@link #expectedTensors}), checked against a checkpoint's entries:
-   * exactly these names, with these shapes ({@link Safetensors#requireExactly}). Where the config
-   * needs more tensors than the checkpoint holds, the first missing one is named before the rest of
-   * the names are built: 2e9 layers would fill the heap.
+   * exactly these names, with these shapes ({@link Safetensors#requireExactly}). The names are made
+   * one at a time and the first missing one is named at once, so a layer count the checkpoint cannot
+   * hold fails before the rest are built: 2e9 layers would fill the heap.
    */
   public Map<String, long[]> requireTensors(Map<String, Safetensors.Entry> entries, Path dir) {
-    long perLayer = 9 + (qkvBias ? 3 : 0) + (oBias ? 1 : 0);
-    long need = 2 + (tieWordEmbeddings ? 0 : 1) + perLayer * layers;
-    if (need > entries.size()) { // one of the first entries.size() + 1 names is missing
-      forEachExpected((name, shape) -> {
-        if (!entries.containsKey(name)) {
-          throw new IllegalArgumentException(dir + ": tensor " + name + " is missing (shape " + Arrays.toString(shape)
-              + " expected; config.json: " + layers + " layers, " + need + " tensors, the checkpoint holds "
-              + entries.size() + ")");
-        }
-      });
-    }
-    Map<String, long[]> expected = expectedTensors();
+    Map<String, long[]> expected = new java.util.LinkedHashMap<>();
+    forEachExpected((name, shape) -> {
+      if (!entries.containsKey(name)) {
+        throw new IllegalArgumentException(dir + ": tensor " + name + " is missing (shape " + Arrays.toString(shape)
+            + " expected; config.json: " + layers + " layers, the checkpoint holds " + entries.size() + " tensors)");
+      }
+      expected.put(name, shape);
+    });
     Safetensors.requireExactly(entries, expected, dir);
     return expected;
   }
