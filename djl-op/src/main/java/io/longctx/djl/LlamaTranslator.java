@@ -72,9 +72,14 @@ public final class LlamaTranslator<I> implements NoBatchifyTranslator<I, Documen
         .optTranslator(translator).build();
   }
 
+  /** Where a checkpoint keeps its tokenizer (tokenizer.json in its directory). */
+  public static Path tokenizerFile(Path dir) {
+    return dir.resolve("tokenizer.json");
+  }
+
   /** Opens a checkpoint's tokenizer.json: special tokens as its post-processor says, no truncation or padding. */
   public static HuggingFaceTokenizer openTokenizer(Path dir) throws IOException {
-    Path file = dir.resolve("tokenizer.json");
+    Path file = tokenizerFile(dir);
     if (!Files.isRegularFile(file)) {
       throw new IllegalArgumentException(file + ": no tokenizer.json in the checkpoint directory");
     }

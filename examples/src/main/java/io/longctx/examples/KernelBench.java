@@ -495,12 +495,12 @@ public final class KernelBench {
   static long beforeMeasuredCall(List<Impl> impls, String only) {
     if (only != null) {
       calls(impls).forEach(Supplier::get);
-      PEAK_RESET = resetPeakRss();
+      peakReset = resetPeakRss();
     }
     return rssKb("VmRSS");
   }
 
-  private static boolean PEAK_RESET;
+  private static boolean peakReset; // whether the child could reset the peak-RSS mark
 
   /** Resets VmHWM to the current RSS (Linux 4.0+); false where that is not possible. */
   static boolean resetPeakRss() {
@@ -524,7 +524,7 @@ public final class KernelBench {
   static String memoryFigures(long rssBeforeKb) {
     long hwm = rssKb("VmHWM");
     return String.format(Locale.ROOT, ", \"rss_before_mb\": %.1f, \"peak_rss_mb\": %.1f, \"peak_extra_mb\": %.1f, "
-        + "\"peak_reset\": %b", rssBeforeKb / 1024.0, hwm / 1024.0, (hwm - rssBeforeKb) / 1024.0, PEAK_RESET);
+        + "\"peak_reset\": %b", rssBeforeKb / 1024.0, hwm / 1024.0, (hwm - rssBeforeKb) / 1024.0, peakReset);
   }
 
   /** A field of /proc/self/status in kB (VmRSS, VmHWM), or -1 where there is none. */

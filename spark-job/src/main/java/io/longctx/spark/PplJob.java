@@ -285,7 +285,7 @@ public final class PplJob {
     boolean hasTokens = Arrays.asList(df.columns()).contains("tokens");
     // JSON input always has a text column (its schema is fixed): without a tokenizer.json, look for a
     // row that uses it before asking for one (a scan paid only then).
-    if (hasText && (java.nio.file.Files.exists(java.nio.file.Path.of(opt.model, "tokenizer.json"))
+    if (hasText && (java.nio.file.Files.exists(LlamaTranslator.tokenizerFile(java.nio.file.Path.of(opt.model)))
         || !df.where(functions.col("text").isNotNull()).isEmpty())) {
       checkTokenizer(opt.model);
     }
