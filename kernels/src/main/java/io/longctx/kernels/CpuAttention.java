@@ -43,6 +43,12 @@ public final class CpuAttention implements AttentionBackend {
    */
   public static final int DEFAULT_BLOCK_Q = Math.max(32, (TileMath.WIDE ? 2 : 1) * TileMath.GROUP);
 
+  /**
+   * Split-K decoding puts the keys in the SIMD lanes ({@link KeyLaneWorker}) for a kv head with at most
+   * this many query rows. Measured, docs/BENCHMARKS.md.
+   */
+  public static final int DEFAULT_KEY_LANE_ROWS = TileMath.GROUP / 2;
+
   /** Tile sizes chosen by measurement (docs/BENCHMARKS.md). */
   public static final CpuAttention DEFAULT = new CpuAttention(DEFAULT_BLOCK_Q, 128);
 
@@ -173,7 +179,9 @@ public final class CpuAttention implements AttentionBackend {
   private final int blockQ;
   private final int blockK;
   private final int maxBlocksPerSweep;
+  private final int keyLaneRows;
   private final ThreadLocal<TileWorker[]> workers = new ThreadLocal<>();
+  private final ThreadLocal<KeyLaneWorker> keyLaneWorkers = new ThreadLocal<>();
 
   /**
    * @param blockQ query rows per block, a multiple of {@link #laneGroup()}
@@ -190,6 +198,18 @@ public final class CpuAttention implements AttentionBackend {
    *     tile by tile, in one task of {@link #forward} (1: each block sweeps all keys alone)
    */
   public CpuAttention(int blockQ, int blockK, int maxBlocksPerSweep) {
+    this(blockQ, blockK, maxBlocksPerSweep, DEFAULT_KEY_LANE_ROWS);
+  }
+
+  /**
+   * @param blockQ query rows per block, a multiple of {@link #laneGroup()}
+   * @param blockK keys per tile
+   * @param maxBlocksPerSweep see {@link #CpuAttention(int, int, int)}
+   * @param keyLaneRows split-K decoding runs a kv head's rows (its query heads times the query tokens)
+   *     with the keys in the SIMD lanes when there are at most this many (0: never); the same bits
+   *     either way
+   */
+  public CpuAttention(int blockQ, int blockK, int maxBlocksPerSweep, int keyLaneRows) {
     VectorSupport.require();
     if (blockQ < TileMath.GROUP || blockQ % TileMath.GROUP != 0 || blockK < 1) {
       throw new IllegalArgumentException("blockQ must be a positive multiple of " + TileMath.GROUP
@@ -203,7 +223,11 @@ public final class CpuAttention implements AttentionBackend {
     }
     this.blockQ = blockQ;
     this.blockK = blockK;
+    if (keyLaneRows < 0) {
+      throw new IllegalArgumentException("keyLaneRows must be >= 0, got " + keyLaneRows);
+    }
     this.maxBlocksPerSweep = maxBlocksPerSweep;
+    this.keyLaneRows = keyLaneRows;
   }
 
   @Override
@@ -322,7 +346,8 @@ public final class CpuAttention implements AttentionBackend {
     int splits = p.tk == 0 ? 1 : (p.tk - 1) / splitLen + 1; // not tk + splitLen - 1: that can overflow int
     // Rows of one (batch, kv head): the query heads of its group times the query tokens.
     int groupRows = p.group * p.tq;
-    int bq = groupRows <= TileMath.GROUP ? TileMath.GROUP : blockQ;
+    boolean keyLanes = groupRows <= keyLaneRows;
+    int bq = keyLanes ? groupRows : groupRows <= TileMath.GROUP ? TileMath.GROUP : blockQ;
     int rowBlocks = Math.max(1, (groupRows + bq - 1) / bq);
     List<float[]> partO = new ArrayList<>(splits);
     // Split lse stays float64 until the merged result (a float32 lse near 100 has an ulp of 8e-6,
@@ -344,7 +369,7 @@ public final class CpuAttention implements AttentionBackend {
       int kvh = rest % p.kvHeads, b = rest / p.kvHeads;
       int j0 = s * splitLen, j1 = Math.min(p.tk, j0 + splitLen);
       int r0 = rb * bq, r1 = Math.min(groupRows, r0 + bq);
-      TileWorker w = worker(bq, p.dim);
+      BlockWorker w = keyLanes ? keyLaneWorker(bq, p.dim) : worker(bq, p.dim);
       w.startBlock();
       w.clearFlags();
       for (int r = r0; r < r1; r++) {
@@ -377,6 +402,16 @@ public final class CpuAttention implements AttentionBackend {
 
   private TileWorker worker(int bq, int dim) {
     return workers(1, bq, dim)[0];
+  }
+
+  /** This thread's {@link KeyLaneWorker} for at least {@code rows} rows of head dim {@code dim}. */
+  private KeyLaneWorker keyLaneWorker(int rows, int dim) {
+    KeyLaneWorker w = keyLaneWorkers.get();
+    if (w == null || w.maxRows < rows || w.dim < dim) {
+      w = new KeyLaneWorker(Math.max(rows, w == null ? 0 : w.maxRows), blockK, Math.max(dim, w == null ? 0 : w.dim));
+      keyLaneWorkers.set(w);
+    }
+    return w;
   }
 
   /** This thread's first {@code count} workspaces for blocks of {@code bq} rows of head dim {@code dim}. */

@@ -24,7 +24,7 @@ import jdk.incubator.vector.VectorOperators;
  * </pre>
  * and at the end o_i = Ot[:][i] / l_i, lse_i = m_i + log(l_i); l_i = 0 means no key: (0, -inf).
  */
-final class TileWorker {
+final class TileWorker implements BlockWorker {
 
   final int blockQ;
   final int blockK;
@@ -79,12 +79,14 @@ final class TileWorker {
    * Empties the block. Called before filling it, so a worker left mid-block by an exception (bad
    * input) starts clean on its next task.
    */
-  void startBlock() {
+  @Override
+  public void startBlock() {
     rows = 0;
   }
 
   /** Adds query row (b, h, t) of the problem to the block, in the next lane. */
-  void addRow(CpuAttention.Problem p, int b, int h, int t) {
+  @Override
+  public void addRow(CpuAttention.Problem p, int b, int h, int t) {
     int i = rows++;
     rowQ[i] = p.q.offset(b, h, t);
     rowOut[i] = (b * p.tq + t) * p.heads + h;
@@ -100,17 +102,20 @@ final class TileWorker {
   }
 
   /** Visible tile steps run since the last call (for {@link CpuAttention#tileSteps()}), then zero. */
-  int takeSteps() {
+  @Override
+  public int takeSteps() {
     int n = steps;
     steps = 0;
     return n;
   }
 
-  boolean flagged(int lane) {
+  @Override
+  public boolean flagged(int lane) {
     return flags[lane];
   }
 
-  void clearFlags() {
+  @Override
+  public void clearFlags() {
     Arrays.fill(flags, false);
   }
 
@@ -118,7 +123,8 @@ final class TileWorker {
    * Runs the rows added so far over keys [j0, j1) of kv head {@code kvh} of batch entry b; with a
    * non-null {@code um} uses the unified maximum.
    */
-  void run(CpuAttention.Problem p, int b, int kvh, int j0, int j1, UnifiedMax um) {
+  @Override
+  public void run(CpuAttention.Problem p, int b, int kvh, int j0, int j1, UnifiedMax um) {
     begin(p, um);
     for (int jt = j0; jt < j1; jt += blockK) {
       int n = Math.min(blockK, j1 - jt);
@@ -172,7 +178,7 @@ final class TileWorker {
    * for a row whatever else shares its sweep: a row's bits depend only on the key tiles.
    */
   void tile(CpuAttention.Problem p, int b, int kvh, int jt, int n, long[] kRange, UnifiedMax um) {
-    Visibility vis = classify(p.opt, kRange);
+    Visibility vis = classify(p.opt, kRange, rowPosMin, rowPosMax);
     if (vis == Visibility.NONE) {
       return;
     }
@@ -205,10 +211,13 @@ final class TileWorker {
     TileMath.accumulate(p.v.data(), kOff, d, d, n, s, blockQ, ot, blockQ, lanes);
   }
 
-  private enum Visibility { NONE, PARTIAL, ALL }
+  enum Visibility { NONE, PARTIAL, ALL }
 
-  /** Classifies the whole (query block, key tile) pair once, from position ranges. */
-  private Visibility classify(AttentionOptions opt, long[] kRange) {
+  /**
+   * Classifies a whole (query block, key tile) pair once, from the block's query positions
+   * [rowPosMin, rowPosMax] and the tile's key range (from {@link #keyRange}).
+   */
+  static Visibility classify(AttentionOptions opt, long[] kRange, long rowPosMin, long rowPosMax) {
     if (kRange == null) {
       return Visibility.ALL;
     }
@@ -245,8 +254,13 @@ final class TileWorker {
   }
 
   private NonFiniteScoreException nonFiniteAt(CpuAttention.Problem p, int lane, int key, float score) {
-    int row = rowOut[lane] / p.heads, h = rowOut[lane] % p.heads;
-    return new NonFiniteScoreException(row / p.tq, h, row % p.tq, rowPos[lane], key, p.kPos[key], score);
+    return nonFiniteAt(p, rowOut[lane], rowPos[lane], key, score);
+  }
+
+  /** The error for score {@code score} of output entry {@code out} (query at qPos) and key {@code key}. */
+  static NonFiniteScoreException nonFiniteAt(CpuAttention.Problem p, int out, long qPos, int key, float score) {
+    int row = out / p.heads, h = out % p.heads;
+    return new NonFiniteScoreException(row / p.tq, h, row % p.tq, qPos, key, p.kPos[key], score);
   }
 
   /** score = cap * tanh(score / cap); the 1/cap is already folded into the score scale. */
@@ -373,7 +387,8 @@ final class TileWorker {
   }
 
   /** The same with the lse kept in float64 (split-K partials: rounded once, after the merge). */
-  int finish(CpuAttention.Problem p, float[] o, double[] lse, UnifiedMax um) {
+  @Override
+  public int finish(CpuAttention.Problem p, float[] o, double[] lse, UnifiedMax um) {
     return finish(p, o, null, lse, um);
   }
 
@@ -411,25 +426,33 @@ final class TileWorker {
             flaggedRows++;
             continue rows;
           }
-          int row = out / p.heads, h = out % p.heads;
-          throw new IllegalArgumentException("non-finite attention output at batch " + row / p.tq + ", head " + h
-              + ", query token " + row % p.tq + ", dim " + c + ": v holds NaN, Infinity or values too large for float32");
+          throw nonFiniteOutput(p, out, c);
         }
         o[out * d + c] = x;
       }
-      double rowLse = max[i] + StrictMath.log(l); // StrictMath: same bits on every JVM
-      if (!Float.isFinite((float) rowLse)) { // unreachable while scores are finite; forward relies on the check
-        int row = out / p.heads;
-        throw new IllegalArgumentException("non-finite lse " + rowLse + " at batch " + row / p.tq + ", head "
-            + out % p.heads + ", query token " + row % p.tq);
-      }
-      if (lse64 != null) {
-        lse64[out] = rowLse;
-      } else {
-        lse32[out] = (float) rowLse;
-      }
+      writeLse(p, out, max[i] + StrictMath.log(l), lse32, lse64); // StrictMath: same bits on every JVM
     }
     return flaggedRows;
+  }
+
+  static IllegalArgumentException nonFiniteOutput(CpuAttention.Problem p, int out, int dim) {
+    int row = out / p.heads, h = out % p.heads;
+    return new IllegalArgumentException("non-finite attention output at batch " + row / p.tq + ", head " + h
+        + ", query token " + row % p.tq + ", dim " + dim + ": v holds NaN, Infinity or values too large for float32");
+  }
+
+  /** Stores a finished row's lse into whichever of lse32 and lse64 is non-null. */
+  static void writeLse(CpuAttention.Problem p, int out, double rowLse, float[] lse32, double[] lse64) {
+    if (!Float.isFinite((float) rowLse)) { // unreachable while scores are finite; forward relies on the check
+      int row = out / p.heads;
+      throw new IllegalArgumentException("non-finite lse " + rowLse + " at batch " + row / p.tq + ", head "
+          + out % p.heads + ", query token " + row % p.tq);
+    }
+    if (lse64 != null) {
+      lse64[out] = rowLse;
+    } else {
+      lse32[out] = (float) rowLse;
+    }
   }
 
 }

@@ -21,12 +21,23 @@ public final class KernelBitsMain {
     }
     AttentionOptions capped = AttentionOptions.DEFAULT.withCausal(true).withSoftcap(3f);
     AttentionOptions window = AttentionOptions.DEFAULT.withCausal(true).withWindow(200);
+    // Decode blocks of few rows (keys in the SIMD lanes): 2 heads per kv head x 2 tokens, and one
+    // row of an odd head dim.
+    Tensor qFew = Accuracy.random(rng, 1, 4, 2, 64, 1.5);
+    long[] qpFew = {690, 699};
+    Tensor q1 = Accuracy.random(rng, 1, 3, 1, 100, 1.5);
+    Tensor k1 = Accuracy.random(rng, 1, 3, 333, 100, 1.5);
+    Tensor v1 = Accuracy.random(rng, 1, 3, 333, 100, 1);
     int h = 1;
     for (AttentionState s : new AttentionState[] {
         CpuAttention.DEFAULT.forward(q, k, v, qp, null, capped),
         CpuAttention.DEFAULT.forward(q, k, v, qp, null, window),
         CpuAttention.DEFAULT.decode(q, k, v, qp, null, window, 128).state(),
-        CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, capped, 128, UnifiedMax.of(1f)).state()}) {
+        CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, capped, 128, UnifiedMax.of(1f)).state(),
+        CpuAttention.DEFAULT.decode(qFew, k, v, qpFew, null, window, 128).state(),
+        CpuAttention.DEFAULT.decodeUnifiedMax(qFew, k, v, qpFew, null, capped, 128, UnifiedMax.of(1f)).state(),
+        CpuAttention.DEFAULT.decode(q1, k1, v1, new long[] {400}, null, AttentionOptions.DEFAULT.withCausal(true), 100)
+            .state()}) {
       h = 31 * h + Arrays.hashCode(s.o());
       h = 31 * h + Arrays.hashCode(s.lse());
     }
