@@ -476,13 +476,16 @@ public final class AttentionOp {
 
   private NDList javaForward(NDArray q, NDArray k, NDArray v, Dims d, long[] qPos, long[] kPos,
       AttentionOptions opt, Layout layout) {
-    float[][] scratch = inputCopies();
-    Tensor qt = toTensor(q, layout, scratch, 0), kt = toTensor(k, layout, scratch, 1), vt = toTensor(v, layout, scratch, 2);
-    // Few query rows: the forward kernel would have only B*H*ceil(Tq/blockQ) tasks; split-K also
-    // splits the keys (the same exact attention, splits merged in a fixed order).
-    AttentionState st = d.tq <= SPLIT_K_MAX_QUERY_ROWS
-        ? kernels.decode(qt, kt, vt, qPos, kPos, opt)
-        : kernels.forward(qt, kt, vt, qPos, kPos, opt);
+    AttentionState st;
+    if (d.tq <= SPLIT_K_MAX_QUERY_ROWS) {
+      // Few query rows: the forward kernel would have only B*H*ceil(Tq/blockQ) tasks; split-K also
+      // splits the keys (the same exact attention, splits merged in a fixed order).
+      st = decodeInPlace(toTensor(q, layout), k, v, d, qPos, kPos, opt, layout);
+    } else {
+      float[][] scratch = inputCopies();
+      Tensor qt = toTensor(q, layout, scratch, 0), kt = toTensor(k, layout, scratch, 1), vt = toTensor(v, layout, scratch, 2);
+      st = kernels.forward(qt, kt, vt, qPos, kPos, opt);
+    }
     return stateToNd(q.getManager(), st, d.batch, d.tq, d.heads, d.dim, layout);
   }
 
@@ -501,9 +504,43 @@ public final class AttentionOp {
     Dims d = Dims.of(q, k, v, layout);
     checkPositions(qPos, d.tq, "qPos");
     checkPositions(kPos, d.tk, "kPos");
-    AttentionState st =
-        kernels.decode(toTensor(q, layout), toTensor(k, layout), toTensor(v, layout), qPos, kPos, opt);
+    AttentionState st = decodeInPlace(toTensor(q, layout), k, v, d, qPos, kPos, opt, layout);
     return stateToNd(q.getManager(), st, d.batch, d.tq, d.heads, d.dim, layout);
+  }
+
+  /**
+   * Split-K decoding with k and v read where they are: a float32 BHTD array's own memory, viewed in
+   * place (the kernel copies a key tile at a time); other dtypes or BTHD through one libtorch
+   * conversion or transpose into native memory first. The float[] copies of a long KV cache this
+   * replaces cost more than the kernel (docs/BENCHMARKS.md, "Decode with the keys in the lanes").
+   */
+  private AttentionState decodeInPlace(Tensor qt, NDArray k, NDArray v, Dims d, long[] qPos, long[] kPos,
+      AttentionOptions opt, Layout layout) {
+    try (NDManager scope = k.getManager().newSubManager()) {
+      return kernels.decode(qt, nativeFloats(k, layout, scope), nativeFloats(v, layout, scope), d.kvHeads, d.tk, qPos,
+          kPos, opt, CpuAttention.DEFAULT_SPLIT_LEN).state();
+    }
+  }
+
+  /**
+   * a as float32 [B, H, T, D] row-major in native memory, valid while {@code scope} is open: a view of
+   * a's memory when a is already that (its flat reshape is a view), else a converted, transposed or
+   * contiguous copy made by libtorch and put in scope. a itself stays with its manager (another
+   * thread may be reading it).
+   */
+  private static FloatBuffer nativeFloats(NDArray a, Layout layout, NDManager scope) {
+    NDArray x = a;
+    if (x.getDataType() != DataType.FLOAT32) {
+      x = x.toType(DataType.FLOAT32, false);
+      x.attach(scope);
+    }
+    if (layout == Layout.BTHD) {
+      x = x.transpose(0, 2, 1, 3);
+      x.attach(scope);
+    }
+    NDArray flat = x.reshape(-1);
+    flat.attach(scope);
+    return flat.toByteBuffer(true).order(ByteOrder.nativeOrder()).asFloatBuffer();
   }
 
   /**
@@ -556,8 +593,7 @@ public final class AttentionOp {
       for (int j = 0; j < kPos.length; j++) {
         kPos[j] = start + j;
       }
-      states.add(kernels.decode(qt, toTensor(kChunks.get(i), layout), toTensor(vChunks.get(i), layout), qPos, kPos,
-          opt));
+      states.add(decodeInPlace(qt, kChunks.get(i), vChunks.get(i), d, qPos, kPos, opt, layout));
     }
     return stateToNd(q.getManager(), AttentionState.mergeAll(states), first.batch, first.tq, first.heads, first.dim,
         layout);

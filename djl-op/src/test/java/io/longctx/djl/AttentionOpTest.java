@@ -245,6 +245,10 @@ class AttentionOpTest {
         float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), layout);
         String err = OpChecks.check(st[0], st[1], q, k, v, qPos, null, opt);
         assertNull(err, "decode " + layout + ", seed " + seed + ": " + err);
+        // K and V read in place (BHTD) or from libtorch's transpose (BTHD): the kernel's bits on float[] copies.
+        AttentionState want = CpuAttention.DEFAULT.decode(q, k, v, qPos, null, opt);
+        assertTrue(java.util.Arrays.equals(want.o(), st[0]) && java.util.Arrays.equals(want.lse(), st[1]),
+            "decode " + layout + ", seed " + seed + ": not the kernel's bits");
         // Chunks of 1000, 5000, 3000 keys, laid end to end.
         int tAxis = layout == Layout.BHTD ? 2 : 1;
         List<NDArray> kc = new ArrayList<>(), vc = new ArrayList<>();
@@ -258,6 +262,38 @@ class AttentionOpTest {
         float[][] sc = OpChecks.stateOrder(rc.get(0), rc.get(1), layout);
         err = OpChecks.check(sc[0], sc[1], q, k, v, qPos, null, opt);
         assertNull(err, "chunked decode " + layout + ", seed " + seed + ": " + err);
+      }
+    }
+  }
+
+  /** Decode converts float16 K/V (here BTHD) through libtorch before reading them; an empty cache gives empty rows. */
+  @Test
+  void decodeOfHalfPrecisionAndEmptyCaches() {
+    long seed = OpChecks.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    Tensor q = OpChecks.random(rng, 1, 4, 1, 32, 1), k = OpChecks.random(rng, 1, 2, 50, 32, 1);
+    Tensor v = OpChecks.random(rng, 1, 2, 50, 32, 1);
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+    long[] qPos = {49};
+    try (NDManager m = manager.newSubManager()) {
+      NDArray kh = OpChecks.nd(m, k, Layout.BTHD).toType(DataType.FLOAT16, false);
+      NDArray vh = OpChecks.nd(m, v, Layout.BTHD).toType(DataType.FLOAT16, false);
+      Tensor k16 = new Tensor(kh.transpose(0, 2, 1, 3).toType(DataType.FLOAT32, false).toFloatArray(), 1, 2, 50, 32);
+      Tensor v16 = new Tensor(vh.transpose(0, 2, 1, 3).toType(DataType.FLOAT32, false).toFloatArray(), 1, 2, 50, 32);
+      NDList r = OP.decode(OpChecks.nd(m, q, Layout.BTHD), kh, vh, qPos, null, opt, Layout.BTHD);
+      float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), Layout.BTHD);
+      AttentionState want = CpuAttention.DEFAULT.decode(q, k16, v16, qPos, null, opt);
+      assertTrue(java.util.Arrays.equals(want.o(), st[0]) && java.util.Arrays.equals(want.lse(), st[1]),
+          "seed " + seed + ": float16 K/V are not the kernel's bits on their float32 values");
+
+      NDArray empty = m.zeros(new Shape(1, 2, 0, 32));
+      NDList e = OP.decode(OpChecks.nd(m, q, Layout.BHTD), empty, empty, qPos, null, opt, Layout.BHTD);
+      float[][] es = OpChecks.stateOrder(e.get(0), e.get(1), Layout.BHTD);
+      for (float x : es[0]) {
+        assertEquals(0f, x);
+      }
+      for (float x : es[1]) {
+        assertEquals(Float.NEGATIVE_INFINITY, x);
       }
     }
   }

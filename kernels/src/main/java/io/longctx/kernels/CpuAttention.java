@@ -329,6 +329,33 @@ public final class CpuAttention implements AttentionBackend {
   }
 
   /**
+   * Split-K decoding ({@link #decode(Tensor, Tensor, Tensor, long[], long[], AttentionOptions, int)})
+   * with the keys and values read in place from buffers, e.g. a DJL array's native memory: k and v
+   * hold [q.batch, kvHeads, tk, q.dim] row-major, indices from 0 to their limit. Blocks of few rows
+   * (the keys-in-lanes worker) copy one key tile at a time, so a long KV cache is read once and never
+   * copied whole; larger blocks run on a float[] copy of k and v. The same bits as the Tensor form.
+   */
+  public DecodeResult decode(Tensor q, java.nio.FloatBuffer k, java.nio.FloatBuffer v, int kvHeads, int tk,
+      long[] qPos, long[] kPos, AttentionOptions opt, int splitLen) {
+    Problem p = new Problem(q, k, v, kvHeads, tk, qPos, kPos, opt);
+    if (p.group * p.tq > keyLaneRows) {
+      p = new Problem(q, copyOf(k, p), copyOf(v, p), qPos, kPos, opt);
+    }
+    return splitK(p, splitLen, null);
+  }
+
+  /** Keys or values of p from a buffer into a Tensor, copied in pieces on the kernels' threads. */
+  private static Tensor copyOf(java.nio.FloatBuffer src, Problem p) {
+    float[] a = new float[src.limit()];
+    int pieces = Math.max(1, Math.min(4 * POOL.getParallelism(), a.length >> 18)); // pieces of 1 MiB or more
+    parallelFor(pieces, i -> {
+      int from = (int) ((long) a.length * i / pieces), to = (int) ((long) a.length * (i + 1) / pieces);
+      src.get(from, a, from, to - from);
+    });
+    return new Tensor(a, p.batch, p.kvHeads, p.tk, p.dim);
+  }
+
+  /**
    * Split-K decoding with the FlashDecoding++ unified maximum: partials use {@code um.phi()}
    * instead of a running max; a (row, split) whose logits leave the bounds is recomputed with the
    * synchronized method, and {@link DecodeResult#recomputedRows()} counts them.
@@ -347,6 +374,9 @@ public final class CpuAttention implements AttentionBackend {
     // Rows of one (batch, kv head): the query heads of its group times the query tokens.
     int groupRows = p.group * p.tq;
     boolean keyLanes = groupRows <= keyLaneRows;
+    if (p.kBuf != null && !keyLanes) { // the buffer form of decode copies such calls first
+      throw new IllegalStateException("keys in buffers reach only the keys-in-lanes worker");
+    }
     int bq = keyLanes ? groupRows : groupRows <= TileMath.GROUP ? TileMath.GROUP : blockQ;
     int rowBlocks = Math.max(1, (groupRows + bq - 1) / bq);
     List<float[]> partO = new ArrayList<>(splits);
@@ -458,9 +488,13 @@ public final class CpuAttention implements AttentionBackend {
     return (int) Math.max(1, Math.min(n, qBlocks));
   }
 
-  /** A validated call: shapes, positions, options and the derived sizes. */
+  /**
+   * A validated call: shapes, positions, options and the derived sizes. Keys and values are Tensors,
+   * or (split-K decoding with keys in the lanes only) buffers of the same layout read in place.
+   */
   static final class Problem {
-    final Tensor q, k, v;
+    final Tensor q, k, v; // k and v null when read from kBuf and vBuf
+    final java.nio.FloatBuffer kBuf, vBuf; // null when k and v are Tensors
     final long[] qPos, kPos;
     final AttentionOptions opt;
     final int batch, heads, kvHeads, group, tq, tk, dim, rows;
@@ -468,22 +502,45 @@ public final class CpuAttention implements AttentionBackend {
     final float softcap;
 
     Problem(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
-      java.util.Objects.requireNonNull(q, "q");
-      java.util.Objects.requireNonNull(k, "k");
-      java.util.Objects.requireNonNull(v, "v");
-      java.util.Objects.requireNonNull(opt, "opt");
+      this(q, java.util.Objects.requireNonNull(k, "k"), java.util.Objects.requireNonNull(v, "v"), null, null,
+          k.batch(), k.heads(), k.tokens(), k.dim(), qPos, kPos, opt);
       if (k.batch() != v.batch() || k.heads() != v.heads() || k.tokens() != v.tokens() || k.dim() != v.dim()) {
         throw new IllegalArgumentException("k and v must have the same shape, got k " + k.shape() + " and v " + v.shape());
       }
-      if (q.batch() != k.batch()) {
-        throw new IllegalArgumentException("q and k must have the same batch, got q " + q.shape() + " and k " + k.shape());
+    }
+
+    /** Keys and values [q.batch, kvHeads, tk, q.dim], row-major, in place in buffers (indices from 0). */
+    Problem(Tensor q, java.nio.FloatBuffer k, java.nio.FloatBuffer v, int kvHeads, int tk, long[] qPos, long[] kPos,
+        AttentionOptions opt) {
+      this(q, null, null, java.util.Objects.requireNonNull(k, "k"), java.util.Objects.requireNonNull(v, "v"),
+          java.util.Objects.requireNonNull(q, "q").batch(), kvHeads, tk, q.dim(), qPos, kPos, opt);
+      long need = (long) batch * kvHeads * tk * dim;
+      if (k.limit() != need || v.limit() != need) {
+        throw new IllegalArgumentException("k and v of shape [" + batch + ", " + kvHeads + ", " + tk + ", " + dim
+            + "] need " + need + " floats each, got buffers of " + k.limit() + " and " + v.limit());
       }
-      if (q.dim() != k.dim()) {
-        throw new IllegalArgumentException("q and k must have the same head dim, got q " + q.shape() + " and k " + k.shape());
+      if (softcap > 0) { // as for Tensors (see below)
+        Tensor.requireFinite("k", k, batch, kvHeads, tk, dim);
       }
-      if (q.heads() % k.heads() != 0) {
+    }
+
+    private Problem(Tensor q, Tensor k, Tensor v, java.nio.FloatBuffer kBuf, java.nio.FloatBuffer vBuf, int kBatch,
+        int kHeads, int kTokens, int kDim, long[] qPos, long[] kPos, AttentionOptions opt) {
+      java.util.Objects.requireNonNull(q, "q");
+      java.util.Objects.requireNonNull(opt, "opt");
+      String kShape = "[" + kBatch + ", " + kHeads + ", " + kTokens + ", " + kDim + "]";
+      if (kBatch < 1 || kHeads < 1 || kTokens < 0) {
+        throw new IllegalArgumentException("k must have batch >= 1, heads >= 1, tokens >= 0, got " + kShape);
+      }
+      if (q.batch() != kBatch) {
+        throw new IllegalArgumentException("q and k must have the same batch, got q " + q.shape() + " and k " + kShape);
+      }
+      if (q.dim() != kDim) {
+        throw new IllegalArgumentException("q and k must have the same head dim, got q " + q.shape() + " and k " + kShape);
+      }
+      if (q.heads() % kHeads != 0) {
         throw new IllegalArgumentException("query heads (" + q.heads() + ") must be a multiple of kv heads ("
-            + k.heads() + "), got q " + q.shape() + " and k " + k.shape());
+            + kHeads + "), got q " + q.shape() + " and k " + kShape);
       }
       if (q.dim() > MAX_DIM) {
         throw new IllegalArgumentException("unsupported head dim " + q.dim() + ": the CPU kernels support 1.." + MAX_DIM);
@@ -491,31 +548,43 @@ public final class CpuAttention implements AttentionBackend {
       if (qPos != null && qPos.length != q.tokens()) {
         throw new IllegalArgumentException("qPos has " + qPos.length + " positions for " + q.tokens() + " query tokens");
       }
-      if (kPos != null && kPos.length != k.tokens()) {
-        throw new IllegalArgumentException("kPos has " + kPos.length + " positions for " + k.tokens() + " key tokens");
+      if (kPos != null && kPos.length != kTokens) {
+        throw new IllegalArgumentException("kPos has " + kPos.length + " positions for " + kTokens + " key tokens");
       }
       this.q = q;
       this.k = k;
       this.v = v;
+      this.kBuf = kBuf;
+      this.vBuf = vBuf;
       this.opt = opt;
       this.qPos = qPos != null ? qPos : ReferenceAttention.iota(q.tokens());
-      this.kPos = kPos != null ? kPos : ReferenceAttention.iota(k.tokens());
+      this.kPos = kPos != null ? kPos : ReferenceAttention.iota(kTokens);
       this.batch = q.batch();
       this.heads = q.heads();
-      this.kvHeads = k.heads();
+      this.kvHeads = kHeads;
       this.group = heads / kvHeads;
       this.tq = q.tokens();
-      this.tk = k.tokens();
+      this.tk = kTokens;
       this.dim = q.dim();
       this.rows = Math.multiplyExact(batch, tq);
       Math.multiplyExact(Math.multiplyExact(rows, heads), dim);
+      Math.multiplyExact(Math.multiplyExact(Math.multiplyExact(batch, kvHeads), tk), dim);
       // The scale (divided by the softcap when capping) multiplies each finished q.k (TileWorker).
       this.softcap = opt.softcap();
       this.qScale = opt.scoreScale(dim);
       if (softcap > 0) { // a capped infinite q.k is a finite score: an Infinity in q or k would pass unseen
         q.requireFinite("q");
-        k.requireFinite("k");
+        if (k != null) {
+          k.requireFinite("k");
+        }
       }
+    }
+
+    /** Offset of key (or value) row 0 of kv head kvh of batch entry b. */
+    int kvOffset(int b, int kvh) {
+      java.util.Objects.checkIndex(b, batch);
+      java.util.Objects.checkIndex(kvh, kvHeads);
+      return (b * kvHeads + kvh) * tk * dim;
     }
   }
 

@@ -54,11 +54,17 @@ public record Tensor(float[] data, int batch, int heads, int tokens, int dim) {
    * since under a cap the GPU kernels only report a NaN row.
    */
   public void requireFinite(String name) {
-    for (int i = 0; i < data.length; i++) {
-      if (!Float.isFinite(data[i])) {
+    requireFinite(name, java.nio.FloatBuffer.wrap(data), batch, heads, tokens, dim);
+  }
+
+  /** {@link #requireFinite(String)} for a tensor of this layout held in a buffer (indices from 0). */
+  static void requireFinite(String name, java.nio.FloatBuffer data, int batch, int heads, int tokens, int dim) {
+    for (int i = 0, n = data.limit(); i < n; i++) {
+      float x = data.get(i);
+      if (!Float.isFinite(x)) {
         int d = i % dim, rest = i / dim, t = rest % tokens, bh = rest / tokens;
-        throw new IllegalArgumentException(name + " " + shape() + " holds " + data[i] + " at (batch " + bh / heads
-            + ", head " + bh % heads + ", token " + t + ", dim " + d + "): attention inputs must be finite");
+        throw new IllegalArgumentException(name + " " + shape(batch, heads, tokens, dim) + " holds " + x + " at (batch "
+            + bh / heads + ", head " + bh % heads + ", token " + t + ", dim " + d + "): attention inputs must be finite");
       }
     }
   }
