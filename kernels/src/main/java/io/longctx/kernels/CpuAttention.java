@@ -206,8 +206,8 @@ public final class CpuAttention implements AttentionBackend {
    * @param blockK keys per tile
    * @param maxBlocksPerSweep see {@link #CpuAttention(int, int, int)}
    * @param keyLaneRows split-K decoding runs a kv head's rows (its query heads times the query tokens)
-   *     with the keys in the SIMD lanes when there are at most this many (0: never); the same bits
-   *     either way
+   *     with the keys in the SIMD lanes when there are at most this many and at most blockQ (0:
+   *     never); the same bits either way
    */
   public CpuAttention(int blockQ, int blockK, int maxBlocksPerSweep, int keyLaneRows) {
     VectorSupport.require();
@@ -338,7 +338,8 @@ public final class CpuAttention implements AttentionBackend {
   public DecodeResult decode(Tensor q, java.nio.FloatBuffer k, java.nio.FloatBuffer v, int kvHeads, int tk,
       long[] qPos, long[] kPos, AttentionOptions opt, int splitLen) {
     Problem p = new Problem(q, k, v, kvHeads, tk, qPos, kPos, opt);
-    if (p.group * p.tq > keyLaneRows) {
+    int groupRows = p.group * p.tq;
+    if (groupRows == 0 || groupRows > Math.min(keyLaneRows, blockQ)) { // the rule of splitK
       p = new Problem(q, copyOf(k, p), copyOf(v, p), qPos, kPos, opt);
     }
     return splitK(p, splitLen, null);
@@ -373,7 +374,9 @@ public final class CpuAttention implements AttentionBackend {
     int splits = p.tk == 0 ? 1 : (p.tk - 1) / splitLen + 1; // not tk + splitLen - 1: that can overflow int
     // Rows of one (batch, kv head): the query heads of its group times the query tokens.
     int groupRows = p.group * p.tq;
-    boolean keyLanes = groupRows <= keyLaneRows;
+    // At most blockQ rows, so that a kv head's rows form one block whichever worker runs them, as
+    // they do in TileWorker below (which tiles a block skips depends on the block's rows).
+    boolean keyLanes = groupRows > 0 && groupRows <= Math.min(keyLaneRows, blockQ);
     if (p.kBuf != null && !keyLanes) { // the buffer form of decode copies such calls first
       throw new IllegalStateException("keys in buffers reach only the keys-in-lanes worker");
     }
@@ -502,18 +505,26 @@ public final class CpuAttention implements AttentionBackend {
     final float softcap;
 
     Problem(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
-      this(q, java.util.Objects.requireNonNull(k, "k"), java.util.Objects.requireNonNull(v, "v"), null, null,
-          k.batch(), k.heads(), k.tokens(), k.dim(), qPos, kPos, opt);
+      this(sameKv(q, k, v, opt), k, v, null, null, k.batch(), k.heads(), k.tokens(), k.dim(), qPos, kPos, opt);
+    }
+
+    /** The first checks, in their order of old (non-null inputs, then k and v alike); returns q. */
+    private static Tensor sameKv(Tensor q, Tensor k, Tensor v, AttentionOptions opt) {
+      java.util.Objects.requireNonNull(q, "q");
+      java.util.Objects.requireNonNull(k, "k");
+      java.util.Objects.requireNonNull(v, "v");
+      java.util.Objects.requireNonNull(opt, "opt");
       if (k.batch() != v.batch() || k.heads() != v.heads() || k.tokens() != v.tokens() || k.dim() != v.dim()) {
         throw new IllegalArgumentException("k and v must have the same shape, got k " + k.shape() + " and v " + v.shape());
       }
+      return q;
     }
 
     /** Keys and values [q.batch, kvHeads, tk, q.dim], row-major, in place in buffers (indices from 0). */
     Problem(Tensor q, java.nio.FloatBuffer k, java.nio.FloatBuffer v, int kvHeads, int tk, long[] qPos, long[] kPos,
         AttentionOptions opt) {
-      this(q, null, null, java.util.Objects.requireNonNull(k, "k"), java.util.Objects.requireNonNull(v, "v"),
-          java.util.Objects.requireNonNull(q, "q").batch(), kvHeads, tk, q.dim(), qPos, kPos, opt);
+      this(java.util.Objects.requireNonNull(q, "q"), null, null, java.util.Objects.requireNonNull(k, "k"),
+          java.util.Objects.requireNonNull(v, "v"), q.batch(), kvHeads, tk, q.dim(), qPos, kPos, opt);
       long need = (long) batch * kvHeads * tk * dim;
       if (k.limit() != need || v.limit() != need) {
         throw new IllegalArgumentException("k and v of shape [" + batch + ", " + kvHeads + ", " + tk + ", " + dim

@@ -345,7 +345,9 @@ final class TileWorker implements BlockWorker {
       mNew.intoArray(max, c);
     }
     for (int i = 0; i < lanes; i++) {
-      if (Float.isNaN(tileSum[i])) {
+      // Rows only: an unused lane (q = 0) scores a NaN or infinite key as NaN, and that key may be
+      // one every row masks; whether a block has unused lanes must not decide whether it is refused.
+      if (i < rows && Float.isNaN(tileSum[i])) {
         throw nonFinite(p, n, jt);
       }
       float a = (float) StrictMath.exp((double) alpha[i] - shift[i]);

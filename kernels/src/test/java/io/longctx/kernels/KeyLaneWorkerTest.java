@@ -4,6 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 
+import java.util.List;
 import java.util.SplittableRandom;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.function.Executable;
@@ -141,6 +142,43 @@ class KeyLaneWorkerTest {
     vInf.data()[vInf.offset(0, 1, 200) + 19] = Float.POSITIVE_INFINITY;
     sameError(() -> ROWS_IN_LANES.decode(q, k, vInf, qp, null, causal, 64),
         () -> KEYS_IN_LANES.decode(q, k, vInf, qp, null, causal, 64), seed);
+  }
+
+  /**
+   * A NaN or infinite key that every query masks (junk past the end of a preallocated cache) is not
+   * read: both workers return the same state. (TileWorker refused it when its block had unused lanes,
+   * whose q = 0 scored the key as NaN, and accepted it in a full block.)
+   */
+  @Test
+  void aNonFiniteKeyThatEveryQueryMasksIsNotRead() {
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    Tensor q = Accuracy.random(rng, 1, 4, 1, 16, 1);
+    Tensor k = Accuracy.random(rng, 1, 2, 100, 16, 1);
+    Tensor v = Accuracy.random(rng, 1, 2, 100, 16, 1);
+    long[] qp = {60};
+    AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
+    for (float junk : new float[] {Float.NaN, Float.POSITIVE_INFINITY}) {
+      Tensor kj = new Tensor(k.data().clone(), 1, 2, 100, 16);
+      kj.data()[kj.offset(0, 0, 70) + 3] = junk;
+      CpuAttention.DecodeResult want = ROWS_IN_LANES.decode(q, kj, v, qp, null, causal, 64);
+      same(want, KEYS_IN_LANES.decode(q, kj, v, qp, null, causal, 64), "junk " + junk + ", seed " + seed);
+      same(want, CpuAttention.DEFAULT.decode(q, k, v, qp, null, causal, 64), "junk " + junk + " against clean k");
+      UnifiedMax um = UnifiedMax.of(0f);
+      same(ROWS_IN_LANES.decodeUnifiedMax(q, kj, v, qp, null, causal, 64, um),
+          KEYS_IN_LANES.decodeUnifiedMax(q, kj, v, qp, null, causal, 64, um), "junk " + junk + ", unified max");
+    }
+  }
+
+  @Test
+  void noQueryTokensGiveAnEmptyState() {
+    Tensor q = Tensor.zeros(1, 4, 0, 16);
+    Tensor k = Tensor.zeros(1, 2, 30, 16);
+    for (CpuAttention.DecodeResult r : List.of(KEYS_IN_LANES.decode(q, k, k, null, null, AttentionOptions.DEFAULT, 8),
+        CpuAttention.DEFAULT.decode(q, direct(k), direct(k), 2, 30, null, null, AttentionOptions.DEFAULT, 8))) {
+      assertEquals(0, r.state().o().length);
+      assertEquals(0, r.state().lse().length);
+    }
   }
 
   private static void sameError(Executable want, Executable got, long seed) {
