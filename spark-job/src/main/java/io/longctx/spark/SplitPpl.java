@@ -151,7 +151,8 @@ final class SplitPpl {
   /**
    * Runs the layers over the long documents of {@code docs} (every element is one), one Spark job
    * per layer, checkpointing into {@code checkpointDir}, which this creates and the caller deletes.
-   * Sets the SparkContext's checkpoint directory (Spark has one per context).
+   * Sets the SparkContext's checkpoint directory (Spark has one per context) as it marks each layer,
+   * and leaves it set there.
    */
   static Result score(SparkSession spark, JavaRDD<Doc> docs, List<long[]> lengths, Map<Long, String> docIds,
       String model, LlamaConfig cfg, int chunkLen, int partitions, Balance balance, Path checkpointDir,
@@ -163,7 +164,6 @@ final class SplitPpl {
     if (!fs.mkdirs(checkpointDir)) {
       throw new IOException("cannot create the checkpoint directory " + checkpointDir);
     }
-    spark.sparkContext().setCheckpointDir(checkpointDir.toString());
     CollectionAccumulator<double[]> taskSeconds = spark.sparkContext().collectionAccumulator("longctx ppl layer tasks");
     ShuffleBytes shuffle = new ShuffleBytes();
     long t0 = System.nanoTime();
@@ -184,7 +184,7 @@ final class SplitPpl {
         // Persisted so that writing the checkpoint reads the layer instead of computing it again; on
         // disk, streamed: a task never holds its partition's rows in memory (a 2 GiB heap is enough).
         next.persist(StorageLevel.DISK_ONLY());
-        next.checkpoint();
+        markForCheckpoint(spark, next, checkpointDir);
         next.count();
         hidden.unpersist(false);
         deleteCheckpoint(fs, hidden); // the layer before: no longer needed for recovery
@@ -220,6 +220,26 @@ final class SplitPpl {
     }
     return new Result(scored, new Stats(plan.documents, plan.tokens, plan.chunks, cfg.layers, plan.numPartitions(),
         shuffle.bytes(), secs, plan.spread()), hidden);
+  }
+
+  /**
+   * Held while setting the context's checkpoint directory and marking an RDD ({@link #markForCheckpoint});
+   * package-private for the test that sets the directory from another thread as a second run would.
+   */
+  static final Object CHECKPOINT_DIR = new Object();
+
+  /**
+   * Marks rdd for checkpointing into dir. Spark keeps one checkpoint directory per context and an RDD
+   * takes it when marked, so the two happen under one lock: two runs in one context (two threads of
+   * one application) each checkpoint into their own directory. With the directory set once per run,
+   * the second run's setting took the first run's later layers into the second's directory, which
+   * the second deleted when done (and a layer after that was written to a directory no one deleted).
+   */
+  private static void markForCheckpoint(SparkSession spark, JavaPairRDD<?, ?> rdd, Path dir) {
+    synchronized (CHECKPOINT_DIR) {
+      spark.sparkContext().setCheckpointDir(dir.toString());
+      rdd.checkpoint();
+    }
   }
 
   /** Adds a document's chunk log-probabilities in position order (the one-task path's order). */

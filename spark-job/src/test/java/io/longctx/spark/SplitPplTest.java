@@ -137,6 +137,44 @@ class SplitPplTest {
     }
   }
 
+  /**
+   * Spark keeps one checkpoint directory per context. Another run in the same context (here a thread
+   * setting the directory as a second run would, under the same lock) must not take this run's
+   * layers into its own directory: none may land there, and this run's bits stay the same. Before,
+   * the directory was set once per run and every later setting took the rest of the layers.
+   */
+  @Test
+  void anotherRunSettingTheCheckpointDirectoryTakesNoLayers() throws Exception {
+    Result alone = ppl(causal, "--chunk-len", "16", "--split-above", "0", "--split-partitions", "2");
+    Path foreign = Files.createDirectories(tmp.resolve("foreign-dir"));
+    java.util.concurrent.atomic.AtomicBoolean done = new java.util.concurrent.atomic.AtomicBoolean();
+    Thread other = new Thread(() -> {
+      while (!done.get()) {
+        synchronized (SplitPpl.CHECKPOINT_DIR) {
+          spark.sparkContext().setCheckpointDir(foreign.toString());
+        }
+        try {
+          Thread.sleep(5);
+        } catch (InterruptedException e) {
+          return;
+        }
+      }
+    });
+    other.start();
+    Result beside;
+    try {
+      beside = ppl(causal, "--chunk-len", "16", "--split-above", "0", "--split-partitions", "2");
+    } finally {
+      done.set(true);
+      other.join();
+    }
+    assertSameBits(alone, beside, "causal, with another setter of the checkpoint directory");
+    try (Stream<Path> s = Files.walk(foreign)) {
+      List<Path> taken = s.filter(p -> p.getFileName().toString().startsWith("rdd-")).toList();
+      assertTrue(taken.isEmpty(), "this run's layers were checkpointed into another run's directory: " + taken);
+    }
+  }
+
   @Test
   void planSeesWhatTheWindowAllowsAndBalancesCausalWork() {
     io.longctx.djl.LlamaConfig cfg = configOf(windowed);
