@@ -250,6 +250,9 @@ public final class CpuAttention implements AttentionBackend {
   @Override
   public AttentionState forward(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
     Problem p = new Problem(q, k, v, qPos, kPos, opt);
+    if (keyLanes(p)) {
+      return keyLaneForward(p);
+    }
     // Not poisoned and scanned afterwards, as decode's partials are: TileWorker.finish writes every entry of
     // each row it holds and refuses a non-finite one, and the tasks' rows are counted below. (The poison fill
     // and the scan ran on one thread after the parallel part: 5% of a call at T = 1024, docs/BENCHMARKS.md.)
@@ -291,13 +294,7 @@ public final class CpuAttention implements AttentionBackend {
       }
       TILE_STEPS.add(steps);
     });
-    long total = 0;
-    for (int w : written) {
-      total += w;
-    }
-    if (total != (long) p.rows * p.heads) { // a bug of the task split, never the caller's input
-      throw new IllegalStateException("forward wrote " + total + " (row, head) entries of " + (long) p.rows * p.heads);
-    }
+    requireAllWritten(written, p); // a bug of the task split, never the caller's input
     return AttentionState.ofWritten(o, lse, p.rows, p.heads, p.dim);
   }
 
@@ -314,6 +311,59 @@ public final class CpuAttention implements AttentionBackend {
   /** Split-K decoding with {@link #DEFAULT_SPLIT_LEN}. */
   public AttentionState decode(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
     return decode(q, k, v, qPos, kPos, opt, DEFAULT_SPLIT_LEN).state();
+  }
+
+  /**
+   * Whether a kv head's rows (its query heads times the query tokens) go to the keys-in-lanes worker:
+   * at most {@link #keyLaneRows} and at most blockQ, so that they form one block whichever worker
+   * runs them, as in {@link #splitK} (which tiles a block skips depends on its rows' positions).
+   */
+  private boolean keyLanes(Problem p) {
+    int groupRows = p.group * p.tq;
+    return groupRows > 0 && groupRows <= Math.min(keyLaneRows, blockQ);
+  }
+
+  /**
+   * {@link #forward} for few query tokens (a decode step scored by the Spark job): the keys-in-lanes
+   * worker over all keys, one task per (batch, kv head, slice of its query heads). The bits of the
+   * rows-in-lanes forward: each row sees the same key tiles in the same order, and every slice holds
+   * all the query tokens, so its positions (which decide the tiles it skips) are a query block's.
+   */
+  private AttentionState keyLaneForward(Problem p) {
+    float[] o = new float[p.rows * p.heads * p.dim];
+    float[] lse = new float[p.rows * p.heads];
+    int kvTasks = p.batch * p.kvHeads;
+    int slices = Math.min(p.group, Math.max(1, (4 * POOL.getParallelism() + kvTasks - 1) / kvTasks));
+    int tasks = kvTasks * slices;
+    int[] written = new int[tasks];
+    parallelFor(tasks, task -> {
+      int slice = task % slices, bkv = task / slices, b = bkv / p.kvHeads, kvh = bkv % p.kvHeads;
+      int h0 = kvh * p.group + p.group * slice / slices, h1 = kvh * p.group + p.group * (slice + 1) / slices;
+      KeyLaneWorker w = keyLaneWorker((h1 - h0) * p.tq, p.dim);
+      w.startBlock();
+      for (int h = h0; h < h1; h++) {
+        for (int t = 0; t < p.tq; t++) {
+          w.addRow(p, b, h, t);
+        }
+      }
+      w.run(p, b, kvh, 0, p.tk, null);
+      w.finish(p, o, lse);
+      written[task] = w.rows();
+      TILE_STEPS.add(w.takeSteps());
+    });
+    requireAllWritten(written, p);
+    return AttentionState.ofWritten(o, lse, p.rows, p.heads, p.dim);
+  }
+
+  /** The forward tasks' written (row, head) entries add up to all of them: a bug of the task split otherwise. */
+  private static void requireAllWritten(int[] written, Problem p) {
+    long total = 0;
+    for (int w : written) {
+      total += w;
+    }
+    if (total != (long) p.rows * p.heads) {
+      throw new IllegalStateException("forward wrote " + total + " (row, head) entries of " + (long) p.rows * p.heads);
+    }
   }
 
   /**
@@ -338,8 +388,7 @@ public final class CpuAttention implements AttentionBackend {
   public DecodeResult decode(Tensor q, java.nio.FloatBuffer k, java.nio.FloatBuffer v, int kvHeads, int tk,
       long[] qPos, long[] kPos, AttentionOptions opt, int splitLen) {
     Problem p = new Problem(q, k, v, kvHeads, tk, qPos, kPos, opt);
-    int groupRows = p.group * p.tq;
-    if (groupRows == 0 || groupRows > Math.min(keyLaneRows, blockQ)) { // the rule of splitK
+    if (!keyLanes(p)) {
       p = new Problem(q, copyOf(k, p), copyOf(v, p), qPos, kPos, opt);
     }
     return splitK(p, splitLen, null);
@@ -374,9 +423,7 @@ public final class CpuAttention implements AttentionBackend {
     int splits = p.tk == 0 ? 1 : (p.tk - 1) / splitLen + 1; // not tk + splitLen - 1: that can overflow int
     // Rows of one (batch, kv head): the query heads of its group times the query tokens.
     int groupRows = p.group * p.tq;
-    // At most blockQ rows, so that a kv head's rows form one block whichever worker runs them, as
-    // they do in TileWorker below (which tiles a block skips depends on the block's rows).
-    boolean keyLanes = groupRows > 0 && groupRows <= Math.min(keyLaneRows, blockQ);
+    boolean keyLanes = keyLanes(p);
     if (p.kBuf != null && !keyLanes) { // the buffer form of decode copies such calls first
       throw new IllegalStateException("keys in buffers reach only the keys-in-lanes worker");
     }

@@ -93,6 +93,11 @@ final class KeyLaneWorker implements BlockWorker {
     Arrays.fill(flags, false);
   }
 
+  /** Rows in the block. */
+  int rows() {
+    return rows;
+  }
+
   @Override
   public boolean flagged(int row) {
     return flags[row];
@@ -531,6 +536,16 @@ final class KeyLaneWorker implements BlockWorker {
 
   @Override
   public int finish(CpuAttention.Problem p, float[] out, double[] lse, UnifiedMax um) {
+    return finish(p, out, null, lse, um);
+  }
+
+  /** The same with lse rounded to float32 (a forward's rows: no unified max). */
+  void finish(CpuAttention.Problem p, float[] out, float[] lse) {
+    finish(p, out, lse, null, null);
+  }
+
+  /** Writes lse to {@code lse32} rounded, or to {@code lse64} as computed (exactly one is non-null). */
+  private int finish(CpuAttention.Problem p, float[] out, float[] lse32, double[] lse64, UnifiedMax um) {
     int d = p.dim;
     int flaggedRows = 0;
     rows:
@@ -544,7 +559,11 @@ final class KeyLaneWorker implements BlockWorker {
       int at = rowOut[r] * d;
       float l = sum[r];
       if (l == 0f) {
-        lse[rowOut[r]] = Double.NEGATIVE_INFINITY;
+        if (lse64 != null) {
+          lse64[rowOut[r]] = Double.NEGATIVE_INFINITY;
+        } else {
+          lse32[rowOut[r]] = Float.NEGATIVE_INFINITY;
+        }
         Arrays.fill(out, at, at + d, 0f);
         continue;
       }
@@ -561,7 +580,7 @@ final class KeyLaneWorker implements BlockWorker {
         }
         out[at + c] = x;
       }
-      TileWorker.writeLse(p, rowOut[r], max[r] + StrictMath.log(l), null, lse); // StrictMath: same bits on every JVM
+      TileWorker.writeLse(p, rowOut[r], max[r] + StrictMath.log(l), lse32, lse64); // StrictMath: same bits on every JVM
     }
     return flaggedRows;
   }

@@ -21,8 +21,8 @@ public final class KernelBitsMain {
     }
     AttentionOptions capped = AttentionOptions.DEFAULT.withCausal(true).withSoftcap(3f);
     AttentionOptions window = AttentionOptions.DEFAULT.withCausal(true).withWindow(200);
-    // Decode blocks of few rows (keys in the SIMD lanes): 2 heads per kv head x 2 tokens, and one
-    // row of an odd head dim.
+    // Decode blocks and a forward of few rows (keys in the SIMD lanes): 2 heads per kv head x 2
+    // tokens, and one row of an odd head dim.
     Tensor qFew = Accuracy.random(rng, 1, 4, 2, 64, 1.5);
     long[] qpFew = {690, 699};
     Tensor q1 = Accuracy.random(rng, 1, 3, 1, 100, 1.5);
@@ -37,7 +37,8 @@ public final class KernelBitsMain {
         CpuAttention.DEFAULT.decode(qFew, k, v, qpFew, null, window, 128).state(),
         CpuAttention.DEFAULT.decodeUnifiedMax(qFew, k, v, qpFew, null, capped, 128, UnifiedMax.of(1f)).state(),
         CpuAttention.DEFAULT.decode(q1, k1, v1, new long[] {400}, null, AttentionOptions.DEFAULT.withCausal(true), 100)
-            .state()}) {
+            .state(),
+        CpuAttention.DEFAULT.forward(qFew, k, v, qpFew, null, capped)}) {
       h = 31 * h + Arrays.hashCode(s.o());
       h = 31 * h + Arrays.hashCode(s.lse());
     }

@@ -10,9 +10,9 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.function.Executable;
 
 /**
- * Split-K decoding with the keys in the SIMD lanes ({@link KeyLaneWorker}) gives the bits of the
- * query-rows-in-lanes worker ({@link TileWorker}), row for row, on random awkward shapes and every
- * option, and fails on bad input with the same message.
+ * Split-K decoding and the forward of few query tokens with the keys in the SIMD lanes
+ * ({@link KeyLaneWorker}) give the bits of the query-rows-in-lanes worker ({@link TileWorker}), row
+ * for row, on random awkward shapes and every option, and fail on bad input with the same message.
  */
 class KeyLaneWorkerTest {
 
@@ -53,6 +53,9 @@ class KeyLaneWorkerTest {
       String where = "seed " + seed + ", round " + round + ": B " + batch + " heads " + kvHeads * group + "/" + kvHeads
           + " Tq " + tq + " Tk " + tk + " D " + dim + " split " + split + " " + opt;
       same(ROWS_IN_LANES.decode(q, k, v, qp, kp, opt, split), KEYS_IN_LANES.decode(q, k, v, qp, kp, opt, split), where);
+      AttentionState fw = ROWS_IN_LANES.forward(q, k, v, qp, kp, opt), fk = KEYS_IN_LANES.forward(q, k, v, qp, kp, opt);
+      assertArrayEquals(fw.o(), fk.o(), "forward, " + where);
+      assertArrayEquals(fw.lse(), fk.lse(), "forward, " + where);
       // A unified max that some rows leave (recomputed) and others keep.
       UnifiedMax um = UnifiedMax.of((float) rng.nextDouble(-2, 6));
       same(ROWS_IN_LANES.decodeUnifiedMax(q, k, v, qp, kp, opt, split, um),
