@@ -279,11 +279,13 @@ public final class CpuAttention implements AttentionBackend {
       }
       // Key tile outermost: a tile is read from memory once and swept by every block of the task
       // while it sits in cache (one block sweeping all keys streamed K/V from memory at long T).
+      KvTile kv = new KvTile();
       for (int jt = 0; jt < p.tk; jt += blockK) {
         int n = Math.min(blockK, p.tk - jt);
         long[] kRange = TileWorker.keyRange(p.opt, p.kPos, jt, jt + n);
+        kv.load(p, b, kvh, jt, n);
         for (int i = 0; i < qb1 - qb0; i++) {
-          ws[i].tile(p, b, kvh, jt, n, kRange, null);
+          ws[i].tile(p, kv, jt, n, kRange, null);
         }
       }
       int steps = 0;
@@ -381,28 +383,13 @@ public final class CpuAttention implements AttentionBackend {
   /**
    * Split-K decoding ({@link #decode(Tensor, Tensor, Tensor, long[], long[], AttentionOptions, int)})
    * with the keys and values read in place from buffers, e.g. a DJL array's native memory: k and v
-   * hold [q.batch, kvHeads, tk, q.dim] row-major, indices from 0 to their limit. Blocks of few rows
-   * (the keys-in-lanes worker) copy one key tile at a time, so a long KV cache is read once and never
-   * copied whole; larger blocks run on a float[] copy of k and v. The same bits as the Tensor form.
+   * hold [q.batch, kvHeads, tk, q.dim] row-major, indices from 0 to their limit. Each key tile is
+   * copied into arrays of the worker's thread as it is reached ({@link KvTile}), so a long KV cache
+   * is read once and never copied whole. The same bits as the Tensor form.
    */
   public DecodeResult decode(Tensor q, java.nio.FloatBuffer k, java.nio.FloatBuffer v, int kvHeads, int tk,
       long[] qPos, long[] kPos, AttentionOptions opt, int splitLen) {
-    Problem p = new Problem(q, k, v, kvHeads, tk, qPos, kPos, opt);
-    if (!keyLanes(p)) {
-      p = new Problem(q, copyOf(k, p), copyOf(v, p), qPos, kPos, opt);
-    }
-    return splitK(p, splitLen, null);
-  }
-
-  /** Keys or values of p from a buffer into a Tensor, copied in pieces on the kernels' threads. */
-  private static Tensor copyOf(java.nio.FloatBuffer src, Problem p) {
-    float[] a = new float[src.limit()];
-    int pieces = Math.max(1, Math.min(4 * POOL.getParallelism(), a.length >> 18)); // pieces of 1 MiB or more
-    parallelFor(pieces, i -> {
-      int from = (int) ((long) a.length * i / pieces), to = (int) ((long) a.length * (i + 1) / pieces);
-      src.get(from, a, from, to - from);
-    });
-    return new Tensor(a, p.batch, p.kvHeads, p.tk, p.dim);
+    return splitK(new Problem(q, k, v, kvHeads, tk, qPos, kPos, opt), splitLen, null);
   }
 
   /**
@@ -424,9 +411,6 @@ public final class CpuAttention implements AttentionBackend {
     // Rows of one (batch, kv head): the query heads of its group times the query tokens.
     int groupRows = p.group * p.tq;
     boolean keyLanes = keyLanes(p);
-    if (p.kBuf != null && !keyLanes) { // the buffer form of decode copies such calls first
-      throw new IllegalStateException("keys in buffers reach only the keys-in-lanes worker");
-    }
     int bq = keyLanes ? groupRows : groupRows <= TileMath.GROUP ? TileMath.GROUP : blockQ;
     int rowBlocks = Math.max(1, (groupRows + bq - 1) / bq);
     List<float[]> partO = new ArrayList<>(splits);
@@ -540,7 +524,7 @@ public final class CpuAttention implements AttentionBackend {
 
   /**
    * A validated call: shapes, positions, options and the derived sizes. Keys and values are Tensors,
-   * or (split-K decoding with keys in the lanes only) buffers of the same layout read in place.
+   * or (split-K decoding) buffers of the same layout, read a tile at a time ({@link KvTile}).
    */
   static final class Problem {
     final Tensor q, k, v; // k and v null when read from kBuf and vBuf

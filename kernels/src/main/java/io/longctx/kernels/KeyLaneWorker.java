@@ -41,8 +41,7 @@ final class KeyLaneWorker implements BlockWorker {
   private final float[] seenMax; // unified max: largest visible logit per row
   private final boolean[] flags;
   private final float[] lanes = new float[VL];
-  private float[] kTile; // [blockK][dim]: keys and values of one tile, when read from buffers
-  private float[] vTile;
+  private final KvTile kvTile = new KvTile();
 
   private final int[] rowOut;
   private final long[] rowPos;
@@ -132,25 +131,8 @@ final class KeyLaneWorker implements BlockWorker {
     steps++;
     int d = p.dim;
     int nPad = (n + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
-    int at = p.kvOffset(b, kvh) + jt * d;
-    float[] kSrc, vSrc;
-    int kvOff;
-    if (p.kBuf != null) { // in place in native memory: the tile into scratch arrays, a memcpy each
-      if (kTile == null) {
-        kTile = new float[blockK * dim];
-        vTile = new float[blockK * dim];
-      }
-      p.kBuf.get(at, kTile, 0, n * d);
-      p.vBuf.get(at, vTile, 0, n * d);
-      kSrc = kTile;
-      vSrc = vTile;
-      kvOff = 0;
-    } else {
-      kSrc = p.k.data();
-      vSrc = p.v.data();
-      kvOff = at;
-    }
-    transpose(kSrc, kvOff, d, n, nPad);
+    KvTile kv = kvTile.load(p, b, kvh, jt, n);
+    transpose(kv.k, kv.off, d, n, nPad);
     if (!scores(d, nPad, p.qScale)) {
       rejectInfinity(p, n, jt);
     }
@@ -175,7 +157,7 @@ final class KeyLaneWorker implements BlockWorker {
     if (um == null) {
       rescaleOutput(d);
     }
-    accumulate(vSrc, kvOff, d, n);
+    accumulate(kv.v, kv.off, d, n);
   }
 
   /** kt[c][j] = k[j][c] for the tile's keys; lanes [n, nPad) zero, so their scores are finite. */

@@ -48,6 +48,7 @@ final class TileWorker implements BlockWorker {
   private final int[] rowQ; // offset of the query row in q.data
   private final int[] rowOut; // (row * heads + head) index into the output state
   private final long[] rowPos;
+  private final KvTile kvTile = new KvTile(); // run()'s tiles
   private int rows;
   private int steps; // visible (block, key tile) steps since the last takeSteps()
   private long rowPosMin;
@@ -128,7 +129,10 @@ final class TileWorker implements BlockWorker {
     begin(p, um);
     for (int jt = j0; jt < j1; jt += blockK) {
       int n = Math.min(blockK, j1 - jt);
-      tile(p, b, kvh, jt, n, keyRange(p.opt, p.kPos, jt, jt + n), um);
+      long[] kRange = keyRange(p.opt, p.kPos, jt, jt + n);
+      if (classify(p.opt, kRange, rowPosMin, rowPosMax) != Visibility.NONE) { // (tile() skips it too: no load)
+        tile(p, kvTile.load(p, b, kvh, jt, n), jt, n, kRange, um);
+      }
     }
   }
 
@@ -173,11 +177,11 @@ final class TileWorker implements BlockWorker {
   }
 
   /**
-   * One online-softmax step over keys [jt, jt + n) of kv head {@code kvh} of batch entry b, whose
-   * positions span {@code kRange} (from {@link #keyRange}). The same operations in the same order
+   * One online-softmax step over keys [jt, jt + n) (of one kv head and batch entry, read from kv,
+   * {@link KvTile#load}), whose positions span {@code kRange} (from {@link #keyRange}). The same operations in the same order
    * for a row whatever else shares its sweep: a row's bits depend only on the key tiles.
    */
-  void tile(CpuAttention.Problem p, int b, int kvh, int jt, int n, long[] kRange, UnifiedMax um) {
+  void tile(CpuAttention.Problem p, KvTile kv, int jt, int n, long[] kRange, UnifiedMax um) {
     Visibility vis = classify(p.opt, kRange, rowPosMin, rowPosMax);
     if (vis == Visibility.NONE) {
       return;
@@ -185,10 +189,9 @@ final class TileWorker implements BlockWorker {
     steps++;
     int d = p.dim;
     int lanes = (rows + GROUP - 1) / GROUP * GROUP;
-    int kOff = p.k.offset(b, kvh, 0) + jt * d;
     Arrays.fill(tileMax, 0, lanes, Float.NEGATIVE_INFINITY);
     Arrays.fill(tileScoreSum, 0, lanes, 0f);
-    TileMath.scores(p.k.data(), kOff, d, n, d, qt, blockQ, s, blockQ, lanes, p.qScale, tileMax, tileScoreSum);
+    TileMath.scores(kv.k, kv.off, d, n, d, qt, blockQ, s, blockQ, lanes, p.qScale, tileMax, tileScoreSum);
     // The scale (1/cap folded in when capping) multiplied each finished q.k: with fp16/bf16-valued
     // inputs every product is exact and the fma chain rounds like the naive sum (see begin).
     // Before the mask writes -inf of its own, and before a softcap turns an overflowed q.k into a
@@ -208,7 +211,7 @@ final class TileWorker implements BlockWorker {
     if (um == null) {
       rescaleOutput(d, lanes);
     }
-    TileMath.accumulate(p.v.data(), kOff, d, d, n, s, blockQ, ot, blockQ, lanes);
+    TileMath.accumulate(kv.v, kv.off, d, d, n, s, blockQ, ot, blockQ, lanes);
   }
 
   enum Visibility { NONE, PARTIAL, ALL }
