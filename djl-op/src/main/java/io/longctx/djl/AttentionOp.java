@@ -529,6 +529,13 @@ public final class AttentionOp {
    * thread may be reading it).
    */
   private static FloatBuffer nativeFloats(NDArray a, Layout layout, NDManager scope) {
+    NDArray flat = float32Bhtd(a, layout, scope).reshape(-1);
+    flat.attach(scope);
+    return flat.toByteBuffer(true).order(ByteOrder.nativeOrder()).asFloatBuffer();
+  }
+
+  /** a as float32 in BHTD order: a itself, or libtorch's conversion and (a view's) transpose, put in scope. */
+  private static NDArray float32Bhtd(NDArray a, Layout layout, NDManager scope) {
     NDArray x = a;
     if (x.getDataType() != DataType.FLOAT32) {
       x = x.toType(DataType.FLOAT32, false);
@@ -538,9 +545,7 @@ public final class AttentionOp {
       x = x.transpose(0, 2, 1, 3);
       x.attach(scope);
     }
-    NDArray flat = x.reshape(-1);
-    flat.attach(scope);
-    return flat.toByteBuffer(true).order(ByteOrder.nativeOrder()).asFloatBuffer();
+    return x;
   }
 
   /**
@@ -782,17 +787,8 @@ public final class AttentionOp {
   /** As {@link #toTensor(NDArray, Layout)}, copying into {@code reuse[slot]} ({@link #toFloats(NDArray, float[][], int)}). */
   private static Tensor toTensor(NDArray a, Layout layout, float[][] reuse, int slot) {
     Shape s = a.getShape();
-    NDArray x = a;
     try (NDManager scope = a.getManager().newSubManager()) {
-      if (x.getDataType() != DataType.FLOAT32) {
-        x = x.toType(DataType.FLOAT32, false);
-        x.attach(scope);
-      }
-      if (layout == Layout.BTHD) {
-        x = x.transpose(0, 2, 1, 3);
-        x.attach(scope);
-      }
-      float[] data = toFloats(x, reuse, slot);
+      float[] data = toFloats(float32Bhtd(a, layout, scope), reuse, slot);
       int hAxis = layout == Layout.BHTD ? 1 : 2, tAxis = layout == Layout.BHTD ? 2 : 1;
       return new Tensor(data, (int) s.get(0), (int) s.get(hAxis), (int) s.get(tAxis), (int) s.get(3));
     }

@@ -44,8 +44,9 @@ public final class CpuAttention implements AttentionBackend {
   public static final int DEFAULT_BLOCK_Q = Math.max(32, (TileMath.WIDE ? 2 : 1) * TileMath.GROUP);
 
   /**
-   * Split-K decoding puts the keys in the SIMD lanes ({@link KeyLaneWorker}) for a kv head with at most
-   * this many query rows. Measured, docs/BENCHMARKS.md.
+   * Split-K decoding and the forward put the keys in the SIMD lanes ({@link KeyLaneWorker}) for a kv
+   * head with at most this many query rows (its query heads times the query tokens): half a lane
+   * group, 16 rows with 512-bit vectors, 8 with 256-bit. Measured, docs/BENCHMARKS.md.
    */
   public static final int DEFAULT_KEY_LANE_ROWS = TileMath.GROUP / 2;
 
@@ -205,9 +206,9 @@ public final class CpuAttention implements AttentionBackend {
    * @param blockQ query rows per block, a multiple of {@link #laneGroup()}
    * @param blockK keys per tile
    * @param maxBlocksPerSweep see {@link #CpuAttention(int, int, int)}
-   * @param keyLaneRows split-K decoding runs a kv head's rows (its query heads times the query tokens)
-   *     with the keys in the SIMD lanes when there are at most this many and at most blockQ (0:
-   *     never); the same bits either way
+   * @param keyLaneRows split-K decoding and the forward run a kv head's rows (its query heads times the
+   *     query tokens) with the keys in the SIMD lanes when there are at most this many and at most
+   *     blockQ (0: never); the same bits either way
    */
   public CpuAttention(int blockQ, int blockK, int maxBlocksPerSweep, int keyLaneRows) {
     VectorSupport.require();

@@ -177,9 +177,10 @@ final class TileWorker implements BlockWorker {
   }
 
   /**
-   * One online-softmax step over keys [jt, jt + n) (of one kv head and batch entry, read from kv,
-   * {@link KvTile#load}), whose positions span {@code kRange} (from {@link #keyRange}). The same operations in the same order
-   * for a row whatever else shares its sweep: a row's bits depend only on the key tiles.
+   * One online-softmax step over keys [jt, jt + n) of one kv head and batch entry, read from kv
+   * ({@link KvTile#load}), whose positions span {@code kRange} (from {@link #keyRange}). The same
+   * operations in the same order for a row whatever else shares its sweep: a row's bits depend only
+   * on the key tiles.
    */
   void tile(CpuAttention.Problem p, KvTile kv, int jt, int n, long[] kRange, UnifiedMax um) {
     Visibility vis = classify(p.opt, kRange, rowPosMin, rowPosMax);
