@@ -7,8 +7,8 @@ import java.util.Arrays;
 import jdk.incubator.vector.FloatVector;
 
 /**
- * A block of few query rows (a decode step: one kv head's query heads times a few tokens) run over a
- * key range with the online softmax, with the keys in the SIMD lanes: scores as [row][key], outputs
+ * A block of few query rows (a decode step: one kv head's query heads times a few tokens; split-K
+ * decoding and the forward of few tokens) run over a key range with the online softmax, with the keys in the SIMD lanes: scores as [row][key], outputs
  * as [row][dim]. {@link TileWorker} holds the rows in the lanes, which a decode block of 4 rows fills
  * to an eighth with 512-bit vectors (32 lanes a call), so most of its multiply-adds were padding.
  *
@@ -26,7 +26,7 @@ final class KeyLaneWorker implements BlockWorker {
   final int maxRows;
   final int blockK;
   final int dim;
-  private final int kStride; // lanes per row of kt and s: blockK rounded up to KEY_BLOCK
+  private final int kStride; // lanes per row of kt and s: blockK rounded up to KEY_BLOCK, plus one vector
 
   private final float[] q; // [maxRows][dim]: the block's queries, unscaled (the scale multiplies q.k)
   private final float[] kt; // [dim][kStride]: the current key tile, transposed
@@ -40,7 +40,7 @@ final class KeyLaneWorker implements BlockWorker {
   private final float[] seenMin; // unified max: smallest visible logit per row
   private final float[] seenMax; // unified max: largest visible logit per row
   private final boolean[] flags;
-  private final float[] lanes = new float[VL];
+  private final float[] lanes = new float[VL]; // per-lane sums of a tile's scores: not finite flags an infinite one
   private final KvTile kvTile = new KvTile();
 
   private final int[] rowOut;
