@@ -528,41 +528,13 @@ final class KeyLaneWorker implements BlockWorker {
 
   /** Writes lse to {@code lse32} rounded, or to {@code lse64} as computed (exactly one is non-null). */
   private int finish(CpuAttention.Problem p, float[] out, float[] lse32, double[] lse64, UnifiedMax um) {
-    int d = p.dim;
     int flaggedRows = 0;
-    rows:
     for (int r = 0; r < rows; r++) {
-      // A unified-max row is also recomputed when its sum overflowed (many keys near the upper bound).
-      if (um != null && (!um.accepts(seenMin[r], seenMax[r]) || !Float.isFinite(sum[r]))) {
+      if (!TileWorker.writeRow(p, o, r * p.dim, 1, max[r], sum[r], seenMin[r], seenMax[r], rowOut[r], out, lse32, lse64,
+          um)) {
         flags[r] = true;
         flaggedRows++;
-        continue;
       }
-      int at = rowOut[r] * d;
-      float l = sum[r];
-      if (l == 0f) {
-        if (lse64 != null) {
-          lse64[rowOut[r]] = Double.NEGATIVE_INFINITY;
-        } else {
-          lse32[rowOut[r]] = Float.NEGATIVE_INFINITY;
-        }
-        Arrays.fill(out, at, at + d, 0f);
-        continue;
-      }
-      float inv = 1f / l;
-      for (int c = 0; c < d; c++) {
-        float x = o[r * d + c] * inv;
-        if (!Float.isFinite(x)) {
-          if (um != null) { // the recompute's running max keeps the row finite, or names a v too large
-            flags[r] = true;
-            flaggedRows++;
-            continue rows;
-          }
-          throw TileWorker.nonFiniteOutput(p, rowOut[r], c);
-        }
-        out[at + c] = x;
-      }
-      TileWorker.writeLse(p, rowOut[r], max[r] + StrictMath.log(l), lse32, lse64); // StrictMath: same bits on every JVM
     }
     return flaggedRows;
   }

@@ -54,19 +54,27 @@ public record Tensor(float[] data, int batch, int heads, int tokens, int dim) {
    * since under a cap the GPU kernels only report a NaN row.
    */
   public void requireFinite(String name) {
-    requireFinite(name, java.nio.FloatBuffer.wrap(data), batch, heads, tokens, dim);
+    for (int i = 0; i < data.length; i++) {
+      if (!Float.isFinite(data[i])) {
+        throw notFinite(name, data[i], i, batch, heads, tokens, dim);
+      }
+    }
   }
 
   /** {@link #requireFinite(String)} for a tensor of this layout held in a buffer (indices from 0). */
   static void requireFinite(String name, java.nio.FloatBuffer data, int batch, int heads, int tokens, int dim) {
     for (int i = 0, n = data.limit(); i < n; i++) {
-      float x = data.get(i);
-      if (!Float.isFinite(x)) {
-        int d = i % dim, rest = i / dim, t = rest % tokens, bh = rest / tokens;
-        throw new IllegalArgumentException(name + " " + shape(batch, heads, tokens, dim) + " holds " + x + " at (batch "
-            + bh / heads + ", head " + bh % heads + ", token " + t + ", dim " + d + "): attention inputs must be finite");
+      if (!Float.isFinite(data.get(i))) {
+        throw notFinite(name, data.get(i), i, batch, heads, tokens, dim);
       }
     }
+  }
+
+  private static IllegalArgumentException notFinite(String name, float x, int i, int batch, int heads, int tokens,
+      int dim) {
+    int d = i % dim, rest = i / dim, t = rest % tokens, bh = rest / tokens;
+    return new IllegalArgumentException(name + " " + shape(batch, heads, tokens, dim) + " holds " + x + " at (batch "
+        + bh / heads + ", head " + bh % heads + ", token " + t + ", dim " + d + "): attention inputs must be finite");
   }
 
   public String shape() {

@@ -400,55 +400,55 @@ final class TileWorker implements BlockWorker {
 
   /** Writes lse to {@code lse32} rounded, or to {@code lse64} as computed (exactly one is non-null). */
   private int finish(CpuAttention.Problem p, float[] o, float[] lse32, double[] lse64, UnifiedMax um) {
-    int d = p.dim;
     int flaggedRows = 0;
-    rows:
     for (int i = 0; i < rows; i++) {
-      // A unified-max row is also recomputed when its sum overflowed (many keys near the upper bound).
-      if (um != null && (!um.accepts(seenMin[i], seenMax[i]) || !Float.isFinite(sum[i]))) {
+      if (!writeRow(p, ot, i, blockQ, max[i], sum[i], seenMin[i], seenMax[i], rowOut[i], o, lse32, lse64, um)) {
         flags[i] = true;
         flaggedRows++;
-        continue;
       }
-      int out = rowOut[i];
-      float l = sum[i];
-      if (l == 0f) {
-        if (lse64 != null) {
-          lse64[out] = Double.NEGATIVE_INFINITY;
-        } else {
-          lse32[out] = Float.NEGATIVE_INFINITY;
-        }
-        Arrays.fill(o, out * d, out * d + d, 0f);
-        continue;
-      }
-      float inv = 1f / l;
-      for (int c = 0, at = i; c < d; c++, at += blockQ) {
-        float x = ot[at] * inv;
-        if (!Float.isFinite(x)) {
-          if (um != null) {
-            // Weights near e^88 (an upper bound near 88) times v: the recompute's running max keeps
-            // the row finite, or names a v too large; it writes the whole row over what this one wrote.
-            flags[i] = true;
-            flaggedRows++;
-            continue rows;
-          }
-          throw nonFiniteOutput(p, out, c);
-        }
-        o[out * d + c] = x;
-      }
-      writeLse(p, out, max[i] + StrictMath.log(l), lse32, lse64); // StrictMath: same bits on every JVM
     }
     return flaggedRows;
   }
 
-  static IllegalArgumentException nonFiniteOutput(CpuAttention.Problem p, int out, int dim) {
-    int row = out / p.heads, h = out % p.heads;
-    return new IllegalArgumentException("non-finite attention output at batch " + row / p.tq + ", head " + h
-        + ", query token " + row % p.tq + ", dim " + dim + ": v holds NaN, Infinity or values too large for float32");
-  }
-
-  /** Stores a finished row's lse into whichever of lse32 and lse64 is non-null. */
-  static void writeLse(CpuAttention.Problem p, int out, double rowLse, float[] lse32, double[] lse64) {
+  /**
+   * Writes one finished row (both workers): o = acc / l and lse = m + log(l), or the empty row (0, -inf)
+   * when l = 0; into lse32 rounded or lse64 as computed (exactly one is non-null). With a unified
+   * max, returns false instead for a row to recompute: its logits left the bounds, or its sum or an
+   * output overflowed (the recompute writes the whole row over what this one wrote).
+   *
+   * @param acc the row's unnormalized output for dim c at {@code accOff + c * accStride}
+   * @param out the row's (row * heads + head) index into the state
+   */
+  static boolean writeRow(CpuAttention.Problem p, float[] acc, int accOff, int accStride, float m, float l,
+      float seenMin, float seenMax, int out, float[] o, float[] lse32, double[] lse64, UnifiedMax um) {
+    // A unified-max row is also recomputed when its sum overflowed (many keys near the upper bound).
+    if (um != null && (!um.accepts(seenMin, seenMax) || !Float.isFinite(l))) {
+      return false;
+    }
+    int d = p.dim;
+    if (l == 0f) {
+      if (lse64 != null) {
+        lse64[out] = Double.NEGATIVE_INFINITY;
+      } else {
+        lse32[out] = Float.NEGATIVE_INFINITY;
+      }
+      Arrays.fill(o, out * d, out * d + d, 0f);
+      return true;
+    }
+    float inv = 1f / l;
+    for (int c = 0, at = accOff; c < d; c++, at += accStride) {
+      float x = acc[at] * inv;
+      if (!Float.isFinite(x)) {
+        if (um != null) {
+          // Weights near e^88 (an upper bound near 88) times v: the recompute's running max keeps
+          // the row finite, or names a v too large.
+          return false;
+        }
+        throw nonFiniteOutput(p, out, c);
+      }
+      o[out * d + c] = x;
+    }
+    double rowLse = m + StrictMath.log(l); // StrictMath: same bits on every JVM
     if (!Float.isFinite((float) rowLse)) { // unreachable while scores are finite; forward relies on the check
       int row = out / p.heads;
       throw new IllegalArgumentException("non-finite lse " + rowLse + " at batch " + row / p.tq + ", head "
@@ -459,6 +459,14 @@ final class TileWorker implements BlockWorker {
     } else {
       lse32[out] = (float) rowLse;
     }
+    return true;
   }
+
+  private static IllegalArgumentException nonFiniteOutput(CpuAttention.Problem p, int out, int dim) {
+    int row = out / p.heads, h = out % p.heads;
+    return new IllegalArgumentException("non-finite attention output at batch " + row / p.tq + ", head " + h
+        + ", query token " + row % p.tq + ", dim " + dim + ": v holds NaN, Infinity or values too large for float32");
+  }
+
 
 }
