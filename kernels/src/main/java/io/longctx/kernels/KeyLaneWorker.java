@@ -202,7 +202,7 @@ final class KeyLaneWorker implements BlockWorker {
   /**
    * Scores of rows [r, r + 4) for keys [j, j + KEY_BLOCK): 16 accumulators. No vector crosses a call
    * (stores and the sum written out here): a helper taking vectors was past C2's inlining budget, and
-   * the boxed vectors made the loop 5x slower.
+   * the boxed vectors made a whole decode call 2.4x slower (docs/BENCHMARKS.md).
    */
   private void scores4(int d, int r, int j, float scale) {
     FloatVector z = FloatVector.zero(SPECIES);
