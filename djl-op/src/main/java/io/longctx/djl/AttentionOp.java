@@ -8,6 +8,7 @@ import ai.djl.ndarray.types.DataType;
 import ai.djl.ndarray.types.Shape;
 import io.longctx.kernels.AttentionBackends;
 import io.longctx.kernels.AttentionOptions;
+import io.longctx.kernels.BufferTensor;
 import io.longctx.kernels.AttentionState;
 import io.longctx.kernels.CpuAttention;
 import io.longctx.kernels.CudaAttention;
@@ -477,14 +478,13 @@ public final class AttentionOp {
   private NDList javaForward(NDArray q, NDArray k, NDArray v, Dims d, long[] qPos, long[] kPos,
       AttentionOptions opt, Layout layout) {
     AttentionState st;
-    if (d.tq <= SPLIT_K_MAX_QUERY_ROWS) {
+    try (NDManager scope = q.getManager().newSubManager()) {
+      BufferTensor qb = inPlace(q, layout, scope), kb = inPlace(k, layout, scope), vb = inPlace(v, layout, scope);
       // Few query rows: the forward kernel would have only B*H*ceil(Tq/blockQ) tasks; split-K also
       // splits the keys (the same exact attention, splits merged in a fixed order).
-      st = decodeInPlace(toTensor(q, layout), k, v, d, qPos, kPos, opt, layout);
-    } else {
-      float[][] scratch = inputCopies();
-      Tensor qt = toTensor(q, layout, scratch, 0), kt = toTensor(k, layout, scratch, 1), vt = toTensor(v, layout, scratch, 2);
-      st = kernels.forward(qt, kt, vt, qPos, kPos, opt);
+      st = d.tq <= SPLIT_K_MAX_QUERY_ROWS
+          ? kernels.decode(qb, kb, vb, qPos, kPos, opt, CpuAttention.DEFAULT_SPLIT_LEN).state()
+          : kernels.forward(qb, kb, vb, qPos, kPos, opt);
     }
     return stateToNd(q.getManager(), st, d.batch, d.tq, d.heads, d.dim, layout);
   }
@@ -504,34 +504,43 @@ public final class AttentionOp {
     Dims d = Dims.of(q, k, v, layout);
     checkPositions(qPos, d.tq, "qPos");
     checkPositions(kPos, d.tk, "kPos");
-    AttentionState st = decodeInPlace(toTensor(q, layout), k, v, d, qPos, kPos, opt, layout);
+    AttentionState st;
+    try (NDManager scope = q.getManager().newSubManager()) {
+      st = decodeInPlace(inPlace(q, layout, scope), k, v, qPos, kPos, opt, layout);
+    }
     return stateToNd(q.getManager(), st, d.batch, d.tq, d.heads, d.dim, layout);
   }
 
-  /**
-   * Split-K decoding with k and v read where they are: a float32 BHTD array's own memory, viewed in
-   * place (the kernel copies a key tile at a time); other dtypes or BTHD through one libtorch
-   * conversion or transpose into native memory first. The float[] copies of a long KV cache this
-   * replaces cost more than the kernel (docs/BENCHMARKS.md, "Decode with the keys in the lanes").
-   */
-  private AttentionState decodeInPlace(Tensor qt, NDArray k, NDArray v, Dims d, long[] qPos, long[] kPos,
+  /** Split-K decoding of q over k and v read in place ({@link #inPlace}). */
+  private AttentionState decodeInPlace(BufferTensor q, NDArray k, NDArray v, long[] qPos, long[] kPos,
       AttentionOptions opt, Layout layout) {
     try (NDManager scope = k.getManager().newSubManager()) {
-      return kernels.decode(qt, nativeFloats(k, layout, scope), nativeFloats(v, layout, scope), d.kvHeads, d.tk, qPos,
-          kPos, opt, CpuAttention.DEFAULT_SPLIT_LEN).state();
+      return kernels.decode(q, inPlace(k, layout, scope), inPlace(v, layout, scope), qPos, kPos, opt,
+          CpuAttention.DEFAULT_SPLIT_LEN).state();
     }
   }
 
   /**
-   * a as float32 [B, H, T, D] row-major in native memory, valid while {@code scope} is open: a view of
-   * a's memory when a is already that (its flat reshape is a view), else a converted, transposed or
-   * contiguous copy made by libtorch and put in scope. a itself stays with its manager (another
-   * thread may be reading it).
+   * a as a {@link BufferTensor} in the layout's order, valid while {@code scope} is open, for the Java
+   * kernels to read in place (a query row as its block starts, a key tile at a time): a view of a's
+   * own memory when a is a contiguous float32 array (its flat reshape is a view), else libtorch's
+   * float32 conversion or contiguous copy, put in scope. a itself stays with its manager (another
+   * thread may be reading it). Before, q, k and v were copied whole into float[] first: 4-5 ms of a
+   * 17 ms call at [1,8,1024,128] causal, and a long KV cache's copies cost more than its decode
+   * (docs/BENCHMARKS.md, "Decode with the keys in the lanes", "The operator reads its inputs in place").
    */
-  private static FloatBuffer nativeFloats(NDArray a, Layout layout, NDManager scope) {
-    NDArray flat = float32Bhtd(a, layout, scope).reshape(-1);
+  private static BufferTensor inPlace(NDArray a, Layout layout, NDManager scope) {
+    NDArray x = a;
+    if (x.getDataType() != DataType.FLOAT32) {
+      x = x.toType(DataType.FLOAT32, false);
+      x.attach(scope);
+    }
+    NDArray flat = x.reshape(-1);
     flat.attach(scope);
-    return flat.toByteBuffer(true).order(ByteOrder.nativeOrder()).asFloatBuffer();
+    FloatBuffer data = flat.toByteBuffer(true).order(ByteOrder.nativeOrder()).asFloatBuffer();
+    Shape s = a.getShape();
+    int d0 = (int) s.get(0), d1 = (int) s.get(1), d2 = (int) s.get(2), d3 = (int) s.get(3);
+    return layout == Layout.BHTD ? BufferTensor.bhtd(data, d0, d1, d2, d3) : BufferTensor.bthd(data, d0, d1, d2, d3);
   }
 
   /** a as float32 in BHTD order: a itself, or libtorch's conversion and (a view's) transpose, put in scope. */
@@ -568,37 +577,39 @@ public final class AttentionOp {
     if (kStart != null && kStart.length != kChunks.size()) {
       throw new IllegalArgumentException("kStart has " + kStart.length + " entries for " + kChunks.size() + " chunks");
     }
-    Tensor qt = null;
+    BufferTensor qb = null;
     Dims first = null;
     List<AttentionState> states = new ArrayList<>(kChunks.size());
     long next = 0;
-    for (int i = 0; i < kChunks.size(); i++) {
-      Dims d;
-      try {
-        d = Dims.of(q, kChunks.get(i), vChunks.get(i), layout);
-      } catch (IllegalArgumentException e) {
-        throw new IllegalArgumentException("chunk " + i + ": " + e.getMessage(), e);
+    try (NDManager qScope = q.getManager().newSubManager()) {
+      for (int i = 0; i < kChunks.size(); i++) {
+        Dims d;
+        try {
+          d = Dims.of(q, kChunks.get(i), vChunks.get(i), layout);
+        } catch (IllegalArgumentException e) {
+          throw new IllegalArgumentException("chunk " + i + ": " + e.getMessage(), e);
+        }
+        if (first == null) {
+          first = d;
+          checkPositions(qPos, d.tq, "qPos");
+          qb = inPlace(q, layout, qScope);
+        } else if (d.kvHeads != first.kvHeads) {
+          // Each chunk alone fits q, but a cache's chunks must share one head mapping.
+          throw new IllegalArgumentException("chunk " + i + " has " + d.kvHeads + " kv heads, chunk 0 has "
+              + first.kvHeads);
+        }
+        long start = kStart != null ? kStart[i] : next;
+        if (d.tk > 0 && start > Long.MAX_VALUE - (d.tk - 1)) { // the last key's position would wrap to a negative one
+          throw new IllegalArgumentException("chunk " + i + ": its " + d.tk + " keys from position " + start
+              + " pass Long.MAX_VALUE");
+        }
+        next = start + d.tk;
+        long[] kPos = new long[d.tk];
+        for (int j = 0; j < kPos.length; j++) {
+          kPos[j] = start + j;
+        }
+        states.add(decodeInPlace(qb, kChunks.get(i), vChunks.get(i), qPos, kPos, opt, layout));
       }
-      if (first == null) {
-        first = d;
-        checkPositions(qPos, d.tq, "qPos");
-        qt = toTensor(q, layout);
-      } else if (d.kvHeads != first.kvHeads) {
-        // Each chunk alone fits q, but a cache's chunks must share one head mapping.
-        throw new IllegalArgumentException("chunk " + i + " has " + d.kvHeads + " kv heads, chunk 0 has "
-            + first.kvHeads);
-      }
-      long start = kStart != null ? kStart[i] : next;
-      if (d.tk > 0 && start > Long.MAX_VALUE - (d.tk - 1)) { // the last key's position would wrap to a negative one
-        throw new IllegalArgumentException("chunk " + i + ": its " + d.tk + " keys from position " + start
-            + " pass Long.MAX_VALUE");
-      }
-      next = start + d.tk;
-      long[] kPos = new long[d.tk];
-      for (int j = 0; j < kPos.length; j++) {
-        kPos[j] = start + j;
-      }
-      states.add(decodeInPlace(qt, kChunks.get(i), vChunks.get(i), d, qPos, kPos, opt, layout));
     }
     return stateToNd(q.getManager(), AttentionState.mergeAll(states), first.batch, first.tq, first.heads, first.dim,
         layout);
@@ -763,56 +774,25 @@ public final class AttentionOp {
 
   /** One copy of a CPU array into a float[] in our [B, H, T, D] layout (widening float16). */
   static Tensor toTensor(NDArray a, Layout layout) {
-    return toTensor(a, layout, null, 0);
-  }
-
-  /**
-   * The calling thread's reusable float[] copies of q, k and v for the Java path, which reads them
-   * only during the call. New arrays on every call cost the fresh heap pages they land on: at
-   * [1,8,2048,128] the three copies took 7-10 ms that way and 4-6 ms reused (docs/BENCHMARKS.md).
-   * Softly held, so that memory pressure can take them back.
-   */
-  private static final ThreadLocal<java.lang.ref.SoftReference<float[][]>> INPUT_COPIES = new ThreadLocal<>();
-
-  private static float[][] inputCopies() {
-    java.lang.ref.SoftReference<float[][]> ref = INPUT_COPIES.get();
-    float[][] c = ref == null ? null : ref.get();
-    if (c == null) {
-      c = new float[3][];
-      INPUT_COPIES.set(new java.lang.ref.SoftReference<>(c));
-    }
-    return c;
-  }
-
-  /** As {@link #toTensor(NDArray, Layout)}, copying into {@code reuse[slot]} ({@link #toFloats(NDArray, float[][], int)}). */
-  private static Tensor toTensor(NDArray a, Layout layout, float[][] reuse, int slot) {
     Shape s = a.getShape();
     try (NDManager scope = a.getManager().newSubManager()) {
-      float[] data = toFloats(float32Bhtd(a, layout, scope), reuse, slot);
+      float[] data = toFloats(float32Bhtd(a, layout, scope));
       int hAxis = layout == Layout.BHTD ? 1 : 2, tAxis = layout == Layout.BHTD ? 2 : 1;
       return new Tensor(data, (int) s.get(0), (int) s.get(hAxis), (int) s.get(tAxis), (int) s.get(3));
     }
   }
 
-  private static float[] toFloats(NDArray a) {
-    return toFloats(a, null, 0);
-  }
-
   /**
-   * One copy of a float32 array into a float[] ({@code reuse[slot]} where it has the size; a new
-   * array, kept there when reuse is given, otherwise): {@code toByteBuffer(true)} is a direct view of the
-   * tensor's memory (DJL first makes a strided array contiguous, into a temporary freed here) and
-   * the bulk get is a memcpy, in pieces on the kernels' threads from 1 MiB;
-   * {@code toFloatArray()} would copy twice.
+   * One copy of a float32 array into a new float[]: {@code toByteBuffer(true)} is a direct view of the
+   * tensor's memory (DJL first makes a strided array contiguous, into a temporary freed here) and the
+   * bulk get is a memcpy, in pieces on the kernels' threads from 1 MiB; {@code toFloatArray()} would
+   * copy twice.
    */
-  private static float[] toFloats(NDArray a, float[][] reuse, int slot) {
+  private static float[] toFloats(NDArray a) {
     int n = Math.toIntExact(a.size());
-    float[] out = reuse != null && reuse[slot] != null && reuse[slot].length == n ? reuse[slot] : new float[n];
-    if (reuse != null) {
-      reuse[slot] = out;
-    }
+    float[] out = new float[n];
     // For a strided array toByteBuffer would make its contiguous copy on a's manager (the caller's),
-    // where nothing closes it. The flat reshape is a view of a contiguous array and a contiguous copy
+    // where nothing closes it (inPlace does the same). The flat reshape is a view of a contiguous array and a contiguous copy
     // of any other, moved to a scope of ours at once; a itself stays where it is (another thread may
     // be reading it: lending it to a scope broke two callers sharing one input).
     try (NDManager scope = a.getManager().newSubManager()) {

@@ -250,7 +250,21 @@ public final class CpuAttention implements AttentionBackend {
    */
   @Override
   public AttentionState forward(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
-    Problem p = new Problem(q, k, v, qPos, kPos, opt);
+    return forward(new Problem(q, k, v, qPos, kPos, opt));
+  }
+
+  /**
+   * {@link #forward(Tensor, Tensor, Tensor, long[], long[], AttentionOptions)} with q, k and v read in
+   * place from buffers ({@link BufferTensor}, either order): a query row as its block starts, a key
+   * tile into arrays of the worker's thread as the tile is reached. The same bits as the Tensor form;
+   * spares a caller holding native memory (a DJL operator) copying the inputs whole.
+   */
+  public AttentionState forward(BufferTensor q, BufferTensor k, BufferTensor v, long[] qPos, long[] kPos,
+      AttentionOptions opt) {
+    return forward(new Problem(q, k, v, qPos, kPos, opt));
+  }
+
+  private AttentionState forward(Problem p) {
     if (keyLanes(p)) {
       return keyLaneForward(p);
     }
@@ -383,14 +397,13 @@ public final class CpuAttention implements AttentionBackend {
 
   /**
    * Split-K decoding ({@link #decode(Tensor, Tensor, Tensor, long[], long[], AttentionOptions, int)})
-   * with the keys and values read in place from buffers, e.g. a DJL array's native memory: k and v
-   * hold [q.batch, kvHeads, tk, q.dim] row-major, indices from 0 to their limit. Each key tile is
-   * copied into arrays of the worker's thread as it is reached ({@link KvTile}), so a long KV cache
-   * is read once and never copied whole. The same bits as the Tensor form.
+   * with q, k and v read in place from buffers, e.g. DJL arrays' native memory ({@link BufferTensor}):
+   * each key tile is copied into arrays of the worker's thread as it is reached ({@link KvTile}), so a
+   * long KV cache is read once and never copied whole. The same bits as the Tensor form.
    */
-  public DecodeResult decode(Tensor q, java.nio.FloatBuffer k, java.nio.FloatBuffer v, int kvHeads, int tk,
-      long[] qPos, long[] kPos, AttentionOptions opt, int splitLen) {
-    return splitK(new Problem(q, k, v, kvHeads, tk, qPos, kPos, opt), splitLen, null);
+  public DecodeResult decode(BufferTensor q, BufferTensor k, BufferTensor v, long[] qPos, long[] kPos,
+      AttentionOptions opt, int splitLen) {
+    return splitK(new Problem(q, k, v, qPos, kPos, opt), splitLen, null);
   }
 
   /**
@@ -524,12 +537,13 @@ public final class CpuAttention implements AttentionBackend {
   }
 
   /**
-   * A validated call: shapes, positions, options and the derived sizes. Keys and values are Tensors,
-   * or (split-K decoding) buffers of the same layout, read a tile at a time ({@link KvTile}).
+   * A validated call: shapes, positions, options and the derived sizes. Queries, keys and values are
+   * all Tensors (arrays) or all {@link BufferTensor}s (buffers read in place: a query row as its block
+   * starts, a key tile at a time, {@link KvTile}).
    */
   static final class Problem {
-    final Tensor q, k, v; // k and v null when read from kBuf and vBuf
-    final java.nio.FloatBuffer kBuf, vBuf; // null when k and v are Tensors
+    final Tensor q, k, v; // null when read from buffers
+    final BufferTensor qb, kb, vb; // null when the inputs are Tensors
     final long[] qPos, kPos;
     final AttentionOptions opt;
     final int batch, heads, kvHeads, group, tq, tk, dim, rows;
@@ -537,59 +551,61 @@ public final class CpuAttention implements AttentionBackend {
     final float softcap;
 
     Problem(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
-      this(sameKv(q, k, v, opt), k, v, null, null, k.batch(), k.heads(), k.tokens(), k.dim(), qPos, kPos, opt);
+      this(sameKv(q, k, v, opt), k, v, null, null, null, q.batch(), q.heads(), q.tokens(), q.dim(), k.batch(),
+          k.heads(), k.tokens(), k.dim(), qPos, kPos, opt);
+    }
+
+    Problem(BufferTensor q, BufferTensor k, BufferTensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
+      this(null, null, null, sameKv(q, k, v, opt), k, v, q.batch(), q.heads(), q.tokens(), q.dim(), k.batch(),
+          k.heads(), k.tokens(), k.dim(), qPos, kPos, opt);
     }
 
     /** The first checks, in their order of old (non-null inputs, then k and v alike); returns q. */
     private static Tensor sameKv(Tensor q, Tensor k, Tensor v, AttentionOptions opt) {
-      java.util.Objects.requireNonNull(q, "q");
-      java.util.Objects.requireNonNull(k, "k");
-      java.util.Objects.requireNonNull(v, "v");
-      java.util.Objects.requireNonNull(opt, "opt");
+      requireNonNull(q, k, v, opt);
       if (k.batch() != v.batch() || k.heads() != v.heads() || k.tokens() != v.tokens() || k.dim() != v.dim()) {
         throw new IllegalArgumentException("k and v must have the same shape, got k " + k.shape() + " and v " + v.shape());
       }
       return q;
     }
 
-    /** Keys and values [q.batch, kvHeads, tk, q.dim], row-major, in place in buffers (indices from 0). */
-    Problem(Tensor q, java.nio.FloatBuffer k, java.nio.FloatBuffer v, int kvHeads, int tk, long[] qPos, long[] kPos,
-        AttentionOptions opt) {
-      this(java.util.Objects.requireNonNull(q, "q"), null, null, java.util.Objects.requireNonNull(k, "k"),
-          java.util.Objects.requireNonNull(v, "v"), q.batch(), kvHeads, tk, q.dim(), qPos, kPos, opt);
-      long need = (long) batch * kvHeads * tk * dim;
-      if (k.limit() != need || v.limit() != need) {
-        throw new IllegalArgumentException("k and v of shape [" + batch + ", " + kvHeads + ", " + tk + ", " + dim
-            + "] need " + need + " floats each, got buffers of " + k.limit() + " and " + v.limit());
+    private static BufferTensor sameKv(BufferTensor q, BufferTensor k, BufferTensor v, AttentionOptions opt) {
+      requireNonNull(q, k, v, opt);
+      if (k.batch() != v.batch() || k.heads() != v.heads() || k.tokens() != v.tokens() || k.dim() != v.dim()
+          || k.tokenMajor() != v.tokenMajor()) {
+        throw new IllegalArgumentException("k and v must have the same shape and order, got k " + k.shape() + " and v "
+            + v.shape());
       }
-      if (softcap > 0) { // as for Tensors (see below)
-        Tensor.requireFinite("k", k, batch, kvHeads, tk, dim);
-      }
+      return q;
     }
 
-    private Problem(Tensor q, Tensor k, Tensor v, java.nio.FloatBuffer kBuf, java.nio.FloatBuffer vBuf, int kBatch,
-        int kHeads, int kTokens, int kDim, long[] qPos, long[] kPos, AttentionOptions opt) {
+    private static void requireNonNull(Object q, Object k, Object v, AttentionOptions opt) {
       java.util.Objects.requireNonNull(q, "q");
+      java.util.Objects.requireNonNull(k, "k");
+      java.util.Objects.requireNonNull(v, "v");
       java.util.Objects.requireNonNull(opt, "opt");
-      String kShape = "[" + kBatch + ", " + kHeads + ", " + kTokens + ", " + kDim + "]";
-      if (kBatch < 1 || kHeads < 1 || kTokens < 0) {
-        throw new IllegalArgumentException("k must have batch >= 1, heads >= 1, tokens >= 0, got " + kShape);
+    }
+
+    private Problem(Tensor q, Tensor k, Tensor v, BufferTensor qb, BufferTensor kb, BufferTensor vb, int qBatch,
+        int qHeads, int qTokens, int qDim, int kBatch, int kHeads, int kTokens, int kDim, long[] qPos, long[] kPos,
+        AttentionOptions opt) {
+      String qShape = q != null ? q.shape() : qb.shape();
+      String kShape = k != null ? k.shape() : kb.shape();
+      if (qBatch != kBatch) {
+        throw new IllegalArgumentException("q and k must have the same batch, got q " + qShape + " and k " + kShape);
       }
-      if (q.batch() != kBatch) {
-        throw new IllegalArgumentException("q and k must have the same batch, got q " + q.shape() + " and k " + kShape);
+      if (qDim != kDim) {
+        throw new IllegalArgumentException("q and k must have the same head dim, got q " + qShape + " and k " + kShape);
       }
-      if (q.dim() != kDim) {
-        throw new IllegalArgumentException("q and k must have the same head dim, got q " + q.shape() + " and k " + kShape);
+      if (qHeads % kHeads != 0) {
+        throw new IllegalArgumentException("query heads (" + qHeads + ") must be a multiple of kv heads ("
+            + kHeads + "), got q " + qShape + " and k " + kShape);
       }
-      if (q.heads() % kHeads != 0) {
-        throw new IllegalArgumentException("query heads (" + q.heads() + ") must be a multiple of kv heads ("
-            + kHeads + "), got q " + q.shape() + " and k " + kShape);
+      if (qDim > MAX_DIM) {
+        throw new IllegalArgumentException("unsupported head dim " + qDim + ": the CPU kernels support 1.." + MAX_DIM);
       }
-      if (q.dim() > MAX_DIM) {
-        throw new IllegalArgumentException("unsupported head dim " + q.dim() + ": the CPU kernels support 1.." + MAX_DIM);
-      }
-      if (qPos != null && qPos.length != q.tokens()) {
-        throw new IllegalArgumentException("qPos has " + qPos.length + " positions for " + q.tokens() + " query tokens");
+      if (qPos != null && qPos.length != qTokens) {
+        throw new IllegalArgumentException("qPos has " + qPos.length + " positions for " + qTokens + " query tokens");
       }
       if (kPos != null && kPos.length != kTokens) {
         throw new IllegalArgumentException("kPos has " + kPos.length + " positions for " + kTokens + " key tokens");
@@ -597,18 +613,19 @@ public final class CpuAttention implements AttentionBackend {
       this.q = q;
       this.k = k;
       this.v = v;
-      this.kBuf = kBuf;
-      this.vBuf = vBuf;
+      this.qb = qb;
+      this.kb = kb;
+      this.vb = vb;
       this.opt = opt;
-      this.qPos = qPos != null ? qPos : ReferenceAttention.iota(q.tokens());
+      this.qPos = qPos != null ? qPos : ReferenceAttention.iota(qTokens);
       this.kPos = kPos != null ? kPos : ReferenceAttention.iota(kTokens);
-      this.batch = q.batch();
-      this.heads = q.heads();
+      this.batch = qBatch;
+      this.heads = qHeads;
       this.kvHeads = kHeads;
       this.group = heads / kvHeads;
-      this.tq = q.tokens();
+      this.tq = qTokens;
       this.tk = kTokens;
-      this.dim = q.dim();
+      this.dim = qDim;
       this.rows = Math.multiplyExact(batch, tq);
       Math.multiplyExact(Math.multiplyExact(rows, heads), dim);
       Math.multiplyExact(Math.multiplyExact(Math.multiplyExact(batch, kvHeads), tk), dim);
@@ -616,18 +633,33 @@ public final class CpuAttention implements AttentionBackend {
       this.softcap = opt.softcap();
       this.qScale = opt.scoreScale(dim);
       if (softcap > 0) { // a capped infinite q.k is a finite score: an Infinity in q or k would pass unseen
-        q.requireFinite("q");
-        if (k != null) {
+        if (q != null) {
+          q.requireFinite("q");
           k.requireFinite("k");
+        } else {
+          qb.requireFinite("q");
+          kb.requireFinite("k");
         }
       }
     }
 
-    /** Offset of key (or value) row 0 of kv head kvh of batch entry b. */
+    /** Offset of query row (b, h, t) in q's array or buffer. */
+    int qOffset(int b, int h, int t) {
+      return q != null ? q.offset(b, h, t) : qb.offset(b, h, t);
+    }
+
+    /** Copies the query row at {@code at} (from {@link #qOffset}) into dst from {@code dstOff}. */
+    void readQ(int at, float[] dst, int dstOff) {
+      if (q != null) {
+        System.arraycopy(q.data(), at, dst, dstOff, dim);
+      } else {
+        qb.data().get(at, dst, dstOff, dim);
+      }
+    }
+
+    /** Offset of key (or value) row 0 of kv head kvh of batch entry b in k's (v's) array. */
     int kvOffset(int b, int kvh) {
-      java.util.Objects.checkIndex(b, batch);
-      java.util.Objects.checkIndex(kvh, kvHeads);
-      return (b * kvHeads + kvh) * tk * dim;
+      return k.offset(b, kvh, 0);
     }
   }
 

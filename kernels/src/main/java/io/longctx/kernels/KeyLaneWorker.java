@@ -79,7 +79,7 @@ final class KeyLaneWorker implements BlockWorker {
   @Override
   public void addRow(CpuAttention.Problem p, int b, int h, int t) {
     int i = rows++;
-    System.arraycopy(p.q.data(), p.q.offset(b, h, t), q, i * p.dim, p.dim);
+    p.readQ(p.qOffset(b, h, t), q, i * p.dim);
     rowOut[i] = (b * p.tq + t) * p.heads + h;
     long pos = p.qPos[t];
     rowPos[i] = pos;

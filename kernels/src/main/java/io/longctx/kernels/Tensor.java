@@ -56,25 +56,16 @@ public record Tensor(float[] data, int batch, int heads, int tokens, int dim) {
   public void requireFinite(String name) {
     for (int i = 0; i < data.length; i++) {
       if (!Float.isFinite(data[i])) {
-        throw notFinite(name, data[i], i, batch, heads, tokens, dim);
+        int d = i % dim, rest = i / dim, t = rest % tokens, bh = rest / tokens;
+        throw notFinite(name, data[i], shape(), bh / heads, bh % heads, t, d);
       }
     }
   }
 
-  /** {@link #requireFinite(String)} for a tensor of this layout held in a buffer (indices from 0). */
-  static void requireFinite(String name, java.nio.FloatBuffer data, int batch, int heads, int tokens, int dim) {
-    for (int i = 0, n = data.limit(); i < n; i++) {
-      if (!Float.isFinite(data.get(i))) {
-        throw notFinite(name, data.get(i), i, batch, heads, tokens, dim);
-      }
-    }
-  }
-
-  private static IllegalArgumentException notFinite(String name, float x, int i, int batch, int heads, int tokens,
-      int dim) {
-    int d = i % dim, rest = i / dim, t = rest % tokens, bh = rest / tokens;
-    return new IllegalArgumentException(name + " " + shape(batch, heads, tokens, dim) + " holds " + x + " at (batch "
-        + bh / heads + ", head " + bh % heads + ", token " + t + ", dim " + d + "): attention inputs must be finite");
+  /** The error of a NaN or infinite input element (b, h, t, d) (also {@link BufferTensor}'s). */
+  static IllegalArgumentException notFinite(String name, float x, String shape, int b, int h, int t, int d) {
+    return new IllegalArgumentException(name + " " + shape + " holds " + x + " at (batch " + b + ", head " + h
+        + ", token " + t + ", dim " + d + "): attention inputs must be finite");
   }
 
   public String shape() {

@@ -30,7 +30,8 @@ final class TileWorker implements BlockWorker {
   final int blockK;
   final int dim;
 
-  private final float[] qt; // [dim][blockQ]: scaled queries, transposed
+  private final float[] qt; // [dim][blockQ]: queries (unscaled), transposed
+  private final float[] qRow; // one query row on its way into qt
   private final float[] ot; // [dim][blockQ]: unnormalized outputs, transposed
   private final float[] s; // [blockK][blockQ]: scores, then probabilities, of one tile
   private final float[] max; // running max per lane
@@ -45,7 +46,7 @@ final class TileWorker implements BlockWorker {
   private final boolean[] flags; // unified max: lane must be recomputed
 
   // Row descriptors, one per lane in use.
-  private final int[] rowQ; // offset of the query row in q.data
+  private final int[] rowQ; // offset of the query row in q's array or buffer
   private final int[] rowOut; // (row * heads + head) index into the output state
   private final long[] rowPos;
   private final KvTile kvTile = new KvTile(); // run()'s tiles
@@ -59,6 +60,7 @@ final class TileWorker implements BlockWorker {
     this.blockK = blockK;
     this.dim = dim;
     qt = new float[dim * blockQ];
+    qRow = new float[dim];
     ot = new float[dim * blockQ];
     s = new float[blockK * blockQ];
     max = new float[blockQ];
@@ -89,7 +91,7 @@ final class TileWorker implements BlockWorker {
   @Override
   public void addRow(CpuAttention.Problem p, int b, int h, int t) {
     int i = rows++;
-    rowQ[i] = p.q.offset(b, h, t);
+    rowQ[i] = p.qOffset(b, h, t);
     rowOut[i] = (b * p.tq + t) * p.heads + h;
     long pos = p.qPos[t];
     rowPos[i] = pos;
@@ -142,15 +144,15 @@ final class TileWorker implements BlockWorker {
    */
   void begin(CpuAttention.Problem p, UnifiedMax um) {
     int d = p.dim;
-    float[] q = p.q.data();
     // Transposed queries, not scaled: the scale multiplies the finished q.k (TileMath.scores), so with
     // fp16/bf16-valued inputs every product is exact and the fma chain rounds like the naive
     // algorithm's sum; a prescaled q (24-bit mantissa) rounded every fma and, at logits near 100,
     // put the output error above the DESIGN tolerance. Unused lanes are zero so scores stay finite.
     Arrays.fill(qt, 0, d * blockQ, 0f);
     for (int i = 0; i < rows; i++) {
-      for (int c = 0, at = rowQ[i]; c < d; c++) {
-        qt[c * blockQ + i] = q[at + c];
+      p.readQ(rowQ[i], qRow, 0);
+      for (int c = 0; c < d; c++) {
+        qt[c * blockQ + i] = qRow[c];
       }
     }
     Arrays.fill(ot, 0, d * blockQ, 0f);

@@ -63,57 +63,6 @@ class KeyLaneWorkerTest {
     }
   }
 
-  /** The buffer form (keys and values in place in native memory) against the Tensor form, both workers. */
-  @Test
-  void keysAndValuesReadInPlaceFromBuffersGiveTheSameBits() {
-    long seed = Accuracy.seed();
-    SplittableRandom rng = new SplittableRandom(seed);
-    for (int round = 0; round < 30; round++) {
-      int batch = 1 + rng.nextInt(2);
-      int kvHeads = 1 + rng.nextInt(3);
-      int group = 1 + rng.nextInt(8);
-      int tq = 1 + rng.nextInt(5); // up to 40 rows a kv head: both workers
-      int tk = rng.nextInt(600);
-      int dim = 1 + rng.nextInt(140);
-      int split = 1 + rng.nextInt(Math.max(1, tk));
-      Tensor q = Accuracy.random(rng, batch, kvHeads * group, tq, dim, 1);
-      Tensor k = Accuracy.random(rng, batch, kvHeads, tk, dim, 1);
-      Tensor v = Accuracy.random(rng, batch, kvHeads, tk, dim, 1);
-      long[] qp = new long[tq];
-      for (int t = 0; t < tq; t++) {
-        qp[t] = tk - tq + t + rng.nextInt(3);
-      }
-      AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(rng.nextBoolean())
-          .withSoftcap(rng.nextBoolean() ? 20f : 0f);
-      String where = "seed " + seed + ", round " + round + ": B " + batch + " heads " + kvHeads * group + "/" + kvHeads
-          + " Tq " + tq + " Tk " + tk + " D " + dim + " split " + split + " " + opt;
-      same(CpuAttention.DEFAULT.decode(q, k, v, qp, null, opt, split),
-          CpuAttention.DEFAULT.decode(q, direct(k), direct(v), kvHeads, tk, qp, null, opt, split), where);
-    }
-  }
-
-  @Test
-  void buffersOfTheWrongSizeOrWithNaNUnderASoftcapAreNamed() {
-    SplittableRandom rng = new SplittableRandom(7);
-    Tensor q = Accuracy.random(rng, 1, 4, 1, 8, 1);
-    Tensor k = Accuracy.random(rng, 1, 2, 10, 8, 1);
-    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
-        () -> CpuAttention.DEFAULT.decode(q, direct(k), direct(k), 2, 11, null, null, AttentionOptions.DEFAULT, 4));
-    assertEquals("k and v of shape [1, 2, 11, 8] need 176 floats each, got buffers of 160 and 160", e.getMessage());
-    k.data()[k.offset(0, 1, 3) + 2] = Float.NaN;
-    AttentionOptions capped = AttentionOptions.DEFAULT.withSoftcap(5f);
-    sameError(() -> CpuAttention.DEFAULT.decode(q, k, k, null, null, capped, 4),
-        () -> CpuAttention.DEFAULT.decode(q, direct(k), direct(k), 2, 10, null, null, capped, 4), 7);
-  }
-
-  /** The tensor's floats in a direct buffer of native order, as a DJL array's memory is. */
-  private static java.nio.FloatBuffer direct(Tensor t) {
-    java.nio.FloatBuffer b = java.nio.ByteBuffer.allocateDirect(4 * t.data().length)
-        .order(java.nio.ByteOrder.nativeOrder()).asFloatBuffer();
-    b.put(t.data()).flip();
-    return b;
-  }
-
   private static void same(CpuAttention.DecodeResult want, CpuAttention.DecodeResult got, String where) {
     assertArrayEquals(want.state().o(), got.state().o(), where);
     assertArrayEquals(want.state().lse(), got.state().lse(), where);
@@ -178,7 +127,8 @@ class KeyLaneWorkerTest {
     Tensor q = Tensor.zeros(1, 4, 0, 16);
     Tensor k = Tensor.zeros(1, 2, 30, 16);
     for (CpuAttention.DecodeResult r : List.of(KEYS_IN_LANES.decode(q, k, k, null, null, AttentionOptions.DEFAULT, 8),
-        CpuAttention.DEFAULT.decode(q, direct(k), direct(k), 2, 30, null, null, AttentionOptions.DEFAULT, 8))) {
+        CpuAttention.DEFAULT.decode(BufferTensorTest.direct(q, false), BufferTensorTest.direct(k, true),
+            BufferTensorTest.direct(k, true), null, null, AttentionOptions.DEFAULT, 8))) {
       assertEquals(0, r.state().o().length);
       assertEquals(0, r.state().lse().length);
     }

@@ -1,0 +1,97 @@
+package io.longctx.kernels;
+
+import java.nio.FloatBuffer;
+import java.util.Objects;
+
+/**
+ * A float32 tensor of logical shape [batch, heads, tokens, dim] held in a buffer (typically a DJL
+ * array's native memory), in one of two row-major orders: {@code tokenMajor} false is [B, H, T, D]
+ * like {@link Tensor}, true is [B, T, H, D]. The kernels read it in place: a query row when its block
+ * starts, a key tile into arrays of the worker's thread as it is reached ({@link KvTile}). Buffer
+ * indices start at 0 (the buffer's position is ignored, its limit is the tensor's size); absolute
+ * reads only, so several threads may read one buffer.
+ */
+public record BufferTensor(FloatBuffer data, int batch, int heads, int tokens, int dim, boolean tokenMajor) {
+
+  public BufferTensor {
+    Objects.requireNonNull(data, "data");
+    if (batch < 1 || heads < 1 || tokens < 0 || dim < 1) {
+      throw new IllegalArgumentException(
+          "tensor shape must have batch >= 1, heads >= 1, tokens >= 0, dim >= 1, got " + shape(batch, heads, tokens, dim));
+    }
+    long need = (long) batch * heads * tokens * dim;
+    if (need != data.limit()) {
+      throw new IllegalArgumentException("tensor of shape " + shape(batch, heads, tokens, dim) + " needs " + need
+          + " floats, buffer has " + data.limit());
+    }
+  }
+
+  /** [batch, heads, tokens, dim] in that order: the {@link Tensor} layout. */
+  public static BufferTensor bhtd(FloatBuffer data, int batch, int heads, int tokens, int dim) {
+    return new BufferTensor(data, batch, heads, tokens, dim, false);
+  }
+
+  /** [batch, tokens, heads, dim] in that order (e.g. projections before a transpose). */
+  public static BufferTensor bthd(FloatBuffer data, int batch, int tokens, int heads, int dim) {
+    return new BufferTensor(data, batch, heads, tokens, dim, true);
+  }
+
+  /** Offset of row (b, h, t), i.e. of element (b, h, t, 0); an index out of the shape is an error. */
+  public int offset(int b, int h, int t) {
+    Objects.checkIndex(b, batch);
+    Objects.checkIndex(h, heads);
+    Objects.checkIndex(t, tokens);
+    return tokenMajor ? ((b * tokens + t) * heads + h) * dim : ((b * heads + h) * tokens + t) * dim;
+  }
+
+  /** Distance between the rows of consecutive tokens of one (batch, head). */
+  int tokenStride() {
+    return tokenMajor ? heads * dim : dim;
+  }
+
+  /** Copies rows (b, h, t0 .. t0 + n - 1) into dst from {@code dstOff}, one after another. */
+  void readRows(int b, int h, int t0, int n, float[] dst, int dstOff) {
+    if (n == 0) {
+      return;
+    }
+    int at = offset(b, h, t0);
+    Objects.checkIndex(t0 + n - 1, tokens);
+    if (!tokenMajor) {
+      data.get(at, dst, dstOff, n * dim);
+    } else {
+      for (int i = 0, stride = tokenStride(); i < n; i++) {
+        data.get(at + i * stride, dst, dstOff + i * dim, dim);
+      }
+    }
+  }
+
+  /** Throws, naming the first NaN or infinity by (batch, head, token, dim), as {@link Tensor#requireFinite}. */
+  public void requireFinite(String name) {
+    for (int i = 0, n = data.limit(); i < n; i++) {
+      float x = data.get(i);
+      if (!Float.isFinite(x)) {
+        int d = i % dim, rest = i / dim;
+        int b, h, t;
+        if (tokenMajor) {
+          h = rest % heads;
+          t = rest / heads % tokens;
+          b = rest / heads / tokens;
+        } else {
+          t = rest % tokens;
+          h = rest / tokens % heads;
+          b = rest / tokens / heads;
+        }
+        throw Tensor.notFinite(name, x, shape(), b, h, t, d);
+      }
+    }
+  }
+
+  /** The logical shape, [batch, heads, tokens, dim], and the order when it is token-major. */
+  public String shape() {
+    return shape(batch, heads, tokens, dim) + (tokenMajor ? " (stored [batch, tokens, heads, dim])" : "");
+  }
+
+  private static String shape(int b, int h, int t, int d) {
+    return "[" + b + ", " + h + ", " + t + ", " + d + "]";
+  }
+}
