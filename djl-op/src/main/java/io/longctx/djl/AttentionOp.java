@@ -13,6 +13,8 @@ import io.longctx.kernels.AttentionState;
 import io.longctx.kernels.CpuAttention;
 import io.longctx.kernels.CudaAttention;
 import io.longctx.kernels.Tensor;
+import java.lang.invoke.MethodHandle;
+import java.lang.invoke.MethodHandles;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.FloatBuffer;
@@ -477,16 +479,27 @@ public final class AttentionOp {
 
   private NDList javaForward(NDArray q, NDArray k, NDArray v, Dims d, long[] qPos, long[] kPos,
       AttentionOptions opt, Layout layout) {
-    AttentionState st;
     try (NDManager scope = q.getManager().newSubManager()) {
       BufferTensor qb = inPlace(q, layout, scope), kb = inPlace(k, layout, scope), vb = inPlace(v, layout, scope);
-      // Few query rows: the forward kernel would have only B*H*ceil(Tq/blockQ) tasks; split-K also
-      // splits the keys (the same exact attention, splits merged in a fixed order).
-      st = d.tq <= SPLIT_K_MAX_QUERY_ROWS
-          ? kernels.decode(qb, kb, vb, qPos, kPos, opt, CpuAttention.DEFAULT_SPLIT_LEN).state()
-          : kernels.forward(qb, kb, vb, qPos, kPos, opt);
+      if (d.tq <= SPLIT_K_MAX_QUERY_ROWS) {
+        // Few query rows: the forward kernel would have only B*H*ceil(Tq/blockQ) tasks; split-K also
+        // splits the keys (the same exact attention, splits merged in a fixed order).
+        AttentionState st = kernels.decode(qb, kb, vb, qPos, kPos, opt, CpuAttention.DEFAULT_SPLIT_LEN).state();
+        return stateToNd(q.getManager(), st, d.batch, d.tq, d.heads, d.dim, layout);
+      }
+      // The kernel writes the output arrays' memory itself (no copy of its state after it).
+      NDList out = newOutputs(q.getManager(), d.batch, d.heads, d.tq, d.dim, layout);
+      try {
+        FloatBuffer o = directFloats(out.get(0)), lse = directFloats(out.get(1));
+        kernels.forward(qb, kb, vb, qPos, kPos, opt, layout == Layout.BHTD
+            ? BufferTensor.bhtd(o, d.batch, d.heads, d.tq, d.dim)
+            : BufferTensor.bthd(o, d.batch, d.tq, d.heads, d.dim), lse);
+      } catch (RuntimeException | Error e) {
+        out.close();
+        throw e;
+      }
+      return out;
     }
-    return stateToNd(q.getManager(), st, d.batch, d.tq, d.heads, d.dim, layout);
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -532,15 +545,65 @@ public final class AttentionOp {
   private static BufferTensor inPlace(NDArray a, Layout layout, NDManager scope) {
     NDArray x = a;
     if (x.getDataType() != DataType.FLOAT32) {
-      x = x.toType(DataType.FLOAT32, false);
+      x = x.toType(DataType.FLOAT32, false); // keeps a's strides
       x.attach(scope);
     }
-    NDArray flat = x.reshape(-1);
+    boolean tokenMajor = layout == Layout.BTHD;
+    if (!contiguous(x)) {
+      // A transposed view (BHTD memory given as BTHD, or the reverse) is read in its memory's own order;
+      // libtorch's contiguous copy of it cost as much as the kernel at [1,8,1024,128] (docs/BENCHMARKS.md).
+      NDArray t = x.transpose(0, 2, 1, 3);
+      t.attach(scope);
+      if (contiguous(t)) {
+        x = t;
+        tokenMajor = !tokenMajor;
+      }
+    }
+    NDArray flat = x.reshape(-1); // a view of a contiguous array, else libtorch's contiguous copy
     flat.attach(scope);
     FloatBuffer data = flat.toByteBuffer(true).order(ByteOrder.nativeOrder()).asFloatBuffer();
-    Shape s = a.getShape();
+    Shape s = x.getShape();
     int d0 = (int) s.get(0), d1 = (int) s.get(1), d2 = (int) s.get(2), d3 = (int) s.get(3);
-    return layout == Layout.BHTD ? BufferTensor.bhtd(data, d0, d1, d2, d3) : BufferTensor.bthd(data, d0, d1, d2, d3);
+    return tokenMajor ? BufferTensor.bthd(data, d0, d1, d2, d3) : BufferTensor.bhtd(data, d0, d1, d2, d3);
+  }
+
+  /**
+   * libtorch's {@code is_contiguous} through DJL's own JNI binding (DJL's API exposes no strides), or
+   * null where this DJL has no such binding; {@code AttentionOpTest} checks it is there.
+   */
+  private static final MethodHandle IS_CONTIGUOUS = isContiguousHandle();
+
+  private static MethodHandle isContiguousHandle() {
+    try {
+      Class<?> lib = Class.forName("ai.djl.pytorch.jni.PyTorchLibrary");
+      java.lang.reflect.Field instance = lib.getDeclaredField("LIB");
+      instance.setAccessible(true);
+      java.lang.reflect.Method m = lib.getDeclaredMethod("torchIsContiguous", long.class);
+      m.setAccessible(true);
+      return MethodHandles.lookup().unreflect(m).bindTo(instance.get(null));
+    } catch (ReflectiveOperationException | RuntimeException | LinkageError e) {
+      LOG.log(System.Logger.Level.DEBUG, "no is_contiguous probe: transposed views are copied by libtorch: " + e);
+      return null;
+    }
+  }
+
+  /** Whether a's memory is its shape row-major; true where that cannot be asked (reshape copies then). */
+  static boolean contiguous(NDArray a) {
+    if (IS_CONTIGUOUS == null || !(a instanceof ai.djl.util.NativeResource<?> r) || !(r.getHandle() instanceof Long h)) {
+      return true;
+    }
+    try {
+      return (boolean) IS_CONTIGUOUS.invoke(h.longValue());
+    } catch (Error e) {
+      throw e;
+    } catch (Throwable e) {
+      return true; // not asked: reshape copies where needed
+    }
+  }
+
+  /** Whether {@link #contiguous} asks libtorch (false: another DJL version; transposed views are then copied). */
+  static boolean contiguityKnown() {
+    return IS_CONTIGUOUS != null;
   }
 
   /** a as float32 in BHTD order: a itself, or libtorch's conversion and (a view's) transpose, put in scope. */
@@ -821,8 +884,8 @@ public final class AttentionOp {
       Layout layout) {
     float[] o = st.o(), lse = st.lse();
     boolean bthd = layout == Layout.BTHD;
-    NDArray on = m.create(bthd ? new Shape(batch, t, heads, dim) : new Shape(batch, heads, t, dim), DataType.FLOAT32);
-    NDArray ln = m.create(bthd ? new Shape(batch, t, heads) : new Shape(batch, heads, t), DataType.FLOAT32);
+    NDList out = newOutputs(m, batch, heads, t, dim, layout);
+    NDArray on = out.get(0), ln = out.get(1);
     if (o.length > 0) {
       FloatBuffer of = directFloats(on), lf = directFloats(ln);
       // Absolute puts of disjoint ranges: safe from several threads.
@@ -844,7 +907,15 @@ public final class AttentionOp {
         });
       }
     }
-    return new NDList(on, ln);
+    return out;
+  }
+
+  /** New (uninitialized) libtorch arrays o and lse for q's shape, in the layout, on m. */
+  private static NDList newOutputs(NDManager m, int batch, int heads, int t, int dim, Layout layout) {
+    boolean bthd = layout == Layout.BTHD;
+    NDArray o = m.create(bthd ? new Shape(batch, t, heads, dim) : new Shape(batch, heads, t, dim), DataType.FLOAT32);
+    NDArray lse = m.create(bthd ? new Shape(batch, t, heads) : new Shape(batch, heads, t), DataType.FLOAT32);
+    return new NDList(o, lse);
   }
 
   /** A copy of range [from, to) of a flat array. */

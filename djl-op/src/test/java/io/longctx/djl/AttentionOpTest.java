@@ -229,6 +229,48 @@ class AttentionOpTest {
     }
   }
 
+  /**
+   * Inputs whose memory is in either order, given contiguous or as transposed views (read in their
+   * memory's order, not copied by libtorch), forward and decode: the kernel's bits on float[] copies.
+   */
+  @Test
+  void inputsInEitherMemoryOrderAndTransposedViewsHoldTheKernelsBits() {
+    assertTrue(AttentionOp.contiguityKnown(), "DJL's is_contiguous binding is gone: transposed views would be copied");
+    long seed = OpChecks.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+    for (int tq : new int[] {3, 77}) { // split-K decode and the forward
+      Tensor q = OpChecks.random(rng, 2, 4, tq, 32, 1), k = OpChecks.random(rng, 2, 2, 90, 32, 1);
+      Tensor v = OpChecks.random(rng, 2, 2, 90, 32, 1);
+      long[] qPos = new long[tq];
+      for (int t = 0; t < tq; t++) {
+        qPos[t] = 90 - tq + t;
+      }
+      AttentionState want = tq <= AttentionOp.SPLIT_K_MAX_QUERY_ROWS
+          ? CpuAttention.DEFAULT.decode(q, k, v, qPos, null, opt)
+          : CpuAttention.DEFAULT.forward(q, k, v, qPos, null, opt);
+      try (NDManager m = manager.newSubManager()) {
+        for (String form : new String[] {"BHTD", "BTHD", "BTHD view of BHTD memory", "BHTD view of BTHD memory"}) {
+          Layout layout = form.startsWith("BHTD") ? Layout.BHTD : Layout.BTHD;
+          boolean view = form.contains("view");
+          NDArray[] in = new NDArray[3];
+          Tensor[] x = {q, k, v};
+          for (int i = 0; i < 3; i++) {
+            NDArray bhtd = m.create(x[i].data(), new Shape(x[i].batch(), x[i].heads(), x[i].tokens(), x[i].dim()));
+            NDArray bthd = m.create(bhtd.transpose(0, 2, 1, 3).toFloatArray(),
+                new Shape(x[i].batch(), x[i].tokens(), x[i].heads(), x[i].dim()));
+            in[i] = !view ? (layout == Layout.BHTD ? bhtd : bthd) : (layout == Layout.BHTD ? bthd : bhtd).transpose(0, 2, 1, 3);
+            assertEquals(!view, AttentionOp.contiguous(in[i]), form);
+          }
+          NDList r = OP.forward(in[0], in[1], in[2], qPos, null, opt, layout, Path.JAVA);
+          float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), layout);
+          assertTrue(java.util.Arrays.equals(want.o(), st[0]) && java.util.Arrays.equals(want.lse(), st[1]),
+              form + ", Tq " + tq + ", seed " + seed + ": not the kernel's bits");
+        }
+      }
+    }
+  }
+
   @Test
   void decodeOverArrayAndChunksMatchesReference() {
     long seed = OpChecks.seed();
@@ -245,7 +287,7 @@ class AttentionOpTest {
         float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), layout);
         String err = OpChecks.check(st[0], st[1], q, k, v, qPos, null, opt);
         assertNull(err, "decode " + layout + ", seed " + seed + ": " + err);
-        // K and V read in place (BHTD) or from libtorch's transpose (BTHD): the kernel's bits on float[] copies.
+        // q, K and V read in place: the kernel's bits on float[] copies.
         AttentionState want = CpuAttention.DEFAULT.decode(q, k, v, qPos, null, opt);
         assertTrue(java.util.Arrays.equals(want.o(), st[0]) && java.util.Arrays.equals(want.lse(), st[1]),
             "decode " + layout + ", seed " + seed + ": not the kernel's bits");

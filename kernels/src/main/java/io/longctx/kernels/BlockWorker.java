@@ -21,10 +21,10 @@ interface BlockWorker {
   void run(CpuAttention.Problem p, int b, int kvh, int j0, int j1, UnifiedMax um);
 
   /**
-   * Writes the block's rows into o and (float64) lse; with a unified max, rows to recompute are
-   * flagged and not written, and their number returned.
+   * Writes the block's rows to out; with a unified max, rows to recompute are flagged and not
+   * written, and their number returned.
    */
-  int finish(CpuAttention.Problem p, float[] o, double[] lse, UnifiedMax um);
+  int finish(CpuAttention.Problem p, RowsOut out, UnifiedMax um);
 
   /** Whether the block's row number {@code row} (in the order added) was flagged by {@link #finish}. */
   boolean flagged(int row);

@@ -264,15 +264,43 @@ public final class CpuAttention implements AttentionBackend {
     return forward(new Problem(q, k, v, qPos, kPos, opt));
   }
 
-  private AttentionState forward(Problem p) {
-    if (keyLanes(p)) {
-      return keyLaneForward(p);
+  /**
+   * The same, written into the caller's buffers instead of a new state: o of logical shape q's [B, H,
+   * Tq, D] in either order, lse [B, H, Tq] (or, when o is token-major, [B, Tq, H]), every entry
+   * written. Spares a DJL operator the copy of the state into its output arrays. o and lse must not
+   * share memory with q, k or v (other tasks may still be reading them). On an exception the buffers
+   * hold partial output: discard them.
+   */
+  public void forward(BufferTensor q, BufferTensor k, BufferTensor v, long[] qPos, long[] kPos, AttentionOptions opt,
+      BufferTensor o, java.nio.FloatBuffer lse) {
+    Problem p = new Problem(q, k, v, qPos, kPos, opt);
+    java.util.Objects.requireNonNull(o, "o");
+    java.util.Objects.requireNonNull(lse, "lse");
+    if (o.batch() != p.batch || o.heads() != p.heads || o.tokens() != p.tq || o.dim() != p.dim) {
+      throw new IllegalArgumentException("o must have q's shape " + q.shape() + ", got " + o.shape());
     }
-    // Not poisoned and scanned afterwards, as decode's partials are: TileWorker.finish writes every entry of
-    // each row it holds and refuses a non-finite one, and the tasks' rows are counted below. (The poison fill
-    // and the scan ran on one thread after the parallel part: 5% of a call at T = 1024, docs/BENCHMARKS.md.)
+    if (lse.limit() != p.rows * p.heads) {
+      throw new IllegalArgumentException("lse must hold " + p.rows * p.heads + " floats (batch x heads x query tokens),"
+          + " got a buffer of " + lse.limit());
+    }
+    forward(p, RowsOut.buffers(o, lse));
+  }
+
+  private AttentionState forward(Problem p) {
+    // Not poisoned and scanned afterwards, as decode's partials are: the workers write every entry of
+    // each row they hold and refuse a non-finite one, and the tasks' rows are counted (forward below).
+    // (The poison fill and the scan ran on one thread after the parallel part: 5% of a call at T = 1024.)
     float[] o = new float[p.rows * p.heads * p.dim];
     float[] lse = new float[p.rows * p.heads];
+    forward(p, RowsOut.state(o, lse));
+    return AttentionState.ofWritten(o, lse, p.rows, p.heads, p.dim);
+  }
+
+  private void forward(Problem p, RowsOut out) {
+    if (keyLanes(p)) {
+      keyLaneForward(p, out);
+      return;
+    }
     int qBlocks = (p.tq + blockQ - 1) / blockQ;
     int perSweep = blocksPerSweep(qBlocks, p.batch * p.heads, p.dim);
     int sweeps = (qBlocks + perSweep - 1) / perSweep;
@@ -305,14 +333,13 @@ public final class CpuAttention implements AttentionBackend {
       }
       int steps = 0;
       for (int i = 0; i < qb1 - qb0; i++) {
-        ws[i].finish(p, o, lse, null);
+        ws[i].finish(p, out, null);
         written[task] += ws[i].rows();
         steps += ws[i].takeSteps();
       }
       TILE_STEPS.add(steps);
     });
     requireAllWritten(written, p); // a bug of the task split, never the caller's input
-    return AttentionState.ofWritten(o, lse, p.rows, p.heads, p.dim);
   }
 
   /**
@@ -346,9 +373,7 @@ public final class CpuAttention implements AttentionBackend {
    * rows-in-lanes forward: each row sees the same key tiles in the same order, and every slice holds
    * all the query tokens, so its positions (which decide the tiles it skips) are a query block's.
    */
-  private AttentionState keyLaneForward(Problem p) {
-    float[] o = new float[p.rows * p.heads * p.dim];
-    float[] lse = new float[p.rows * p.heads];
+  private void keyLaneForward(Problem p, RowsOut out) {
     int kvTasks = p.batch * p.kvHeads;
     int slices = Math.min(p.group, Math.max(1, (4 * POOL.getParallelism() + kvTasks - 1) / kvTasks));
     int tasks = kvTasks * slices;
@@ -364,12 +389,11 @@ public final class CpuAttention implements AttentionBackend {
         }
       }
       w.run(p, b, kvh, 0, p.tk, null);
-      w.finish(p, o, lse);
+      w.finish(p, out, null);
       written[task] = w.rows();
       TILE_STEPS.add(w.takeSteps());
     });
     requireAllWritten(written, p);
-    return AttentionState.ofWritten(o, lse, p.rows, p.heads, p.dim);
   }
 
   /** The forward tasks' written (row, head) entries add up to all of them: a bug of the task split otherwise. */
@@ -431,11 +455,13 @@ public final class CpuAttention implements AttentionBackend {
     // Split lse stays float64 until the merged result (a float32 lse near 100 has an ulp of 8e-6,
     // which the merge weights would inherit); o is float32 as in every state.
     List<double[]> partL = new ArrayList<>(splits);
+    List<RowsOut> partOut = new ArrayList<>(splits);
     for (int s = 0; s < splits; s++) {
       partO.add(poisoned(p.rows * p.heads * p.dim));
       double[] l = new double[p.rows * p.heads];
       java.util.Arrays.fill(l, Double.NaN); // poisoned: the merge and AttentionState.of reject NaN
       partL.add(l);
+      partOut.add(RowsOut.wideLse(partO.get(s), l));
     }
     long[] recomputed = new long[p.batch * p.kvHeads * splits * rowBlocks];
     int tasks = recomputed.length;
@@ -454,7 +480,7 @@ public final class CpuAttention implements AttentionBackend {
         w.addRow(p, b, kvh * p.group + r / p.tq, r % p.tq);
       }
       w.run(p, b, kvh, j0, j1, um);
-      recomputed[task] = w.finish(p, partO.get(s), partL.get(s), um);
+      recomputed[task] = w.finish(p, partOut.get(s), um);
       if (recomputed[task] > 0) {
         // Rows flagged by the unified-max check: redo them with the running max.
         w.startBlock();
@@ -464,7 +490,7 @@ public final class CpuAttention implements AttentionBackend {
           }
         }
         w.run(p, b, kvh, j0, j1, null);
-        w.finish(p, partO.get(s), partL.get(s), null);
+        w.finish(p, partOut.get(s), null);
       }
       TILE_STEPS.add(w.takeSteps());
     });

@@ -517,21 +517,10 @@ final class KeyLaneWorker implements BlockWorker {
   }
 
   @Override
-  public int finish(CpuAttention.Problem p, float[] out, double[] lse, UnifiedMax um) {
-    return finish(p, out, null, lse, um);
-  }
-
-  /** The same with lse rounded to float32 (a forward's rows: no unified max). */
-  void finish(CpuAttention.Problem p, float[] out, float[] lse) {
-    finish(p, out, lse, null, null);
-  }
-
-  /** Writes lse to {@code lse32} rounded, or to {@code lse64} as computed (exactly one is non-null). */
-  private int finish(CpuAttention.Problem p, float[] out, float[] lse32, double[] lse64, UnifiedMax um) {
+  public int finish(CpuAttention.Problem p, RowsOut out, UnifiedMax um) {
     int flaggedRows = 0;
     for (int r = 0; r < rows; r++) {
-      if (!TileWorker.writeRow(p, o, r * p.dim, 1, max[r], sum[r], seenMin[r], seenMax[r], rowOut[r], out, lse32, lse64,
-          um)) {
+      if (!TileWorker.writeRow(p, o, r * p.dim, 1, max[r], sum[r], seenMin[r], seenMax[r], rowOut[r], out, um)) {
         flags[r] = true;
         flaggedRows++;
       }

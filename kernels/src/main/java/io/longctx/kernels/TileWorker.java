@@ -386,25 +386,14 @@ final class TileWorker implements BlockWorker {
   }
 
   /**
-   * Writes the block's rows into state arrays (o, lse). With a unified max,
-   * rows whose logits left the bounds are flagged (see {@link #flagged}) and not written; returns
-   * their number.
+   * Writes the block's rows to {@code out}. With a unified max, rows whose logits left the bounds are
+   * flagged (see {@link #flagged}) and not written; returns their number.
    */
-  int finish(CpuAttention.Problem p, float[] o, float[] lse, UnifiedMax um) {
-    return finish(p, o, lse, null, um);
-  }
-
-  /** The same with the lse kept in float64 (split-K partials: rounded once, after the merge). */
   @Override
-  public int finish(CpuAttention.Problem p, float[] o, double[] lse, UnifiedMax um) {
-    return finish(p, o, null, lse, um);
-  }
-
-  /** Writes lse to {@code lse32} rounded, or to {@code lse64} as computed (exactly one is non-null). */
-  private int finish(CpuAttention.Problem p, float[] o, float[] lse32, double[] lse64, UnifiedMax um) {
+  public int finish(CpuAttention.Problem p, RowsOut out, UnifiedMax um) {
     int flaggedRows = 0;
     for (int i = 0; i < rows; i++) {
-      if (!writeRow(p, ot, i, blockQ, max[i], sum[i], seenMin[i], seenMax[i], rowOut[i], o, lse32, lse64, um)) {
+      if (!writeRow(p, ot, i, blockQ, max[i], sum[i], seenMin[i], seenMax[i], rowOut[i], out, um)) {
         flags[i] = true;
         flaggedRows++;
       }
@@ -413,33 +402,32 @@ final class TileWorker implements BlockWorker {
   }
 
   /**
-   * Writes one finished row (both workers): o = acc / l and lse = m + log(l), or the empty row (0, -inf)
-   * when l = 0; into lse32 rounded or lse64 as computed (exactly one is non-null). With a unified
-   * max, returns false instead for a row to recompute: its logits left the bounds, or its sum or an
-   * output overflowed (the recompute writes the whole row over what this one wrote).
+   * Writes one finished row (both workers) to dst: o = acc / l and lse = m + log(l), or the empty row
+   * (0, -inf) when l = 0. With a unified max, returns false instead for a row to recompute: its
+   * logits left the bounds, or its sum or an output overflowed (the recompute writes the whole row
+   * over what this one wrote).
    *
    * @param acc the row's unnormalized output for dim c at {@code accOff + c * accStride}
    * @param out the row's (row * heads + head) index into the state
    */
   static boolean writeRow(CpuAttention.Problem p, float[] acc, int accOff, int accStride, float m, float l,
-      float seenMin, float seenMax, int out, float[] o, float[] lse32, double[] lse64, UnifiedMax um) {
+      float seenMin, float seenMax, int out, RowsOut dst, UnifiedMax um) {
     // A unified-max row is also recomputed when its sum overflowed (many keys near the upper bound).
     if (um != null && (!um.accepts(seenMin, seenMax) || !Float.isFinite(l))) {
       return false;
     }
     int d = p.dim;
+    int at = dst.at(out);
     if (l == 0f) {
-      if (lse64 != null) {
-        lse64[out] = Double.NEGATIVE_INFINITY;
-      } else {
-        lse32[out] = Float.NEGATIVE_INFINITY;
+      dst.lse(at, Double.NEGATIVE_INFINITY);
+      for (int c = 0; c < d; c++) {
+        dst.o(at * d + c, 0f);
       }
-      Arrays.fill(o, out * d, out * d + d, 0f);
       return true;
     }
     float inv = 1f / l;
-    for (int c = 0, at = accOff; c < d; c++, at += accStride) {
-      float x = acc[at] * inv;
+    for (int c = 0, a = accOff; c < d; c++, a += accStride) {
+      float x = acc[a] * inv;
       if (!Float.isFinite(x)) {
         if (um != null) {
           // Weights near e^88 (an upper bound near 88) times v: the recompute's running max keeps
@@ -448,7 +436,7 @@ final class TileWorker implements BlockWorker {
         }
         throw nonFiniteOutput(p, out, c);
       }
-      o[out * d + c] = x;
+      dst.o(at * d + c, x);
     }
     double rowLse = m + StrictMath.log(l); // StrictMath: same bits on every JVM
     if (!Float.isFinite((float) rowLse)) { // unreachable while scores are finite; forward relies on the check
@@ -456,11 +444,7 @@ final class TileWorker implements BlockWorker {
       throw new IllegalArgumentException("non-finite lse " + rowLse + " at batch " + row / p.tq + ", head "
           + out % p.heads + ", query token " + row % p.tq);
     }
-    if (lse64 != null) {
-      lse64[out] = rowLse;
-    } else {
-      lse32[out] = (float) rowLse;
-    }
+    dst.lse(at, rowLse);
     return true;
   }
 

@@ -46,8 +46,11 @@ class BufferTensorTest {
           + " Tq " + tq + " Tk " + tk + " D " + dim + " split " + split + " " + opt + ", q token-major " + qTokenMajor
           + ", k/v token-major " + kvTokenMajor;
       BufferTensor qb = direct(q, qTokenMajor), kb = direct(k, kvTokenMajor), vb = direct(v, kvTokenMajor);
-      same(CpuAttention.DEFAULT.forward(q, k, v, qp, null, opt), CpuAttention.DEFAULT.forward(qb, kb, vb, qp, null, opt),
-          "forward, " + where);
+      AttentionState want = CpuAttention.DEFAULT.forward(q, k, v, qp, null, opt);
+      same(want, CpuAttention.DEFAULT.forward(qb, kb, vb, qp, null, opt), "forward, " + where);
+      boolean oTokenMajor = rng.nextBoolean();
+      sameInBuffers(want, qb, kb, vb, qp, opt, oTokenMajor, "forward into buffers, o token-major " + oTokenMajor + ", "
+          + where);
       same(CpuAttention.DEFAULT.decode(q, k, v, qp, null, opt, split).state(),
           CpuAttention.DEFAULT.decode(qb, kb, vb, qp, null, opt, split).state(), "decode, " + where);
     }
@@ -90,6 +93,51 @@ class BufferTensorTest {
     sameError(() -> CpuAttention.DEFAULT.decode(q, k, k, null, null, AttentionOptions.DEFAULT, 4),
         () -> CpuAttention.DEFAULT.decode(direct(q, true), direct(k, true), direct(k, true), null, null,
             AttentionOptions.DEFAULT, 4));
+  }
+
+  /** The forward written into buffers (first filled with NaN) holds the state's rows, every entry of them. */
+  private static void sameInBuffers(AttentionState want, BufferTensor q, BufferTensor k, BufferTensor v, long[] qp,
+      AttentionOptions opt, boolean tokenMajor, String where) {
+    int batch = q.batch(), heads = q.heads(), tq = q.tokens(), dim = q.dim();
+    FloatBuffer ob = floats(batch * heads * tq * dim), lb = floats(batch * heads * tq);
+    BufferTensor o = tokenMajor ? BufferTensor.bthd(ob, batch, tq, heads, dim) : BufferTensor.bhtd(ob, batch, heads, tq, dim);
+    CpuAttention.DEFAULT.forward(q, k, v, qp, null, opt, o, lb);
+    for (int b = 0; b < batch; b++) {
+      for (int h = 0; h < heads; h++) {
+        for (int t = 0; t < tq; t++) {
+          int out = (b * tq + t) * heads + h;
+          int at = tokenMajor ? out : (b * heads + h) * tq + t;
+          assertEquals(want.lse()[out], lb.get(at), where + ": lse of batch " + b + " head " + h + " token " + t);
+          for (int c = 0; c < dim; c++) {
+            assertEquals(want.o()[out * dim + c], ob.get(o.offset(b, h, t) + c), where + ": o of batch " + b + " head "
+                + h + " token " + t + " dim " + c);
+          }
+        }
+      }
+    }
+  }
+
+  /** A direct buffer of n floats in native order, all NaN. */
+  private static FloatBuffer floats(int n) {
+    FloatBuffer b = ByteBuffer.allocateDirect(4 * n).order(ByteOrder.nativeOrder()).asFloatBuffer();
+    for (int i = 0; i < n; i++) {
+      b.put(i, Float.NaN);
+    }
+    return b;
+  }
+
+  @Test
+  void outputBuffersOfTheWrongShapeAreNamed() {
+    SplittableRandom rng = new SplittableRandom(11);
+    BufferTensor q = direct(Accuracy.random(rng, 1, 4, 3, 8, 1), true);
+    BufferTensor k = direct(Accuracy.random(rng, 1, 2, 10, 8, 1), true);
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> CpuAttention.DEFAULT.forward(q, k,
+        k, null, null, AttentionOptions.DEFAULT, BufferTensor.bhtd(floats(96), 1, 4, 3, 8), floats(11)));
+    assertEquals("lse must hold 12 floats (batch x heads x query tokens), got a buffer of 11", e.getMessage());
+    e = assertThrows(IllegalArgumentException.class, () -> CpuAttention.DEFAULT.forward(q, k, k, null, null,
+        AttentionOptions.DEFAULT, BufferTensor.bhtd(floats(96), 1, 3, 4, 8), floats(12)));
+    assertEquals("o must have q's shape [1, 4, 3, 8] (stored [batch, tokens, heads, dim]), got [1, 3, 4, 8]",
+        e.getMessage());
   }
 
   /** t's floats in a direct buffer of native order, as a DJL array's memory is: [B, T, H, D] when tokenMajor. */
