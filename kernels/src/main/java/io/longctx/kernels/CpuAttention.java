@@ -304,6 +304,47 @@ public final class CpuAttention implements AttentionBackend {
     int qBlocks = (p.tq + blockQ - 1) / blockQ;
     int perSweep = blocksPerSweep(qBlocks, p.batch * p.heads, p.dim);
     int sweeps = (qBlocks + perSweep - 1) / perSweep;
+    if (p.kb != null && (long) sweeps * p.group > MAX_TILE_COPIES) {
+      p = staged(p);
+    }
+    sweep(p, out, qBlocks, perSweep, sweeps);
+  }
+
+  /**
+   * Key tiles a forward reading K/V from buffers may copy per tile (one copy for each sweep over it:
+   * sweeps per query head times the query heads of its kv head); above this K and V are copied
+   * whole into arrays first. Each tile copy is a serial read the kernel cannot overlap with its
+   * arithmetic: at [1,8,T,128] (Zen 4) tile copies cost about what whole copies cost at T = 1024
+   * (4 sweeps), 3-9% of the kernel against 2-4% at 4096 (16), and 33% at 16384 (64) on a single
+   * call (docs/BENCHMARKS.md, "The operator reads its inputs and writes its output in place").
+   */
+  static final int MAX_TILE_COPIES = 4;
+
+  /** The calling thread's reusable arrays for K and V copied whole ({@link #staged}); softly held. */
+  private static final ThreadLocal<java.lang.ref.SoftReference<float[][]>> STAGED = new ThreadLocal<>();
+
+  /** p with K and V copied from their buffers into arrays of the calling thread, in BHTD order. */
+  private static Problem staged(Problem p) {
+    int n = p.batch * p.kvHeads * p.tk * p.dim;
+    java.lang.ref.SoftReference<float[][]> ref = STAGED.get();
+    float[][] kv = ref == null ? null : ref.get();
+    if (kv == null || kv[0].length != n) {
+      kv = new float[][] {new float[n], new float[n]}; // reused: fresh heap pages cost more than the copy
+      STAGED.set(new java.lang.ref.SoftReference<>(kv));
+    }
+    float[] k = kv[0], v = kv[1];
+    int heads = p.batch * p.kvHeads, pieces = Math.max(1, Math.min(p.tk, 4 * POOL.getParallelism() / heads + 1));
+    parallelFor(heads * pieces, task -> {
+      int bh = task / pieces, piece = task % pieces, b = bh / p.kvHeads, h = bh % p.kvHeads;
+      int t0 = (int) ((long) p.tk * piece / pieces), t1 = (int) ((long) p.tk * (piece + 1) / pieces);
+      int at = (bh * p.tk + t0) * p.dim;
+      p.kb.readRows(b, h, t0, t1 - t0, k, at);
+      p.vb.readRows(b, h, t0, t1 - t0, v, at);
+    });
+    return p.withKv(new Tensor(k, p.batch, p.kvHeads, p.tk, p.dim), new Tensor(v, p.batch, p.kvHeads, p.tk, p.dim));
+  }
+
+  private void sweep(Problem p, RowsOut out, int qBlocks, int perSweep, int sweeps) {
     int tasks = p.batch * p.heads * sweeps;
     int[] written = new int[tasks];
     parallelFor(tasks, task -> {
@@ -565,7 +606,7 @@ public final class CpuAttention implements AttentionBackend {
   /**
    * A validated call: shapes, positions, options and the derived sizes. Queries, keys and values are
    * all Tensors (arrays) or all {@link BufferTensor}s (buffers read in place: a query row as its block
-   * starts, a key tile at a time, {@link KvTile}).
+   * starts, a key tile at a time, {@link KvTile}); or, once staged, q in a buffer and K/V in arrays.
    */
   static final class Problem {
     final Tensor q, k, v; // null when read from buffers
@@ -667,6 +708,33 @@ public final class CpuAttention implements AttentionBackend {
           kb.requireFinite("k");
         }
       }
+    }
+
+    /** This call with K and V as the given arrays (their copies, {@link CpuAttention#staged}); q as it is. */
+    Problem withKv(Tensor k, Tensor v) {
+      return new Problem(this, k, v);
+    }
+
+    private Problem(Problem p, Tensor k, Tensor v) {
+      this.q = p.q;
+      this.qb = p.qb;
+      this.k = k;
+      this.v = v;
+      this.kb = null;
+      this.vb = null;
+      this.qPos = p.qPos;
+      this.kPos = p.kPos;
+      this.opt = p.opt;
+      this.batch = p.batch;
+      this.heads = p.heads;
+      this.kvHeads = p.kvHeads;
+      this.group = p.group;
+      this.tq = p.tq;
+      this.tk = p.tk;
+      this.dim = p.dim;
+      this.rows = p.rows;
+      this.qScale = p.qScale;
+      this.softcap = p.softcap;
     }
 
     /** Offset of query row (b, h, t) in q's array or buffer. */

@@ -56,6 +56,27 @@ class BufferTensorTest {
     }
   }
 
+  /**
+   * The forward's two ways of reading K/V from buffers, a tile at a time and (past
+   * {@link CpuAttention#MAX_TILE_COPIES} copies per tile) copied whole first, both orders: the bits of
+   * the Tensor form.
+   */
+  @Test
+  void keysCopiedByTileOrWholeGiveTheSameBits() {
+    long seed = Accuracy.seed();
+    SplittableRandom rng = new SplittableRandom(seed);
+    for (int group : new int[] {1, 2 * CpuAttention.MAX_TILE_COPIES}) { // one sweep a query head: group copies a tile
+      Tensor q = Accuracy.random(rng, 2, 2 * group, 70, 24, 1);
+      Tensor k = Accuracy.random(rng, 2, 2, 333, 24, 1), v = Accuracy.random(rng, 2, 2, 333, 24, 1);
+      AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+      AttentionState want = CpuAttention.DEFAULT.forward(q, k, v, null, null, opt);
+      for (boolean tokenMajor : new boolean[] {false, true}) {
+        same(want, CpuAttention.DEFAULT.forward(direct(q, !tokenMajor), direct(k, tokenMajor), direct(v, tokenMajor),
+            null, null, opt), "group " + group + ", token-major " + tokenMajor + ", seed " + seed);
+      }
+    }
+  }
+
   @Test
   void badBuffersAreNamedAsTheTensorFormNamesThem() {
     SplittableRandom rng = new SplittableRandom(7);

@@ -648,41 +648,125 @@ public final class PplJob {
     return RowFactory.create(out.toArray());
   }
 
-  /** The model and tokenizer of a checkpoint, loaded once per JVM and shared by its tasks. */
+  /**
+   * The model and tokenizer of a checkpoint, loaded once per JVM and shared by its tasks. A load is
+   * held by each Spark task that got it until the task completes; it is closed (its native memory
+   * freed) once no task holds it and it is stale (the checkpoint's files changed and a newer load
+   * replaced it) or beyond the {@link #KEPT} most recently used checkpoints. Before, every load stayed
+   * for the life of the JVM: a long-lived session scoring several checkpoints, or one rewritten
+   * between runs, kept each of them in memory.
+   */
   static final class Loaded {
-    private static final Map<String, Loaded> CACHE = new ConcurrentHashMap<>();
-    // Lives as long as the JVM: executors keep the model for every task of the job.
-    private static NDManager manager;
+    /** Checkpoints kept loaded with no task holding them: the most recently used ones. */
+    static final int KEPT = 2;
+
+    private static final Map<String, Loaded> CACHE = new java.util.HashMap<>(); // by dir@stamp; guarded by Loaded.class
+    private static NDManager manager; // the loads' parent, for the life of the JVM
+    private static long clock; // of last uses
 
     final LlamaModel model;
-    private final java.nio.file.Path dir;
+    private final String dir;
+    private final java.util.Set<Long> holders = new java.util.HashSet<>(); // task attempt ids; guarded by Loaded.class
+    private boolean cached = true; // guarded by Loaded.class
+    private boolean closed; // guarded by Loaded.class
+    private long lastUsed; // guarded by Loaded.class
     private volatile HuggingFaceTokenizer tokenizer;
 
-    private Loaded(java.nio.file.Path dir, LlamaModel model) {
+    private Loaded(String dir, LlamaModel model) {
       this.dir = dir;
       this.model = model;
     }
 
+    /**
+     * The current load of the checkpoint in dir, loaded here if its files changed or it was never
+     * loaded; held by the running Spark task until it completes (outside a task, e.g. on the driver or
+     * in tests, not held: it stays valid while it is among the kept ones).
+     */
     static Loaded get(String dir) {
       // Keyed by each file's modification time, size and file key (inode) too: a checkpoint rewritten
       // in place, or replaced by a copy that kept the old times (cp -p, rsync -t, tar), is loaded again.
       // Only a same-size rewrite in place that also restores the times goes unseen.
-      return CACHE.computeIfAbsent(dir + "@" + stamp(dir), key -> {
-        String d = dir;
-        try {
-          synchronized (Loaded.class) {
-            if (manager == null) {
-              manager = NDManager.newBaseManager("PyTorch");
+      String key = dir + "@" + stamp(dir);
+      org.apache.spark.TaskContext task = org.apache.spark.TaskContext.get();
+      synchronized (Loaded.class) { // a load takes seconds; the tasks of one executor share one model anyway
+        Loaded e = CACHE.get(key);
+        if (e == null) {
+          e = load(dir);
+          CACHE.put(key, e);
+          for (Loaded old : CACHE.values()) {
+            if (old != e && old.dir.equals(dir)) {
+              old.cached = false; // stale: closed below, or by its last holder
             }
           }
-          java.nio.file.Path p = java.nio.file.Path.of(d);
-          return new Loaded(p, LlamaModel.load(p, manager));
-        } catch (IOException e) {
-          throw new java.io.UncheckedIOException("loading the model " + d, e);
-        } catch (IllegalArgumentException e) {
-          throw new InputError("MODEL " + d + ": " + e.getMessage());
         }
-      });
+        e.lastUsed = ++clock;
+        if (task != null && e.holders.add(task.taskAttemptId())) {
+          Loaded held = e;
+          task.addTaskCompletionListener((org.apache.spark.util.TaskCompletionListener) tc -> release(held, tc.taskAttemptId()));
+        }
+        evict();
+        return e;
+      }
+    }
+
+    private static Loaded load(String dir) {
+      try {
+        if (manager == null) {
+          manager = NDManager.newBaseManager("PyTorch");
+        }
+        return new Loaded(dir, LlamaModel.load(java.nio.file.Path.of(dir), manager));
+      } catch (IOException e) {
+        throw new java.io.UncheckedIOException("loading the model " + dir, e);
+      } catch (IllegalArgumentException e) {
+        throw new InputError("MODEL " + dir + ": " + e.getMessage());
+      }
+    }
+
+    private static void release(Loaded e, long taskAttemptId) {
+      synchronized (Loaded.class) {
+        e.holders.remove(taskAttemptId);
+        closeIfDone(e);
+        evict();
+      }
+    }
+
+    /** Drops stale loads and the least recently used idle ones beyond {@link #KEPT}; closes those no task holds. */
+    private static void evict() {
+      List<Loaded> idle = new ArrayList<>();
+      for (Loaded e : CACHE.values()) {
+        if (e.cached && e.holders.isEmpty()) {
+          idle.add(e);
+        }
+      }
+      idle.sort(java.util.Comparator.comparingLong((Loaded e) -> e.lastUsed).reversed());
+      for (int i = KEPT; i < idle.size(); i++) {
+        idle.get(i).cached = false;
+      }
+      for (java.util.Iterator<Loaded> it = CACHE.values().iterator(); it.hasNext(); ) {
+        Loaded e = it.next();
+        if (!e.cached) {
+          it.remove();
+          closeIfDone(e); // a held one is closed by its last holder's release
+        }
+      }
+    }
+
+    private static void closeIfDone(Loaded e) {
+      if (!e.cached && e.holders.isEmpty() && !e.closed) {
+        e.closed = true;
+        e.model.close();
+        HuggingFaceTokenizer t = e.tokenizer;
+        if (t != null) {
+          t.close();
+        }
+      }
+    }
+
+    /** Whether this load was closed (stale or evicted, and no task held it any more). */
+    boolean closed() {
+      synchronized (Loaded.class) {
+        return closed;
+      }
     }
 
     private static String stamp(String dir) {
@@ -702,7 +786,7 @@ public final class PplJob {
     synchronized HuggingFaceTokenizer tokenizer() throws IOException {
       if (tokenizer == null) {
         try {
-          tokenizer = LlamaTranslator.openTokenizer(dir);
+          tokenizer = LlamaTranslator.openTokenizer(java.nio.file.Path.of(dir));
         } catch (IllegalArgumentException e) {
           throw new InputError("MODEL " + dir + ": text input needs a tokenizer: " + e.getMessage());
         }

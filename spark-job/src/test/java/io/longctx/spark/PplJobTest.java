@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotSame;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertSame;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import ai.djl.huggingface.tokenizers.HuggingFaceTokenizer;
@@ -104,6 +105,59 @@ class PplJobTest {
     Files.move(fresh, weights, java.nio.file.StandardCopyOption.REPLACE_EXISTING); // as rsync does: a new file
     Files.setLastModifiedTime(weights, before);
     assertNotSame(first, PplJob.Loaded.get(dir.toString()), "a replaced file with the old time: loaded again");
+  }
+
+  /** Replaces dir's weights with a copy (a new file, as rsync writes one): the checkpoint's stamp changes. */
+  static void replaceWeights(Path dir) throws java.io.IOException {
+    Path weights;
+    try (var files = Files.list(dir)) {
+      weights = files.filter(f -> f.getFileName().toString().endsWith(".safetensors")).findFirst().orElseThrow();
+    }
+    Path fresh = dir.resolveSibling(dir.getFileName() + "-fresh.safetensors");
+    Files.copy(weights, fresh, java.nio.file.StandardCopyOption.COPY_ATTRIBUTES);
+    Files.move(fresh, weights, java.nio.file.StandardCopyOption.REPLACE_EXISTING);
+  }
+
+  /**
+   * The executors' model cache frees what it no longer needs: a load replaced by a newer one of its
+   * checkpoint, and the least recently used beyond {@link PplJob.Loaded#KEPT}. Before, every load
+   * stayed in native memory for the life of the JVM.
+   */
+  @Test
+  void staleLoadsAndTheLeastRecentlyUsedBeyondTheKeptOnesAreClosed() throws Exception {
+    Path a = copyOfModel("model-a", null), b = copyOfModel("model-b", null), c = copyOfModel("model-c", null);
+    PplJob.Loaded first = PplJob.Loaded.get(a.toString());
+    replaceWeights(a);
+    PplJob.Loaded second = PplJob.Loaded.get(a.toString());
+    assertNotSame(first, second);
+    assertTrue(first.closed(), "the replaced checkpoint's old load is freed");
+    assertThrows(IllegalStateException.class, () -> first.model.config(), "a closed model refuses work");
+    assertFalse(second.closed());
+    assertEquals(2, PplJob.Loaded.KEPT);
+    PplJob.Loaded lb = PplJob.Loaded.get(b.toString()), lc = PplJob.Loaded.get(c.toString());
+    assertTrue(second.closed(), "three checkpoints: the least recently used one is freed");
+    assertFalse(lb.closed() || lc.closed(), "the two most recent ones stay");
+    assertSame(lc, PplJob.Loaded.get(c.toString()));
+  }
+
+  static final java.util.concurrent.atomic.AtomicReference<PplJob.Loaded> HELD = new java.util.concurrent.atomic.AtomicReference<>();
+
+  /** A load that a running task got is not freed under it when its checkpoint changes: only when the task completes. */
+  @Test
+  void aLoadHeldByARunningTaskIsClosedWhenTheTaskCompletes() throws Exception {
+    String dir = copyOfModel("model-held", null).toString();
+    var jsc = org.apache.spark.api.java.JavaSparkContext.fromSparkContext(spark.sparkContext());
+    List<String> seen = jsc.parallelize(List.of(1), 1).map(x -> {
+      PplJob.Loaded held = PplJob.Loaded.get(dir);
+      HELD.set(held);
+      replaceWeights(Path.of(dir));
+      PplJob.Loaded fresh = PplJob.Loaded.get(dir); // the held one is stale now
+      double sum = held.model.score(new int[] {1, 2, 3, 4}, 2, false).sumLogprob(); // still usable
+      return (fresh != held) + " " + held.closed() + " " + Double.isFinite(sum);
+    }).collect();
+    assertEquals(List.of("true false true"), seen);
+    assertTrue(HELD.get().closed(), "freed when the task that held it completed");
+    assertFalse(PplJob.Loaded.get(dir).closed());
   }
 
   /**
