@@ -49,7 +49,7 @@ final class TileWorker implements BlockWorker {
   private final int[] rowQ; // offset of the query row in q's array or buffer
   private final int[] rowOut; // (row * heads + head) index into the output state
   private final long[] rowPos;
-  private final KvTile kvTile = new KvTile(); // run()'s tiles
+  final KvTile kvTile = new KvTile(); // run()'s tiles, and a forward task's (the thread's first worker's)
   private int rows;
   private int steps; // visible (block, key tile) steps since the last takeSteps()
   private long rowPosMin;
