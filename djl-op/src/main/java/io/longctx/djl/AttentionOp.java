@@ -8,8 +8,8 @@ import ai.djl.ndarray.types.DataType;
 import ai.djl.ndarray.types.Shape;
 import io.longctx.kernels.AttentionBackends;
 import io.longctx.kernels.AttentionOptions;
-import io.longctx.kernels.BufferTensor;
 import io.longctx.kernels.AttentionState;
+import io.longctx.kernels.BufferTensor;
 import io.longctx.kernels.CpuAttention;
 import io.longctx.kernels.CudaAttention;
 import io.longctx.kernels.Tensor;
@@ -540,7 +540,8 @@ public final class AttentionOp {
    * float32 conversion or contiguous copy, put in scope. a itself stays with its manager (another
    * thread may be reading it). Before, q, k and v were copied whole into float[] first: 4-5 ms of a
    * 17 ms call at [1,8,1024,128] causal, and a long KV cache's copies cost more than its decode
-   * (docs/BENCHMARKS.md, "Decode with the keys in the lanes", "The operator reads its inputs in place").
+   * (docs/BENCHMARKS.md, "Decode with the keys in the lanes", "The operator reads its inputs and writes its
+   * output in place").
    */
   private static BufferTensor inPlace(NDArray a, Layout layout, NDManager scope) {
     NDArray x = a;

@@ -15,15 +15,7 @@ public record BufferTensor(FloatBuffer data, int batch, int heads, int tokens, i
 
   public BufferTensor {
     Objects.requireNonNull(data, "data");
-    if (batch < 1 || heads < 1 || tokens < 0 || dim < 1) {
-      throw new IllegalArgumentException(
-          "tensor shape must have batch >= 1, heads >= 1, tokens >= 0, dim >= 1, got " + shape(batch, heads, tokens, dim));
-    }
-    long need = (long) batch * heads * tokens * dim;
-    if (need != data.limit()) {
-      throw new IllegalArgumentException("tensor of shape " + shape(batch, heads, tokens, dim) + " needs " + need
-          + " floats, buffer has " + data.limit());
-    }
+    Tensor.requireShape(batch, heads, tokens, dim, data.limit(), "buffer");
   }
 
   /** [batch, heads, tokens, dim] in that order: the {@link Tensor} layout. */

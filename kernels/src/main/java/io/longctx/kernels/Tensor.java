@@ -11,14 +11,19 @@ public record Tensor(float[] data, int batch, int heads, int tokens, int dim) {
 
   public Tensor {
     Objects.requireNonNull(data, "data");
+    requireShape(batch, heads, tokens, dim, data.length, "array");
+  }
+
+  /** The shape checks of a tensor held in {@code holder} (an array, a buffer) of {@code floats} floats. */
+  static void requireShape(int batch, int heads, int tokens, int dim, long floats, String holder) {
     if (batch < 1 || heads < 1 || tokens < 0 || dim < 1) {
       throw new IllegalArgumentException(
           "tensor shape must have batch >= 1, heads >= 1, tokens >= 0, dim >= 1, got " + shape(batch, heads, tokens, dim));
     }
     long need = (long) batch * heads * tokens * dim;
-    if (need != data.length) {
+    if (need != floats) {
       throw new IllegalArgumentException(
-          "tensor of shape " + shape(batch, heads, tokens, dim) + " needs " + need + " floats, array has " + data.length);
+          "tensor of shape " + shape(batch, heads, tokens, dim) + " needs " + need + " floats, " + holder + " has " + floats);
     }
   }
 
