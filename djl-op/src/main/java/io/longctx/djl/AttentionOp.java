@@ -607,20 +607,6 @@ public final class AttentionOp {
     return IS_CONTIGUOUS != null;
   }
 
-  /** a as float32 in BHTD order: a itself, or libtorch's conversion and (a view's) transpose, put in scope. */
-  private static NDArray float32Bhtd(NDArray a, Layout layout, NDManager scope) {
-    NDArray x = a;
-    if (x.getDataType() != DataType.FLOAT32) {
-      x = x.toType(DataType.FLOAT32, false);
-      x.attach(scope);
-    }
-    if (layout == Layout.BTHD) {
-      x = x.transpose(0, 2, 1, 3);
-      x.attach(scope);
-    }
-    return x;
-  }
-
   /**
    * Decoding over a KV cache held as a list of chunks (k chunk i and v chunk i of equal shape, each
    * [B, Hkv, Tk_i, D] or [B, Tk_i, Hkv, D] by layout), without concatenating them: one state per
@@ -836,13 +822,14 @@ public final class AttentionOp {
     return a.getDataType() == DataType.FLOAT32 ? a : a.toType(DataType.FLOAT32, false);
   }
 
-  /** One copy of a CPU array into a float[] in our [B, H, T, D] layout (widening float16). */
+  /**
+   * One copy of a CPU array into a float[] in our [B, H, T, D] layout (widening float16): read in
+   * place ({@link #inPlace}) and copied row by row, so BTHD needs no libtorch transpose first (its
+   * strided copy ran at about 0.7 GB/s, docs/BENCHMARKS.md).
+   */
   static Tensor toTensor(NDArray a, Layout layout) {
-    Shape s = a.getShape();
     try (NDManager scope = a.getManager().newSubManager()) {
-      float[] data = toFloats(float32Bhtd(a, layout, scope));
-      int hAxis = layout == Layout.BHTD ? 1 : 2, tAxis = layout == Layout.BHTD ? 2 : 1;
-      return new Tensor(data, (int) s.get(0), (int) s.get(hAxis), (int) s.get(tAxis), (int) s.get(3));
+      return inPlace(a, layout, scope).toTensor();
     }
   }
 
@@ -856,9 +843,9 @@ public final class AttentionOp {
     int n = Math.toIntExact(a.size());
     float[] out = new float[n];
     // For a strided array toByteBuffer would make its contiguous copy on a's manager (the caller's),
-    // where nothing closes it (inPlace does the same). The flat reshape is a view of a contiguous array and a contiguous copy
-    // of any other, moved to a scope of ours at once; a itself stays where it is (another thread may
-    // be reading it: lending it to a scope broke two callers sharing one input).
+    // where nothing closes it. The flat reshape is a view of a contiguous array and a contiguous copy
+    // of any other, moved to a scope of ours at once (inPlace does the same); a itself stays where it
+    // is (another thread may be reading it: lending it to a scope broke two callers sharing one input).
     try (NDManager scope = a.getManager().newSubManager()) {
       NDArray flat = a.reshape(-1);
       flat.attach(scope);

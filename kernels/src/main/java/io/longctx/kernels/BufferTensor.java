@@ -57,6 +57,30 @@ public record BufferTensor(FloatBuffer data, int batch, int heads, int tokens, i
     }
   }
 
+  /**
+   * A copy as a new {@link Tensor} ([B, H, T, D] in an array), whichever order this is stored in; from
+   * 1 MiB on, in pieces on the kernels' threads.
+   */
+  public Tensor toTensor() {
+    float[] out = new float[Math.toIntExact((long) batch * heads * tokens * dim)];
+    int bh = batch * heads;
+    boolean large = out.length >= 1 << 18;
+    int pieces = large ? Math.max(1, Math.min(tokens, 4 * CpuAttention.POOL.getParallelism() / bh + 1)) : 1;
+    java.util.function.IntConsumer copy = task -> {
+      int b = task / pieces / heads, h = task / pieces % heads, piece = task % pieces;
+      int t0 = (int) ((long) tokens * piece / pieces), t1 = (int) ((long) tokens * (piece + 1) / pieces);
+      readRows(b, h, t0, t1 - t0, out, ((b * heads + h) * tokens + t0) * dim);
+    };
+    if (large) {
+      CpuAttention.parallelFor(bh * pieces, copy);
+    } else {
+      for (int task = 0; task < bh * pieces; task++) {
+        copy.accept(task);
+      }
+    }
+    return new Tensor(out, batch, heads, tokens, dim);
+  }
+
   /** Throws, naming the first NaN or infinity by (batch, head, token, dim), as {@link Tensor#requireFinite}. */
   public void requireFinite(String name) {
     for (int i = 0, n = data.limit(); i < n; i++) {

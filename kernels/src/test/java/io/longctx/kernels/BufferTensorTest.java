@@ -3,6 +3,7 @@ package io.longctx.kernels;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -46,6 +47,8 @@ class BufferTensorTest {
           + " Tq " + tq + " Tk " + tk + " D " + dim + " split " + split + " " + opt + ", q token-major " + qTokenMajor
           + ", k/v token-major " + kvTokenMajor;
       BufferTensor qb = direct(q, qTokenMajor), kb = direct(k, kvTokenMajor), vb = direct(v, kvTokenMajor);
+      assertArrayEquals(q.data(), qb.toTensor().data(), "toTensor, " + where);
+      assertArrayEquals(k.data(), kb.toTensor().data(), "toTensor, " + where);
       AttentionState want = CpuAttention.DEFAULT.forward(q, k, v, qp, null, opt);
       same(want, CpuAttention.DEFAULT.forward(qb, kb, vb, qp, null, opt), "forward, " + where);
       boolean oTokenMajor = rng.nextBoolean();
@@ -74,6 +77,16 @@ class BufferTensorTest {
         same(want, CpuAttention.DEFAULT.forward(direct(q, !tokenMajor), direct(k, tokenMajor), direct(v, tokenMajor),
             null, null, opt), "group " + group + ", token-major " + tokenMajor + ", seed " + seed);
       }
+    }
+  }
+
+  /** A copy large enough to run in pieces on the kernels' threads, both orders. */
+  @Test
+  void largeCopiesIntoTensorsKeepEveryRow() {
+    Tensor t = Accuracy.random(new SplittableRandom(3), 2, 3, 700, 65, 1);
+    assertTrue(t.data().length >= 1 << 18, "the shape must reach the parallel copy");
+    for (boolean tokenMajor : new boolean[] {false, true}) {
+      assertArrayEquals(t.data(), direct(t, tokenMajor).toTensor().data(), "token-major " + tokenMajor);
     }
   }
 
