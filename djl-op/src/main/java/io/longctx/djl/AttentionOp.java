@@ -825,7 +825,7 @@ public final class AttentionOp {
   /**
    * One copy of a CPU array into a float[] in our [B, H, T, D] layout (widening float16): read in
    * place ({@link #inPlace}) and copied row by row, so BTHD needs no libtorch transpose first (its
-   * strided copy ran at about 0.7 GB/s, docs/BENCHMARKS.md).
+   * strided copy took 32 ms for 64 MiB, this 7-9 ms; docs/BENCHMARKS.md).
    */
   static Tensor toTensor(NDArray a, Layout layout) {
     try (NDManager scope = a.getManager().newSubManager()) {
