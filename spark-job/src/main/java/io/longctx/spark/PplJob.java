@@ -24,6 +24,7 @@ import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
 import org.apache.spark.Partitioner;
+import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Dataset;
@@ -38,6 +39,7 @@ import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.storage.StorageLevel;
 import org.apache.spark.util.LongAccumulator;
+import org.apache.spark.util.TaskCompletionListener;
 import scala.Tuple2;
 
 /**
@@ -687,7 +689,7 @@ public final class PplJob {
       // in place, or replaced by a copy that kept the old times (cp -p, rsync -t, tar), is loaded again.
       // Only a same-size rewrite in place that also restores the times goes unseen.
       String key = dir + "@" + stamp(dir);
-      org.apache.spark.TaskContext task = org.apache.spark.TaskContext.get();
+      TaskContext task = TaskContext.get();
       synchronized (Loaded.class) { // a load takes seconds; the tasks of one executor share one model anyway
         Loaded e = CACHE.get(key);
         if (e == null) {
@@ -702,7 +704,7 @@ public final class PplJob {
         e.lastUsed = ++clock;
         if (task != null && e.holders.add(task.taskAttemptId())) {
           Loaded held = e;
-          task.addTaskCompletionListener((org.apache.spark.util.TaskCompletionListener) tc -> release(held, tc.taskAttemptId()));
+          task.addTaskCompletionListener((TaskCompletionListener) tc -> release(held, tc.taskAttemptId()));
         }
         evict();
         return e;
