@@ -314,9 +314,9 @@ public final class CpuAttention implements AttentionBackend {
    * Key tiles a forward reading K/V from buffers may copy per tile (one copy for each sweep over it:
    * sweeps per query head times the query heads of its kv head); above this K and V are copied
    * whole into arrays first. Each tile copy is a serial read the kernel cannot overlap with its
-   * arithmetic: at [1,8,T,128] (Zen 4) tile copies cost about what whole copies cost at T = 1024
-   * (4 sweeps), 3-9% of the kernel against 2-4% at 4096 (16), and 33% at 16384 (64) on a single
-   * call (docs/BENCHMARKS.md, "The operator reads its inputs and writes its output in place").
+   * arithmetic. At [1,8,T,128] (Zen 4) tile copies cost about what whole copies cost at T = 1024
+   * (4 a tile); at 4096 (16) 3-9% of the kernel against 2-4% for whole copies; at 16384 (64) a third
+   * of the call (docs/BENCHMARKS.md, "The operator reads its inputs and writes its output in place").
    */
   static final int MAX_TILE_COPIES = 4;
 
