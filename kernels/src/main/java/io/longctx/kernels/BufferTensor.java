@@ -57,12 +57,18 @@ public record BufferTensor(FloatBuffer data, int batch, int heads, int tokens, i
     }
   }
 
-  /**
-   * A copy as a new {@link Tensor} ([B, H, T, D] in an array), whichever order this is stored in; from
-   * 1 MiB on, in pieces on the kernels' threads.
-   */
+  /** A copy as a new {@link Tensor} ([B, H, T, D] in an array), whichever order this is stored in. */
   public Tensor toTensor() {
     float[] out = new float[Math.toIntExact((long) batch * heads * tokens * dim)];
+    copyInto(out);
+    return new Tensor(out, batch, heads, tokens, dim);
+  }
+
+  /**
+   * Copies this into out in [B, H, T, D] order (out holds exactly its floats); from 1 MiB on, in
+   * pieces on the kernels' threads.
+   */
+  void copyInto(float[] out) {
     int bh = batch * heads;
     boolean large = out.length >= 1 << 18;
     int pieces = large ? Math.max(1, Math.min(tokens, 4 * CpuAttention.POOL.getParallelism() / bh + 1)) : 1;
@@ -78,7 +84,6 @@ public record BufferTensor(FloatBuffer data, int batch, int heads, int tokens, i
         copy.accept(task);
       }
     }
-    return new Tensor(out, batch, heads, tokens, dim);
   }
 
   /** Throws, naming the first NaN or infinity by (batch, head, token, dim), as {@link Tensor#requireFinite}. */
@@ -104,10 +109,6 @@ public record BufferTensor(FloatBuffer data, int batch, int heads, int tokens, i
 
   /** The logical shape, [batch, heads, tokens, dim], and the order when it is token-major. */
   public String shape() {
-    return shape(batch, heads, tokens, dim) + (tokenMajor ? " (stored [batch, tokens, heads, dim])" : "");
-  }
-
-  private static String shape(int b, int h, int t, int d) {
-    return "[" + b + ", " + h + ", " + t + ", " + d + "]";
+    return Tensor.shape(batch, heads, tokens, dim) + (tokenMajor ? " (stored [batch, tokens, heads, dim])" : "");
   }
 }

@@ -333,14 +333,8 @@ public final class CpuAttention implements AttentionBackend {
       STAGED.set(new java.lang.ref.SoftReference<>(kv));
     }
     float[] k = kv[0], v = kv[1];
-    int heads = p.batch * p.kvHeads, pieces = Math.max(1, Math.min(p.tk, 4 * POOL.getParallelism() / heads + 1));
-    parallelFor(heads * pieces, task -> {
-      int bh = task / pieces, piece = task % pieces, b = bh / p.kvHeads, h = bh % p.kvHeads;
-      int t0 = (int) ((long) p.tk * piece / pieces), t1 = (int) ((long) p.tk * (piece + 1) / pieces);
-      int at = (bh * p.tk + t0) * p.dim;
-      p.kb.readRows(b, h, t0, t1 - t0, k, at);
-      p.vb.readRows(b, h, t0, t1 - t0, v, at);
-    });
+    p.kb.copyInto(k);
+    p.vb.copyInto(v);
     return p.withKv(new Tensor(k, p.batch, p.kvHeads, p.tk, p.dim), new Tensor(v, p.batch, p.kvHeads, p.tk, p.dim));
   }
 

@@ -77,7 +77,7 @@ public record Tensor(float[] data, int batch, int heads, int tokens, int dim) {
     return shape(batch, heads, tokens, dim);
   }
 
-  private static String shape(int b, int h, int t, int d) {
+  static String shape(int b, int h, int t, int d) {
     return "[" + b + ", " + h + ", " + t + ", " + d + "]";
   }
 }
