@@ -62,8 +62,10 @@ public final class KernelBench {
       "call after a 50 ms pause (-Dlongctx.bench.settleMs) so that no thread pool left spinning by the call",
       "before (libtorch's OpenMP threads spin after each op) takes cores from the next. Prints one",
       "JSON object per line and implementation on stdout: ms (median), gflops or gbps, and",
-      "vs_anchor = anchor time / our time (higher is better; 1.0 = as fast as libtorch). Progress goes to",
-      "stderr, with an estimate of each shape's time after its first round.",
+      "vs_anchor = anchor time / our time (higher is better; 1.0 = as fast as libtorch); the forward's op",
+      "line also vs_faster, the median over rounds of that round's faster of java and the anchor over op",
+      "(the operator's target: >= 0.95). Progress goes to stderr, with an estimate of each shape's time",
+      "after its first round.",
       "",
       "  --op forward|decode|all   what to time (default all: forward non-causal and causal, then decode)",
       "  --t T                     forward: query and key tokens (default 4096); with --op decode: query rows\n"
@@ -271,9 +273,10 @@ public final class KernelBench {
               c ? "causal" : "non-causal", hkv, names(impls));
         }
         long rssBefore = beforeMeasuredCall(impls, only);
-        double[] ms = medianMs(warmup, iters, calls(impls), only == null);
+        double[][] rounds = roundMs(warmup, iters, calls(impls), only == null);
+        double[] ms = medians(rounds);
         String mem = only != null ? memoryFigures(rssBefore) : ""; // before choose(), which may calibrate
-        int anchorAt = indexOf(impls, "libtorch-sdpa");
+        int anchorAt = indexOf(impls, "libtorch-sdpa"), javaAt = indexOf(impls, "java");
         String path = indexOf(impls, "op") >= 0 ? attentionOp.choose(nd[0], nd[1], nd[2], null, null, opt,
             AttentionOp.Layout.BHTD).name().toLowerCase(Locale.ROOT) : "";
         for (int i = 0; i < impls.size(); i++) {
@@ -285,6 +288,9 @@ public final class KernelBench {
           }
           if (name.equals("op")) {
             extra += ", \"path\": \"" + path + "\"";
+            if (anchorAt >= 0 && javaAt >= 0) {
+              extra += String.format(Locale.ROOT, ", \"vs_faster\": %.3f", vsFaster(rounds, javaAt, i, anchorAt));
+            }
           }
           extra += mem;
           print(name, "forward", t, k.tokens(), h, hkv, dim, c, ms[i], gflops(flops, ms[i]) + extra);
@@ -627,6 +633,15 @@ public final class KernelBench {
 
   /** The same; with {@code report}, says on stderr how long the rounds will take after the first. */
   static double[] medianMs(int warmup, int iters, List<Supplier<?>> impls, boolean report) {
+    return medians(roundMs(warmup, iters, impls, report));
+  }
+
+  /**
+   * ms of each implementation ([impl][round]) after {@code warmup} untimed rounds. Every round times
+   * each implementation once, starting one further along each round, so that none always follows the
+   * same other (whose threads or cache contents it might inherit).
+   */
+  static double[][] roundMs(int warmup, int iters, List<Supplier<?>> impls, boolean report) {
     for (int i = 0; i < warmup; i++) {
       long t0 = System.nanoTime();
       impls.forEach(Supplier::get);
@@ -636,21 +651,45 @@ public final class KernelBench {
             warmup + iters - 1);
       }
     }
-    double[][] times = new double[impls.size()][iters];
+    int n = impls.size();
+    double[][] times = new double[n][iters];
     for (int i = 0; i < iters; i++) {
-      for (int m = 0; m < impls.size(); m++) {
+      for (int j = 0; j < n; j++) {
+        int m = (i + j) % n;
         settle();
         long t0 = System.nanoTime();
         impls.get(m).get();
         times[m][i] = (System.nanoTime() - t0) / 1e6;
       }
     }
-    double[] median = new double[impls.size()];
+    return times;
+  }
+
+  static double[] medians(double[][] times) {
+    double[] median = new double[times.length];
     for (int m = 0; m < median.length; m++) {
-      Arrays.sort(times[m]);
-      median[m] = times[m][iters / 2];
+      median[m] = median(times[m].clone());
     }
     return median;
+  }
+
+  private static double median(double[] x) {
+    Arrays.sort(x);
+    return x[x.length / 2];
+  }
+
+  /**
+   * The op's speed over the faster of the two paths it chooses between, round by round: the median of
+   * min(java, anchor) / op over the rounds. Pairing the calls of one round cancels the machine's
+   * drift between rounds (other processes, frequency), which moves each median by 5-10% on a shared
+   * 2-core machine at T = 1024 (docs/BENCHMARKS.md).
+   */
+  static double vsFaster(double[][] times, int java, int op, int anchor) {
+    double[] r = new double[times[op].length];
+    for (int i = 0; i < r.length; i++) {
+      r[i] = Math.min(times[java][i], times[anchor][i]) / times[op][i];
+    }
+    return median(r);
   }
 
   /**

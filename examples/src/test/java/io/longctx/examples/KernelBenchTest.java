@@ -58,6 +58,19 @@ class KernelBenchTest {
     assertTrue(r.err().contains("bench: decode: 1 query row(s), 4 heads over 2 kv heads, 300 keys"), r.err());
     assertTrue(r.err().contains("djl-plain skipped (--plain to include it)"), r.err());
     assertTrue(r.err().contains("first round"), r.err());
+    assertEquals(2, lines.stream().filter(l -> l.startsWith("{\"impl\": \"op\", \"op\": \"forward\"")
+        && l.contains("\"vs_faster\": ")).count(), "the forward op lines carry vs_faster:\n" + r.out());
+  }
+
+  /**
+   * vs_faster is the median of each round's min(java, anchor) / op (rounds: 10/11, 20/25, 20/20),
+   * not a ratio of the medians (min(20, 25) / 20 = 1.0).
+   */
+  @Test
+  void vsFasterComparesTheCallsOfOneRound() {
+    double[][] rounds = {{10, 40, 20}, {11, 25, 20}, {30, 20, 25}}; // [impl: java, op, anchor][round]
+    assertEquals(10.0 / 11, KernelBench.vsFaster(rounds, 0, 1, 2), 1e-12);
+    assertEquals(20, KernelBench.medians(rounds)[1], 0);
   }
 
   @Test
