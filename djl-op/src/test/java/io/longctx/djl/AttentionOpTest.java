@@ -495,7 +495,7 @@ class AttentionOpTest {
     // every later round).
     StringBuilder order = new StringBuilder();
     int[] libtorchCalls = {0};
-    Measured m = AttentionOp.timed(2, 8, 2_000_000_000L, 0).faster(null,
+    Measured m = AttentionOp.timed(2, 8, 2_000_000_000L, 0, NO_JIT_CLOCK).faster(null,
         () -> {
           order.append('J');
           sleep(20);
@@ -516,9 +516,53 @@ class AttentionOpTest {
 
     // A call longer than the budget gets the minimum of rounds, no more, where the paths are far apart
     // (3x: a sleep would have to overshoot by 40 ms in both rounds to make it close).
-    Measured slow = AttentionOp.timed(2, 8, 50_000_000L, 0).faster(null, () -> sleep(20), () -> sleep(60));
+    Measured slow = AttentionOp.timed(2, 8, 50_000_000L, 0, NO_JIT_CLOCK).faster(null, () -> sleep(20), () -> sleep(60));
     assertEquals(2, slow.rounds(), slow.toString());
     assertEquals(Path.JAVA, slow.faster(), slow.toString());
+  }
+
+  /** A JVM that does not say how long its JIT has compiled: every round counts. */
+  private static final java.util.function.LongSupplier NO_JIT_CLOCK = () -> -1;
+
+  /**
+   * Rounds during which the JIT compiled are set aside: in the first three, a compiler thread (here
+   * simulated: the JIT clock moves a second, where a tenth of the round's calls is 3.5 ms) makes libtorch 30
+   * ms and Java 5 ms; afterwards libtorch runs 10 ms, Java 40. Counting those rounds would pick Java.
+   * A clock that moves less than a tenth of the calls' time (tiny compiles) sets nothing aside.
+   */
+  @Test
+  void roundsDuringWhichTheJitCompiledAreSetAside() {
+    long[] jit = {0};
+    int[] libtorchCalls = {0};
+    Measured m = AttentionOp.timed(2, 8, 1L, 0, () -> jit[0]).faster(null,
+        () -> sleep(libtorchCalls[0] <= 3 ? 5 : 40),
+        () -> {
+          int n = libtorchCalls[0]++;
+          if (n >= 1 && n <= 3) { // call 0 is the untimed one
+            jit[0] += 1000;
+            sleep(30);
+          } else {
+            sleep(10);
+          }
+        });
+    assertEquals(Path.LIBTORCH, m.faster(), m.toString());
+    assertEquals(3, m.setAside(), m.toString());
+    assertTrue(m.rounds() >= 2 && m.libtorchMs() < m.javaMs() && m.javaMs() >= 40, m.toString());
+
+    long[] tiny = {0};
+    Measured none = AttentionOp.timed(2, 3, 1L, 0, () -> tiny[0]).faster(null, () -> sleep(20), () -> {
+      tiny[0] += 1; // 1 ms of compiling in a round of 40 ms of calls
+      sleep(20);
+    });
+    assertEquals(0, none.setAside(), none.toString());
+
+    // A JIT that never stands still: at most 2 x maxRounds rounds in all, and their best times decide.
+    long[] busy = {0};
+    Measured allAside = AttentionOp.timed(2, 3, 1L, 0, () -> busy[0] += 100).faster(null, () -> sleep(5),
+        () -> sleep(15));
+    assertEquals(0, allAside.rounds(), allAside.toString());
+    assertEquals(6, allAside.setAside(), allAside.toString());
+    assertEquals(Path.JAVA, allAside.faster(), allAside.toString());
   }
 
   @Test
@@ -530,7 +574,7 @@ class AttentionOpTest {
     // round), so the loop goes past its 1 ns budget until 4 rounds: the rule is that it never stops on a
     // close call before CLOSE_MIN_ROUNDS, and never goes past them on the budget's account.
     int[] calls = {0};
-    Measured m = AttentionOp.timed(2, 8, 1L, 0).faster(null, () -> {
+    Measured m = AttentionOp.timed(2, 8, 1L, 0, NO_JIT_CLOCK).faster(null, () -> {
       calls[0]++;
       sleep(40);
     }, () -> sleep(40));
@@ -539,7 +583,7 @@ class AttentionOpTest {
     assertTrue(!closeAtEnd || m.rounds() == AttentionOp.CLOSE_MIN_ROUNDS, m + " stopped on a close call");
     assertEquals(1 + m.rounds(), calls[0], "one untimed call, then one per round");
     // maxRounds still caps it.
-    Measured capped = AttentionOp.timed(2, 3, 1L, 0).faster(null, () -> sleep(40), () -> sleep(40));
+    Measured capped = AttentionOp.timed(2, 3, 1L, 0, NO_JIT_CLOCK).faster(null, () -> sleep(40), () -> sleep(40));
     assertTrue(capped.rounds() <= 3, capped.toString());
   }
 

@@ -154,8 +154,11 @@ public final class CpuAttention implements AttentionBackend {
    * Brings the forward kernel to its compiled speed before someone times it: runs it on a fixed
    * synthetic problem ([1, 8, 1024, 128], causal and not, seeded inputs) until this JVM's kernels have
    * run {@link #JIT_WARM_TILE_STEPS} tile steps (scaled by {@code -XX:CompileThresholdScaling}) or
-   * {@code budgetNanos} have passed. Returns at once in a JVM that is already there; otherwise costs
-   * a few hundred milliseconds beyond the compilation the first real call would have paid anyway.
+   * {@code budgetNanos} have passed. Every other call reads and writes buffers ({@link BufferTensor}),
+   * as a DJL operator's calls do: their row and tile copies were still being compiled during the
+   * operator's first calibration otherwise (docs/BENCHMARKS.md, "The operator's calibration and the
+   * JIT"). Returns at once in a JVM that is already there; otherwise costs a few hundred
+   * milliseconds beyond the compilation the first real call would have paid anyway.
    *
    * @return whether the JVM has run the steps
    */
@@ -165,16 +168,31 @@ public final class CpuAttention implements AttentionBackend {
       return true;
     }
     java.util.SplittableRandom rng = new java.util.SplittableRandom(20261125);
-    Tensor[] qkv = {Tensor.random(rng, 1, 8, 1024, 128), Tensor.random(rng, 1, 8, 1024, 128),
-        Tensor.random(rng, 1, 8, 1024, 128)};
+    int h = 8, t = 1024, d = 128;
+    Tensor[] qkv = {Tensor.random(rng, 1, h, t, d), Tensor.random(rng, 1, h, t, d), Tensor.random(rng, 1, h, t, d)};
+    BufferTensor[] buffers = new BufferTensor[3];
+    for (int i = 0; i < 3; i++) {
+      buffers[i] = BufferTensor.bhtd(directFloats(qkv[i].data().length).put(0, qkv[i].data()), 1, h, t, d);
+    }
+    BufferTensor o = BufferTensor.bhtd(directFloats(h * t * d), 1, h, t, d);
+    java.nio.FloatBuffer lse = directFloats(h * t);
     long start = System.nanoTime();
     for (int call = 0; tileSteps() < need; call++) {
       if (System.nanoTime() - start > budgetNanos) {
         return false;
       }
-      DEFAULT.forward(qkv[0], qkv[1], qkv[2], null, null, AttentionOptions.DEFAULT.withCausal(call % 2 == 1));
+      AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(call % 2 == 1);
+      if (call % 4 < 2) {
+        DEFAULT.forward(qkv[0], qkv[1], qkv[2], null, null, opt);
+      } else {
+        DEFAULT.forward(buffers[0], buffers[1], buffers[2], null, null, opt, o, lse);
+      }
     }
     return true;
+  }
+
+  private static java.nio.FloatBuffer directFloats(int n) {
+    return java.nio.ByteBuffer.allocateDirect(4 * n).order(java.nio.ByteOrder.nativeOrder()).asFloatBuffer();
   }
 
   private final int blockQ;
