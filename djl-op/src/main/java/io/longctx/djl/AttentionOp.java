@@ -147,8 +147,9 @@ public final class AttentionOp {
    * bench run timed libtorch at 47-62 ms for a 21 ms call and picked the Java path where libtorch was
    * 19% faster (docs/BENCHMARKS.md, "The operator's calibration and the JIT"). So the rounds start
    * once {@code jitMillis} (the compilers' total time so far, negative where unknown) has stood still
-   * for 20 ms, waiting at most {@link #JIT_QUIET_WAIT_MILLIS}, and a round during which the compilers
-   * spent a tenth of its two calls' time is set aside: its times count only where no round is left.
+   * for 20 ms, waiting at most {@link #JIT_QUIET_WAIT_MILLIS}, and a round in which compiles worth a
+   * tenth of its two calls' time finished is set aside, with the rounds before it those compiles may
+   * have overlapped: their times count only where no round is left.
    * The rules above count every round, so a long call costs what it did; fewer than {@code minRounds}
    * kept rounds buy more rounds within {@link #JIT_BUDGET_NANOS}, up to {@code 2 * maxRounds} in all.
    */
@@ -160,42 +161,72 @@ public final class AttentionOp {
       long pauseMillis = Math.min(maxPauseMillis, Math.max(1, 2 * (System.nanoTime() - t) / 1_000_000));
       awaitQuietJit(jitMillis);
       Runnable[] paths = {java, libtorch};
-      long[] best = {Long.MAX_VALUE, Long.MAX_VALUE};
-      long[] bestSetAside = {Long.MAX_VALUE, Long.MAX_VALUE};
+      List<Round> rounds = new ArrayList<>();
       long start = System.nanoTime();
-      int rounds = 0, setAside = 0;
-      while (rounds < maxRounds && rounds + setAside < 2 * maxRounds) {
-        int all = rounds + setAside;
+      while (true) {
+        int kept = Round.kept(rounds);
         long elapsed = System.nanoTime() - start;
-        if (!(all < minRounds || elapsed < budgetNanos || all < CLOSE_MIN_ROUNDS && close(best[0], best[1])
-            || rounds < minRounds && elapsed < JIT_BUDGET_NANOS)) {
+        long[] best = Round.best(rounds, false);
+        if (kept >= maxRounds || rounds.size() >= 2 * maxRounds
+            || !(rounds.size() < minRounds || elapsed < budgetNanos
+                || rounds.size() < CLOSE_MIN_ROUNDS && close(best[0], best[1])
+                || kept < minRounds && elapsed < JIT_BUDGET_NANOS)) {
           break;
         }
-        long[] ns = new long[2];
+        Round r = new Round(System.nanoTime());
         long jit0 = jitMillis.getAsLong();
         for (int i = 0; i < 2; i++) {
-          int p = (rounds + setAside + i) % 2;
+          int p = (rounds.size() + i) % 2;
           pause(pauseMillis);
           long t0 = System.nanoTime();
           paths[p].run();
-          ns[p] = System.nanoTime() - t0;
+          r.ns[p] = System.nanoTime() - t0;
         }
+        long compiledNanos = jit0 < 0 ? 0 : (jitMillis.getAsLong() - jit0) * 1_000_000;
+        r.end = System.nanoTime();
+        rounds.add(r);
         // Tiny compiles (a stream's lambda at tier 1) finish all the time in a young JVM and cost next to
-        // nothing: a round counts unless the compilers spent a tenth of its timed calls' time.
-        boolean compiled = jit0 >= 0 && (jitMillis.getAsLong() - jit0) * 10_000_000 > ns[0] + ns[1];
-        long[] into = compiled ? bestSetAside : best;
-        for (int p = 0; p < 2; p++) {
-          into[p] = Math.min(into[p], ns[p]);
-        }
-        if (compiled) {
-          setAside++;
-        } else {
-          rounds++;
+        // nothing: only compiles worth a tenth of the round's calls count. Their time is known when they
+        // finish, and they may have run since that long before this round began (one C2 compile took 1.4 s
+        // and slowed three rounds before it): every round in that stretch is set aside.
+        if (compiledNanos * 10 > r.ns[0] + r.ns[1]) {
+          for (Round o : rounds) {
+            o.aside |= o.end > r.start - compiledNanos;
+          }
         }
       }
-      long[] b = rounds > 0 ? best : bestSetAside;
-      return new Measured(b[0] < b[1] ? Path.JAVA : Path.LIBTORCH, b[0] / 1e6, b[1] / 1e6, rounds, setAside);
+      int kept = Round.kept(rounds);
+      long[] b = Round.best(rounds, kept == 0);
+      return new Measured(b[0] < b[1] ? Path.JAVA : Path.LIBTORCH, b[0] / 1e6, b[1] / 1e6, kept, rounds.size() - kept);
     };
+  }
+
+  /** One calibration round: when it ran, each path's time (ns), whether the JIT's work sets it aside. */
+  private static final class Round {
+    final long start;
+    long end;
+    final long[] ns = new long[2];
+    boolean aside;
+
+    Round(long start) {
+      this.start = start;
+    }
+
+    static int kept(List<Round> rounds) {
+      return (int) rounds.stream().filter(r -> !r.aside).count();
+    }
+
+    /** Each path's best time over the kept rounds, or over all of them; Long.MAX_VALUE where none. */
+    static long[] best(List<Round> rounds, boolean all) {
+      long[] best = {Long.MAX_VALUE, Long.MAX_VALUE};
+      for (Round r : rounds) {
+        if (all || !r.aside) {
+          best[0] = Math.min(best[0], r.ns[0]);
+          best[1] = Math.min(best[1], r.ns[1]);
+        }
+      }
+      return best;
+    }
   }
 
   /** Wall time (from the first round) within which set-aside rounds buy more rounds. */
