@@ -143,9 +143,9 @@ public final class AttentionOp {
    *
    * <p><b>The JIT's own work.</b> In a young JVM the compiler threads take a core now and then, and a
    * stolen core slows the two paths unequally: libtorch's OpenMP loops split work evenly and wait for
-   * the slowest thread (2-3x their time), our fork-join tasks rebalance. The first calibration of a
-   * bench run timed libtorch at 47-62 ms for a 21 ms call and picked the Java path where libtorch was
-   * 19% faster (docs/BENCHMARKS.md, "The operator's calibration and the JIT"). So the rounds start
+   * the slowest thread (2-3x their time), our fork-join tasks rebalance. First calibrations in fresh
+   * JVMs timed libtorch at up to 62 ms for a 21 ms call, and one picked the Java path where libtorch
+   * was 19% faster (docs/BENCHMARKS.md, "The operator's calibration and the JIT"). So the rounds start
    * once {@code jitMillis} (the compilers' total time so far, negative where unknown) has stood still
    * for 20 ms, waiting at most {@link #JIT_QUIET_WAIT_MILLIS}, and a round in which compiles worth a
    * tenth of its two calls' time finished is set aside, with the rounds before it those compiles may
