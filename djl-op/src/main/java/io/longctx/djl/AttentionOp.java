@@ -529,17 +529,14 @@ public final class AttentionOp {
 
   /**
    * Whether some q.k could overflow float32 in libtorch's kernel, which takes an overflow to -inf as
-   * a masked key, silently (a row of them came back as o = 0, lse = 0); the Java kernel checks each
-   * score and refuses. Every partial sum of a q.k is at most |q| |k| (Cauchy-Schwarz), and so at
-   * most the product of the two arrays' Frobenius norms (q's times {@code qFactor}, the scale folded
-   * into it): below {@link #QK_BOUND} (a margin of 3.4x under Float.MAX_VALUE for the sum's
-   * rounding) none can overflow; above it (entries near 1e16 and more at these sizes, or NaN) the call
-   * goes to the Java kernel. Two dot products, 0.05 ms each at [1, 8, 1024, 128] on 2 cores (a
-   * max and a min per array cost 0.13-0.3 ms, a norm 0.16; docs/BENCHMARKS.md).
+   * a masked key, silently (a row of them came back as o = 0, lse = 0): {@link Tensor#qkMayOverflow}
+   * from the two arrays' sums of squares (q's times {@code qFactor}, the scale folded into it); where
+   * it may (entries near 1e16 and more at these sizes, or NaN) the call goes to the Java kernel, which
+   * checks each score. Two dot products: about 1 ms at [1, 8, 1024, 128] with the NaN check below,
+   * passes over memory (docs/BENCHMARKS.md, "The operator's calibration and the JIT").
    */
   private static boolean qkMayOverflow(NDArray q, NDArray k, double qFactor) {
-    double bound = Math.sqrt(sumOfSquares(q) * sumOfSquares(k)) * Math.abs(qFactor);
-    return !(bound < QK_BOUND); // NaN or infinity: true
+    return Tensor.qkMayOverflow(sumOfSquares(q), sumOfSquares(k), qFactor);
   }
 
   private static double sumOfSquares(NDArray x) {
@@ -547,8 +544,6 @@ public final class AttentionOp {
       return s.getFloat();
     }
   }
-
-  private static final double QK_BOUND = 1e38;
 
   /**
    * Whether o holds NaN or an infinity or lse NaN or +inf (-inf is a row with no keys). A sum is finite

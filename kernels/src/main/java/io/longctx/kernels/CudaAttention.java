@@ -270,6 +270,7 @@ public final class CudaAttention implements AttentionBackend {
    */
   public AttentionState forward(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt,
       DType type) {
+    requireNoQkOverflow(q, List.of(k), opt);
     float[][] out = forwardArrays(q, k, v, qPos, kPos, opt, type);
     return AttentionState.of(out[0], out[1], q.batch() * q.tokens(), q.heads(), q.dim());
   }
@@ -277,7 +278,8 @@ public final class CudaAttention implements AttentionBackend {
   /**
    * The work of {@link #forward(Tensor, Tensor, Tensor, long[], long[], AttentionOptions, DType)}, returning
    * {o, lse} as copied back, unchecked: an entry the kernel did not write is NaN, which the GPU check
-   * reports as a failed row rather than an exception.
+   * reports as a failed row rather than an exception. q and k are not checked for a q.k past float32
+   * ({@link #requireNoQkOverflow}): the kernels' own handling of one is tested through here.
    */
   float[][] forwardArrays(Tensor q, Tensor k, Tensor v, long[] qPos, long[] kPos, AttentionOptions opt, DType type) {
     return forwardArrays(q, k, v, qPos, kPos, opt, type, null);
@@ -423,6 +425,7 @@ public final class CudaAttention implements AttentionBackend {
   public CpuAttention.DecodeResult decodeChunks(Tensor q, List<Tensor> kChunks, List<Tensor> vChunks,
       long[] qPos, long[] kPos, AttentionOptions opt, int splitLen, UnifiedMax um, DType type) {
     CudaDecode.Plan plan = hostPlan(q, kChunks, vChunks, qPos, kPos, opt, splitLen, type);
+    requireNoQkOverflow(q, kChunks, opt);
     if (opt.softcap() > 0) { // as the CPU kernels: a capped infinite q.k would be a finite score
       q.requireFinite("q");
       for (int c = 0; c < kChunks.size(); c++) {
@@ -589,6 +592,28 @@ public final class CudaAttention implements AttentionBackend {
   }
 
   /** x's elements on the host as {@code type}: its own float array, or fp16/bf16 bits from {@link #halfBits}. */
+  /**
+   * Refuses host q and k large enough for some q.k to overflow float32 ({@link Tensor#qkMayOverflow}),
+   * before anything is sent: without a softcap the kernels weigh a key whose q.k overflowed to
+   * -Infinity as if it were masked, a finite wrong answer (docs/CUDA.md). The kernels multiply the raw
+   * q.k by the scale (the tensor-core one by scale times log2 e), so the larger of 1 and twice the
+   * scale bounds every intermediate. Entries near 1e15 and beyond at T = 16384, 8 heads, D 128; the
+   * CPU kernels, which check each score, compute or refuse such a call.
+   */
+  static void requireNoQkOverflow(Tensor q, List<Tensor> kChunks, AttentionOptions opt) {
+    double k2 = 0;
+    for (Tensor k : kChunks) {
+      k2 += k.sumOfSquares();
+    }
+    double q2 = q.sumOfSquares(), factor = Math.max(1, 2 * opt.scaleFor(q.dim()));
+    if (Tensor.qkMayOverflow(q2, k2, factor)) {
+      throw new IllegalArgumentException("q " + q.shape() + " and k hold values large enough for a q.k to overflow "
+          + "float32, or NaN or Infinity (|q| |k| = " + (float) Math.sqrt(q2 * k2) + ", times " + (float) factor
+          + ", is not below " + (float) Tensor.QK_BOUND + "): the CUDA kernels would take an overflowed q.k as a "
+          + "masked key; the CPU backend checks each score");
+    }
+  }
+
   static Pointer hostData(Tensor x, DType type, String name) {
     return type == DType.F32 ? Pointer.to(x.data()) : Pointer.to(halfBits(x, type, name));
   }

@@ -67,6 +67,50 @@ public record Tensor(float[] data, int batch, int heads, int tokens, int dim) {
     }
   }
 
+  /**
+   * The sum of the squares of the entries, in float64 (no float32 input can overflow it): NaN where one
+   * is NaN, infinite where one is. Four running sums, and blocks on the common pool from 1M entries: a
+   * bound for the CUDA host paths, paid on every call (one sum alone ran about 1 ns an entry).
+   */
+  public double sumOfSquares() {
+    int block = 1 << 16, blocks = (data.length + block - 1) / block;
+    java.util.stream.IntStream ids = java.util.stream.IntStream.range(0, blocks);
+    return (data.length >= 1 << 20 ? ids.parallel() : ids)
+        .mapToDouble(b -> sumOfSquares(data, b * block, Math.min(data.length, (b + 1) * block))).sum();
+  }
+
+  private static double sumOfSquares(float[] x, int from, int to) {
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int i = from;
+    for (; i + 3 < to; i += 4) {
+      s0 += (double) x[i] * x[i];
+      s1 += (double) x[i + 1] * x[i + 1];
+      s2 += (double) x[i + 2] * x[i + 2];
+      s3 += (double) x[i + 3] * x[i + 3];
+    }
+    for (; i < to; i++) {
+      s0 += (double) x[i] * x[i];
+    }
+    return (s0 + s1) + (s2 + s3);
+  }
+
+  /**
+   * Whether some q.k could overflow float32, from the sums of squares of q's and k's entries and the
+   * factor the scores' arithmetic multiplies them by before the sum is bounded (1, or the scale where
+   * it is folded into q or applied after): every partial sum of a q.k is at most |q| |k|
+   * (Cauchy-Schwarz), so at most the product of the two arrays' Frobenius norms. Below {@link
+   * #QK_BOUND} (3.4x under Float.MAX_VALUE, a margin for the sum's rounding) none can overflow; NaN or
+   * infinity in either answers true. Kernels that take an overflowed q.k as -Infinity (libtorch's CPU
+   * attention, the CUDA kernels without a softcap) weigh its key as masked, a wrong answer without a
+   * word, so their callers check this first; the Java kernels check each score.
+   */
+  public static boolean qkMayOverflow(double qSumOfSquares, double kSumOfSquares, double factor) {
+    return !(Math.sqrt(qSumOfSquares * kSumOfSquares) * Math.abs(factor) < QK_BOUND);
+  }
+
+  /** See {@link #qkMayOverflow}. */
+  public static final double QK_BOUND = 1e38;
+
   /** The error of a NaN or infinite input element (b, h, t, d) (also {@link BufferTensor}'s). */
   static IllegalArgumentException notFinite(String name, float x, String shape, int b, int h, int t, int d) {
     return new IllegalArgumentException(name + " " + shape + " holds " + x + " at (batch " + b + ", head " + h

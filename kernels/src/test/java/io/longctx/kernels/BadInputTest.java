@@ -22,6 +22,26 @@ class BadInputTest {
     }
   }
 
+  /**
+   * The q.k overflow bound the CUDA host paths and the DJL operator's libtorch path refuse by: the
+   * sum of squares in float64 (an entry of 1e18 squares past float32 but not float64; across the
+   * parallel blocks from 1M entries too), and the bound true for NaN, infinity and |q| |k| at 1e38.
+   */
+  @Test
+  void theQkOverflowBound() {
+    assertEquals(2e36, new Tensor(new float[] {1e18f, 1e18f}, 1, 1, 1, 2).sumOfSquares(), 1e30);
+    assertTrue(Double.isNaN(new Tensor(new float[] {Float.NaN, 1}, 1, 1, 1, 2).sumOfSquares()));
+    Tensor big = Accuracy.random(rng, 1, 2, 4100, 128, 1); // 1,049,600 entries: the parallel blocks
+    double serial = 0;
+    for (float x : big.data()) {
+      serial += (double) x * x;
+    }
+    assertEquals(serial, big.sumOfSquares(), serial * 1e-12);
+    assertTrue(!Tensor.qkMayOverflow(1e36, 1e36, 1) && !Tensor.qkMayOverflow(1e40, 1e30, 8));
+    assertTrue(Tensor.qkMayOverflow(1e38, 1e38, 1) && Tensor.qkMayOverflow(1e36, 1e36, 1e3));
+    assertTrue(Tensor.qkMayOverflow(Double.NaN, 1, 1) && Tensor.qkMayOverflow(Double.POSITIVE_INFINITY, 1, 1));
+  }
+
   @Test
   void shapesMustAgree() {
     Tensor q = Accuracy.random(rng, 1, 4, 5, 32, 1);

@@ -92,6 +92,7 @@ class CudaTensorCoreEmulationTest {
       assertEquals(13, cases.size(), text);
       assertTrue(cases.stream().allMatch(l -> l.contains("=pass ")), text);
       assertTrue(c.output().contains("fp16-overflow=pass"), text);
+      assertTrue(c.output().contains("qk-overflow=pass"), text);
       if (copyMode.equals("random")) {
         assertTrue(c.output().contains("LONGCTX_EMU_SEED=" + Long.toUnsignedString(seed)), text);
       }

@@ -68,6 +68,37 @@ public final class TensorCoreFakeDeviceMain {
       System.out.println(c.name() + "=" + run(cuda, c, rng));
     }
     System.out.println("fp16-overflow=" + fp16Overflow(cuda, rng));
+    System.out.println("qk-overflow=" + qkOverflow(cuda, rng));
+  }
+
+  /**
+   * q and k whose q.k overflows float32 (2e19 x -2e19 at dim 0; each fits bf16): refused before
+   * anything is sent, on the forward and on decode, where the kernels would have taken every key as
+   * masked. Large values whose q.k cannot overflow still run.
+   */
+  private static String qkOverflow(CudaAttention cuda, SplittableRandom rng) {
+    Tensor q = Accuracy.random(rng, 1, 2, 3, 64, 1), k = Accuracy.random(rng, 1, 1, 5, 64, 1);
+    Tensor v = Accuracy.random(rng, 1, 1, 5, 64, 1);
+    q.data()[0] = 2e19f;
+    k.data()[0] = -2e19f;
+    for (int path = 0; path < 2; path++) {
+      try {
+        if (path == 0) {
+          cuda.forward(q, k, v, null, null, AttentionOptions.DEFAULT, CudaAttention.DType.BF16);
+        } else {
+          cuda.decode(q, k, v, new long[] {2, 3, 4}, null, AttentionOptions.DEFAULT.withCausal(true), 4);
+        }
+        return "FAIL: no error on " + (path == 0 ? "the forward" : "decode");
+      } catch (IllegalArgumentException e) {
+        if (!e.getMessage().contains("overflow float32")) {
+          return "FAIL: " + e.getMessage();
+        }
+      }
+    }
+    q.data()[0] = 1e9f; // q.k up to 2e28: far from float32's limit
+    k.data()[0] = -1e9f;
+    AttentionState st = cuda.forward(q, k, v, null, null, AttentionOptions.DEFAULT, CudaAttention.DType.BF16);
+    return Float.isFinite(st.lse()[0]) ? "pass" : "FAIL: lse " + st.lse()[0];
   }
 
   /** One case: "pass" with errors and the output's bits, or "FAIL: why". */
