@@ -591,7 +591,6 @@ public final class CudaAttention implements AttentionBackend {
     return upload(hostData(x, type, name), x.data().length * (long) type.bytes, stream);
   }
 
-  /** x's elements on the host as {@code type}: its own float array, or fp16/bf16 bits from {@link #halfBits}. */
   /**
    * Refuses host q and k large enough for some q.k to overflow float32 ({@link Tensor#qkMayOverflow}),
    * before anything is sent: without a softcap the kernels weigh a key whose q.k overflowed to
@@ -614,6 +613,7 @@ public final class CudaAttention implements AttentionBackend {
     }
   }
 
+  /** x's elements on the host as {@code type}: its own float array, or fp16/bf16 bits from {@link #halfBits}. */
   static Pointer hostData(Tensor x, DType type, String name) {
     return type == DType.F32 ? Pointer.to(x.data()) : Pointer.to(halfBits(x, type, name));
   }
