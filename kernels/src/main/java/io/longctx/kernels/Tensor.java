@@ -69,14 +69,26 @@ public record Tensor(float[] data, int batch, int heads, int tokens, int dim) {
 
   /**
    * The sum of the squares of the entries, in float64 (no float32 input can overflow it): NaN where one
-   * is NaN, infinite where one is. Four running sums, and blocks on the common pool from 1M entries: a
-   * bound for the CUDA host paths, paid on every call (one sum alone ran about 1 ns an entry).
+   * is NaN, infinite where one is. Four running sums, and blocks on the kernels' threads from 1M
+   * entries, added in block order: a bound for the CUDA host paths, paid on every call (one sum alone
+   * ran about 1 ns an entry).
    */
   public double sumOfSquares() {
     int block = 1 << 16, blocks = (data.length + block - 1) / block;
-    java.util.stream.IntStream ids = java.util.stream.IntStream.range(0, blocks);
-    return (data.length >= 1 << 20 ? ids.parallel() : ids)
-        .mapToDouble(b -> sumOfSquares(data, b * block, Math.min(data.length, (b + 1) * block))).sum();
+    double[] sums = new double[blocks];
+    java.util.function.IntConsumer sum = b -> sums[b] = sumOfSquares(data, b * block, Math.min(data.length, (b + 1) * block));
+    if (data.length >= 1 << 20) {
+      CpuAttention.parallelFor(blocks, sum);
+    } else {
+      for (int b = 0; b < blocks; b++) {
+        sum.accept(b);
+      }
+    }
+    double s = 0;
+    for (double x : sums) {
+      s += x;
+    }
+    return s;
   }
 
   private static double sumOfSquares(float[] x, int from, int to) {
