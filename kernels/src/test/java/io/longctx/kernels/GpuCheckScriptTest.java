@@ -147,6 +147,15 @@ class GpuCheckScriptTest {
     assertTrue(sanitize.contains("========= stand-in memcheck on io.longctx.kernels.GpuDecodeCheck")
         && sanitize.contains("========= stand-in synccheck on io.longctx.kernels.GpuDecodeCheck")
         && !sanitize.contains("GpuCheck ") && !sanitize.contains("-GpuCheck="), sanitize);
+    // The three reports in one log, each under a header: the device tool brings back at most 8 files.
+    String reports = Files.readString(out.resolve("sanitizer.log"));
+    for (String tool : List.of("memcheck", "racecheck", "synccheck")) {
+      assertTrue(reports.contains("### " + tool + " over GpuDecodeCheck\n========= stand-in " + tool
+          + " on io.longctx.kernels.GpuDecodeCheck"), reports);
+    }
+    try (var files = Files.list(out)) {
+      assertEquals(List.of(), files.map(f -> f.getFileName().toString()).filter(n -> n.startsWith("sanitizer-")).toList());
+    }
 
     String profile = runScript(script, bundle, out, path, 0, "run", "--profile", "decode");
     assertTrue(profile.contains("--- ncu-decode.txt") && profile.contains("sections: ncu-decode=0")
