@@ -246,7 +246,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
     cp_async_wait_0();  // this thread's K (and Q) copies landed
     __syncthreads();    // everyone's K copies and zero rows are visible; every warp is past P V (reads of vs)
     load_tile<T, D, NT>(vs, vg, j0, tk);
-    cp_async_commit();  // group: V, landing during S and the softmax
+    cp_async_commit();  // group: V, landing during S
 
     // S = Q K^T for this warp's rows and the tile's 64 keys (8 blocks of 8 keys per row block).
     float s[kRowBlocks][kKeys / 8][4];
@@ -274,6 +274,11 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         }
       }
     }
+
+    cp_async_wait_0();  // V landed
+    __syncthreads();    // everyone's V is visible, and every warp is past its reads of ks
+    if (next.j0 < tk) load_tile<T, D, NT>(ks, kg, next.j0, tk);
+    cp_async_commit();  // group: the next K, landing during the softmax and P V (FlashAttention-2's order)
 
 #pragma unroll
     for (int mb = 0; mb < kRowBlocks; mb++) {
@@ -306,16 +311,9 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
     for (int mb = 0; mb < kRowBlocks; mb++) {
 #pragma unroll
       for (int r = 0; r < 2; r++) {
-        // A tree, depth 4 rather than a chain of 9 (fmaxf is exact in any order).
-        float t[kKeys / 8];
+        mx[mb][r] = -CUDART_INF_F;
 #pragma unroll
-        for (int nb = 0; nb < kKeys / 8; nb++) t[nb] = fmaxf(s[mb][nb][2 * r], s[mb][nb][2 * r + 1]);
-#pragma unroll
-        for (int w = kKeys / 16; w >= 1; w /= 2) {
-#pragma unroll
-          for (int i = 0; i < w; i++) t[i] = fmaxf(t[i], t[i + w]);
-        }
-        mx[mb][r] = t[0];
+        for (int nb = 0; nb < kKeys / 8; nb++) mx[mb][r] = fmaxf(mx[mb][r], fmaxf(s[mb][nb][2 * r], s[mb][nb][2 * r + 1]));
       }
     }
 #pragma unroll
@@ -336,19 +334,14 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         // Exactly 1 while the max stands still (also while it stays -inf): see the rescale below.
         alpha[mb][r] = m_new == row_max[mb][r] ? 1.f : exp2_ftz(row_max[mb][r] - m_use);
         moved |= alpha[mb][r] != 1.f;
-        float t[kKeys / 8];  // the row's sum as a tree, as the max
+        float sum = 0.f;
 #pragma unroll
         for (int nb = 0; nb < kKeys / 8; nb++) {
           s[mb][nb][2 * r] = exp2_ftz(fmaf(s[mb][nb][2 * r], s_mul, -m_use));
           s[mb][nb][2 * r + 1] = exp2_ftz(fmaf(s[mb][nb][2 * r + 1], s_mul, -m_use));
-          t[nb] = s[mb][nb][2 * r] + s[mb][nb][2 * r + 1];
+          sum += s[mb][nb][2 * r] + s[mb][nb][2 * r + 1];
         }
-#pragma unroll
-        for (int w = kKeys / 16; w >= 1; w /= 2) {
-#pragma unroll
-          for (int i = 0; i < w; i++) t[i] += t[i + w];
-        }
-        row_sum[mb][r] = row_sum[mb][r] * alpha[mb][r] + t[0];
+        row_sum[mb][r] = row_sum[mb][r] * alpha[mb][r] + sum;
         row_max[mb][r] = m_new;
       }
     }
@@ -365,11 +358,6 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         }
       }
     }
-
-    cp_async_wait_0();  // V landed
-    __syncthreads();    // everyone's V is visible, and every warp is past its reads of ks
-    if (next.j0 < tk) load_tile<T, D, NT>(ks, kg, next.j0, tk);
-    cp_async_commit();  // group: the next K, landing during P V
 
     // O += P V, 16 keys per step; P's accumulators are already laid out as A fragments.
 #pragma unroll
