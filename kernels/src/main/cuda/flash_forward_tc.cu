@@ -246,7 +246,7 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
     cp_async_wait_0();  // this thread's K (and Q) copies landed
     __syncthreads();    // everyone's K copies and zero rows are visible; every warp is past P V (reads of vs)
     load_tile<T, D, NT>(vs, vg, j0, tk);
-    cp_async_commit();  // group: V, landing during S
+    cp_async_commit();  // group: V, landing during S and the softmax
 
     // S = Q K^T for this warp's rows and the tile's 64 keys (8 blocks of 8 keys per row block).
     float s[kRowBlocks][kKeys / 8][4];
@@ -275,11 +275,6 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
       }
     }
 
-    cp_async_wait_0();  // V landed
-    __syncthreads();    // everyone's V is visible, and every warp is past its reads of ks
-    if (next.j0 < tk) load_tile<T, D, NT>(ks, kg, next.j0, tk);
-    cp_async_commit();  // group: the next K, landing during the softmax and P V (FlashAttention-2's order)
-
 #pragma unroll
     for (int mb = 0; mb < kRowBlocks; mb++) {
       // Element i of s[mb][nb] is row g + 8 * (i / 2), key nb * 8 + 2 * t4 + i % 2. Each pass below is one
@@ -301,39 +296,20 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
           }
         }
       }
-    }
 
-    // Online softmax, the four rows of this thread (two per row block) side by side: four
-    // independent chains of max, exp and sum for the scheduler to interleave, with the quad's max
-    // shuffles of all four rows in flight together.
-    float mx[kRowBlocks][2], alpha[kRowBlocks][2];
-#pragma unroll
-    for (int mb = 0; mb < kRowBlocks; mb++) {
+      // Online softmax per row (two rows per thread and row block), max over the 4-thread quad.
+      float alpha[2];
 #pragma unroll
       for (int r = 0; r < 2; r++) {
-        mx[mb][r] = -CUDART_INF_F;
+        float mx = -CUDART_INF_F;
 #pragma unroll
-        for (int nb = 0; nb < kKeys / 8; nb++) mx[mb][r] = fmaxf(mx[mb][r], fmaxf(s[mb][nb][2 * r], s[mb][nb][2 * r + 1]));
-      }
-    }
-#pragma unroll
-    for (int x = 1; x <= 2; x *= 2) {
-#pragma unroll
-      for (int mb = 0; mb < kRowBlocks; mb++) {
-#pragma unroll
-        for (int r = 0; r < 2; r++) mx[mb][r] = fmaxf(mx[mb][r], __shfl_xor_sync(0xffffffffu, mx[mb][r], x));
-      }
-    }
-    bool moved = false;
-#pragma unroll
-    for (int mb = 0; mb < kRowBlocks; mb++) {
-#pragma unroll
-      for (int r = 0; r < 2; r++) {
-        float m_new = fmaxf(row_max[mb][r], mx[mb][r] * s_mul);
+        for (int nb = 0; nb < kKeys / 8; nb++) mx = fmaxf(mx, fmaxf(s[mb][nb][2 * r], s[mb][nb][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float m_new = fmaxf(row_max[mb][r], mx * s_mul);
         float m_use = m_new == -CUDART_INF_F ? 0.f : m_new;  // no key yet: exp2(-inf) = 0, never NaN
         // Exactly 1 while the max stands still (also while it stays -inf): see the rescale below.
-        alpha[mb][r] = m_new == row_max[mb][r] ? 1.f : exp2_ftz(row_max[mb][r] - m_use);
-        moved |= alpha[mb][r] != 1.f;
+        alpha[r] = m_new == row_max[mb][r] ? 1.f : exp2_ftz(row_max[mb][r] - m_use);
         float sum = 0.f;
 #pragma unroll
         for (int nb = 0; nb < kKeys / 8; nb++) {
@@ -341,23 +317,25 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
           s[mb][nb][2 * r + 1] = exp2_ftz(fmaf(s[mb][nb][2 * r + 1], s_mul, -m_use));
           sum += s[mb][nb][2 * r] + s[mb][nb][2 * r + 1];
         }
-        row_sum[mb][r] = row_sum[mb][r] * alpha[mb][r] + sum;
+        row_sum[mb][r] = row_sum[mb][r] * alpha[r] + sum;
         row_max[mb][r] = m_new;
       }
-    }
-    // The output rescale (D / 4 multiplies per thread and row block) only where some row of the warp
-    // has a new max: a warp-uniform skip, and an exact one (the skipped factors are all 1). Once a row
-    // has seen its largest scores, most tiles skip it.
-    if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-      for (int mb = 0; mb < kRowBlocks; mb++) {
+      // The output rescale (D / 4 multiplies per thread and row block) only where some row of the row
+      // block has a new max: a warp-uniform skip, and an exact one (the skipped factors are all 1).
+      // Once a row has seen its largest scores, most tiles skip it.
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
         for (int nd = 0; nd < D / 8; nd++) {
 #pragma unroll
-          for (int i = 0; i < 4; i++) acc[mb][nd][i] *= alpha[mb][i / 2];
+          for (int i = 0; i < 4; i++) acc[mb][nd][i] *= alpha[i / 2];
         }
       }
     }
+
+    cp_async_wait_0();  // V landed
+    __syncthreads();    // everyone's V is visible, and every warp is past its reads of ks
+    if (next.j0 < tk) load_tile<T, D, NT>(ks, kg, next.j0, tk);
+    cp_async_commit();  // group: the next K, landing during P V
 
     // O += P V, 16 keys per step; P's accumulators are already laid out as A fragments.
 #pragma unroll
