@@ -15,6 +15,7 @@ import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.AttentionState;
 import io.longctx.kernels.CpuAttention;
 import io.longctx.kernels.NonFiniteScoreException;
+import io.longctx.kernels.QkMayOverflowException;
 import io.longctx.kernels.Tensor;
 import java.io.IOException;
 import java.nio.ByteBuffer;
@@ -394,6 +395,9 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       } catch (NonFiniteScoreException e) { // a q.k past float32 (k was checked when computed)
         throw new NumericOverflowException("layer " + l + ": the attention score of head " + e.head + " at position "
             + e.queryPos + " against the key at position " + e.keyPos + " is " + e.score + PAST_FLOAT32);
+      } catch (QkMayOverflowException e) { // the CUDA backend's bound over a whole call: no single score to name
+        throw new NumericOverflowException("layer " + l + ": the queries at positions " + start + ".." + (start + len - 1)
+            + " and the keys they see could give a q.k past float32 (" + e.getMessage() + ")" + PAST_FLOAT32);
       }
       if (visible.hasNext()) { // a chunk left out would change the answer without a word
         throw new IllegalArgumentException("layer " + l + ", chunk at " + start + ": more than n = " + n

@@ -181,6 +181,68 @@ class LlamaModelTest {
     }
   }
 
+  /**
+   * The CUDA backend refuses a call whose q and k could give a q.k past float32 (a bound over the
+   * call, QkMayOverflowException, tested on the fake device in the kernels module): the model names
+   * the layer and the chunk's positions, as NumericOverflowException (exit 2 in ppl). Here a backend
+   * that refuses every call from position 40 on, computing the rest on the CPU kernels.
+   */
+  @Test
+  void aRefusedQkBoundIsNamedByLayerAndPositions(@TempDir Path tmp) throws Exception {
+    long seed = LlamaTesting.seed("aRefusedQkBoundIsNamedByLayerAndPositions");
+    Path dir = LlamaTesting.generate(LlamaTesting.tiny(seed), tmp.resolve("m"));
+    io.longctx.kernels.CpuAttention cpu = io.longctx.kernels.CpuAttention.DEFAULT;
+    io.longctx.kernels.AttentionBackend refusing = new io.longctx.kernels.AttentionBackend() {
+      void check(long[] qPos) {
+        if (qPos[qPos.length - 1] >= 40) {
+          throw new io.longctx.kernels.QkMayOverflowException("q [1, 4, 16, 16] and k hold values large enough");
+        }
+      }
+
+      @Override
+      public io.longctx.kernels.AttentionState forward(io.longctx.kernels.Tensor q, io.longctx.kernels.Tensor k,
+          io.longctx.kernels.Tensor v, long[] qPos, long[] kPos, io.longctx.kernels.AttentionOptions opt) {
+        check(qPos);
+        return cpu.forward(q, k, v, qPos, kPos, opt);
+      }
+
+      @Override
+      public io.longctx.kernels.CpuAttention.DecodeResult decode(io.longctx.kernels.Tensor q,
+          io.longctx.kernels.Tensor k, io.longctx.kernels.Tensor v, long[] qPos, long[] kPos,
+          io.longctx.kernels.AttentionOptions opt, int splitLen) {
+        check(qPos);
+        return cpu.decode(q, k, v, qPos, kPos, opt, splitLen);
+      }
+
+      @Override
+      public io.longctx.kernels.CpuAttention.DecodeResult decodeUnifiedMax(io.longctx.kernels.Tensor q,
+          io.longctx.kernels.Tensor k, io.longctx.kernels.Tensor v, long[] qPos, long[] kPos,
+          io.longctx.kernels.AttentionOptions opt, int splitLen, io.longctx.kernels.UnifiedMax um) {
+        check(qPos);
+        return cpu.decodeUnifiedMax(q, k, v, qPos, kPos, opt, splitLen, um);
+      }
+
+      @Override
+      public String name() {
+        return "refusing from position 40";
+      }
+    };
+    try (LlamaModel m = new LlamaModel(64, refusing)) {
+      m.loadCheckpoint(dir, manager);
+      int[] tokens = new int[60];
+      for (int i = 0; i < tokens.length; i++) {
+        tokens[i] = 3 + i % 20;
+      }
+      LlamaModel.NumericOverflowException e = assertThrows(LlamaModel.NumericOverflowException.class,
+          () -> m.score(tokens, 16, false));
+      for (String part : new String[] {"layer 0: the queries at positions 32..47", "could give a q.k past float32",
+          "hold values large enough", "past float32"}) {
+        assertTrue(e.getMessage().contains(part), part + ": " + e.getMessage());
+      }
+      assertEquals(16, m.score(java.util.Arrays.copyOf(tokens, 16), 16, false).nTokens()); // below 40: computed
+    }
+  }
+
   @Test
   void shortDocumentsAndBadTokens(@TempDir Path tmp) throws Exception {
     long seed = LlamaTesting.seed("shortDocumentsAndBadTokens");

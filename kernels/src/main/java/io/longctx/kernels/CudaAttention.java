@@ -606,7 +606,7 @@ public final class CudaAttention implements AttentionBackend {
     }
     double q2 = q.sumOfSquares(), factor = Math.max(1, 2 * opt.scaleFor(q.dim()));
     if (Tensor.qkMayOverflow(q2, k2, factor)) {
-      throw new IllegalArgumentException("q " + q.shape() + " and k hold values large enough for a q.k to overflow "
+      throw new QkMayOverflowException("q " + q.shape() + " and k hold values large enough for a q.k to overflow "
           + "float32, or NaN or Infinity (|q| |k| = " + (float) Math.sqrt(q2 * k2) + ", times " + (float) factor
           + ", is not below " + (float) Tensor.QK_BOUND + "): the CUDA kernels would take an overflowed q.k as a "
           + "masked key; the CPU backend checks each score");

@@ -89,10 +89,12 @@ public final class TensorCoreFakeDeviceMain {
           cuda.decode(q, k, v, new long[] {2, 3, 4}, null, AttentionOptions.DEFAULT.withCausal(true), 4);
         }
         return "FAIL: no error on " + (path == 0 ? "the forward" : "decode");
-      } catch (IllegalArgumentException e) {
+      } catch (QkMayOverflowException e) { // its own type: callers name where (LlamaModel: layer, positions)
         if (!e.getMessage().contains("overflow float32")) {
           return "FAIL: " + e.getMessage();
         }
+      } catch (IllegalArgumentException e) {
+        return "FAIL: not a QkMayOverflowException: " + e;
       }
     }
     q.data()[0] = 1e9f; // q.k up to 2e28: far from float32's limit
