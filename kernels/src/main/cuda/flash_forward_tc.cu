@@ -325,25 +325,40 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         for (int r = 0; r < 2; r++) mx[mb][r] = fmaxf(mx[mb][r], __shfl_xor_sync(0xffffffffu, mx[mb][r], x));
       }
     }
-    bool moved = false;
+    float m_use[kRowBlocks][2];
 #pragma unroll
     for (int mb = 0; mb < kRowBlocks; mb++) {
 #pragma unroll
       for (int r = 0; r < 2; r++) {
         float m_new = fmaxf(row_max[mb][r], mx[mb][r] * s_mul);
-        float m_use = m_new == -CUDART_INF_F ? 0.f : m_new;  // no key yet: exp2(-inf) = 0, never NaN
-        // Exactly 1 while the max stands still (also while it stays -inf): see the rescale below.
-        alpha[mb][r] = m_new == row_max[mb][r] ? 1.f : exp2_ftz(row_max[mb][r] - m_use);
-        moved |= alpha[mb][r] != 1.f;
+        m_use[mb][r] = m_new == -CUDART_INF_F ? 0.f : m_new;  // no key yet: exp2(-inf) = 0, never NaN
+        alpha[mb][r] = m_new == row_max[mb][r] ? 1.f : exp2_ftz(row_max[mb][r] - m_use[mb][r]);
+        row_max[mb][r] = m_new;
+      }
+    }
+    // The output rescale on every tile, with no branch, before the exps: its D / 2 multiplies can
+    // issue between the exps' MUFU and FFMA instructions.
+#pragma unroll
+    for (int mb = 0; mb < kRowBlocks; mb++) {
+#pragma unroll
+      for (int nd = 0; nd < D / 8; nd++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[mb][nd][i] *= alpha[mb][i / 2];
+      }
+    }
+#pragma unroll
+    for (int mb = 0; mb < kRowBlocks; mb++) {
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        const float m_sub = m_use[mb][r];
         float sum = 0.f;
 #pragma unroll
         for (int nb = 0; nb < kKeys / 8; nb++) {
-          s[mb][nb][2 * r] = exp2_ftz(fmaf(s[mb][nb][2 * r], s_mul, -m_use));
-          s[mb][nb][2 * r + 1] = exp2_ftz(fmaf(s[mb][nb][2 * r + 1], s_mul, -m_use));
+          s[mb][nb][2 * r] = exp2_ftz(fmaf(s[mb][nb][2 * r], s_mul, -m_sub));
+          s[mb][nb][2 * r + 1] = exp2_ftz(fmaf(s[mb][nb][2 * r + 1], s_mul, -m_sub));
           sum += s[mb][nb][2 * r] + s[mb][nb][2 * r + 1];
         }
         row_sum[mb][r] = row_sum[mb][r] * alpha[mb][r] + sum;
-        row_max[mb][r] = m_new;
       }
     }
     // P as A fragments of the input type now: 32 registers cross the rescale's branch, not S's 64.
@@ -358,20 +373,6 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         pa[mb][kk][3] = pack<T>(s[mb][2 * kk + 1][2], s[mb][2 * kk + 1][3]);
       }
     }
-    // The output rescale (D / 4 multiplies per thread and row block) only where some row of the warp
-    // has a new max: a warp-uniform skip, and an exact one (the skipped factors are all 1). Once a row
-    // has seen its largest scores, most tiles skip it.
-    if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-      for (int mb = 0; mb < kRowBlocks; mb++) {
-#pragma unroll
-        for (int nd = 0; nd < D / 8; nd++) {
-#pragma unroll
-          for (int i = 0; i < 4; i++) acc[mb][nd][i] *= alpha[mb][i / 2];
-        }
-      }
-    }
-
     // O += P V, 16 keys per step (S's accumulators laid out as A fragments, packed above).
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; kk++) {
