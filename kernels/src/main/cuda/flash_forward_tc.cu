@@ -325,65 +325,60 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         for (int r = 0; r < 2; r++) mx[mb][r] = fmaxf(mx[mb][r], __shfl_xor_sync(0xffffffffu, mx[mb][r], x));
       }
     }
-    float m_use[kRowBlocks][2];
+    bool moved = false;
 #pragma unroll
     for (int mb = 0; mb < kRowBlocks; mb++) {
 #pragma unroll
       for (int r = 0; r < 2; r++) {
         float m_new = fmaxf(row_max[mb][r], mx[mb][r] * s_mul);
-        m_use[mb][r] = m_new == -CUDART_INF_F ? 0.f : m_new;  // no key yet: exp2(-inf) = 0, never NaN
-        alpha[mb][r] = m_new == row_max[mb][r] ? 1.f : exp2_ftz(row_max[mb][r] - m_use[mb][r]);
-        row_max[mb][r] = m_new;
-      }
-    }
-    // The output rescale on every tile, with no branch, before the exps: its D / 2 multiplies can
-    // issue between the exps' MUFU and FFMA instructions.
-#pragma unroll
-    for (int mb = 0; mb < kRowBlocks; mb++) {
-#pragma unroll
-      for (int nd = 0; nd < D / 8; nd++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) acc[mb][nd][i] *= alpha[mb][i / 2];
-      }
-    }
-#pragma unroll
-    for (int mb = 0; mb < kRowBlocks; mb++) {
-#pragma unroll
-      for (int r = 0; r < 2; r++) {
-        const float m_sub = m_use[mb][r];
+        float m_use = m_new == -CUDART_INF_F ? 0.f : m_new;  // no key yet: exp2(-inf) = 0, never NaN
+        // Exactly 1 while the max stands still (also while it stays -inf): see the rescale below.
+        alpha[mb][r] = m_new == row_max[mb][r] ? 1.f : exp2_ftz(row_max[mb][r] - m_use);
+        moved |= alpha[mb][r] != 1.f;
         float sum = 0.f;
 #pragma unroll
         for (int nb = 0; nb < kKeys / 8; nb++) {
-          s[mb][nb][2 * r] = exp2_ftz(fmaf(s[mb][nb][2 * r], s_mul, -m_sub));
-          s[mb][nb][2 * r + 1] = exp2_ftz(fmaf(s[mb][nb][2 * r + 1], s_mul, -m_sub));
+          s[mb][nb][2 * r] = exp2_ftz(fmaf(s[mb][nb][2 * r], s_mul, -m_use));
+          s[mb][nb][2 * r + 1] = exp2_ftz(fmaf(s[mb][nb][2 * r + 1], s_mul, -m_use));
           sum += s[mb][nb][2 * r] + s[mb][nb][2 * r + 1];
         }
         row_sum[mb][r] = row_sum[mb][r] * alpha[mb][r] + sum;
+        row_max[mb][r] = m_new;
       }
     }
-    // P as A fragments of the input type now: 32 registers cross the rescale's branch, not S's 64.
-    uint32_t pa[kRowBlocks][kKeys / 16][4];
+    // The output rescale (D / 4 multiplies per thread and row block) only where some row of the warp
+    // has a new max: a warp-uniform skip, and an exact one (the skipped factors are all 1). Once a row
+    // has seen its largest scores, most tiles skip it.
+    if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-    for (int mb = 0; mb < kRowBlocks; mb++) {
+      for (int mb = 0; mb < kRowBlocks; mb++) {
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; kk++) {
-        pa[mb][kk][0] = pack<T>(s[mb][2 * kk][0], s[mb][2 * kk][1]);
-        pa[mb][kk][1] = pack<T>(s[mb][2 * kk][2], s[mb][2 * kk][3]);
-        pa[mb][kk][2] = pack<T>(s[mb][2 * kk + 1][0], s[mb][2 * kk + 1][1]);
-        pa[mb][kk][3] = pack<T>(s[mb][2 * kk + 1][2], s[mb][2 * kk + 1][3]);
+        for (int nd = 0; nd < D / 8; nd++) {
+#pragma unroll
+          for (int i = 0; i < 4; i++) acc[mb][nd][i] *= alpha[mb][i / 2];
+        }
       }
     }
-    // O += P V, 16 keys per step (S's accumulators laid out as A fragments, packed above).
+
+    // O += P V, 16 keys per step; P's accumulators are already laid out as A fragments.
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; kk++) {
+      uint32_t pa[kRowBlocks][4];
+#pragma unroll
+      for (int mb = 0; mb < kRowBlocks; mb++) {
+        pa[mb][0] = pack<T>(s[mb][2 * kk][0], s[mb][2 * kk][1]);
+        pa[mb][1] = pack<T>(s[mb][2 * kk][2], s[mb][2 * kk][3]);
+        pa[mb][2] = pack<T>(s[mb][2 * kk + 1][0], s[mb][2 * kk + 1][1]);
+        pa[mb][3] = pack<T>(s[mb][2 * kk + 1][2], s[mb][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int nd = 0; nd < D / 16; nd++) {
         uint32_t vf[4];
         ldmatrix_x4_trans(vf, &vs[(kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride + nd * 16 + lane / 16 * 8]);
 #pragma unroll
         for (int mb = 0; mb < kRowBlocks; mb++) {
-          mma<T>(acc[mb][2 * nd], pa[mb][kk], vf[0], vf[1]);
-          mma<T>(acc[mb][2 * nd + 1], pa[mb][kk], vf[2], vf[3]);
+          mma<T>(acc[mb][2 * nd], pa[mb], vf[0], vf[1]);
+          mma<T>(acc[mb][2 * nd + 1], pa[mb], vf[2], vf[3]);
         }
       }
     }
