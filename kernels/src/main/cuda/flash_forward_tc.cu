@@ -346,6 +346,19 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
         row_max[mb][r] = m_new;
       }
     }
+    // P as A fragments of the input type now: 32 registers cross the rescale's branch, not S's 64
+    // (on an H200 1-3% faster non-causal than packing per 16 keys inside P V, 2026-11-27).
+    uint32_t pa[kRowBlocks][kKeys / 16][4];
+#pragma unroll
+    for (int mb = 0; mb < kRowBlocks; mb++) {
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; kk++) {
+        pa[mb][kk][0] = pack<T>(s[mb][2 * kk][0], s[mb][2 * kk][1]);
+        pa[mb][kk][1] = pack<T>(s[mb][2 * kk][2], s[mb][2 * kk][3]);
+        pa[mb][kk][2] = pack<T>(s[mb][2 * kk + 1][0], s[mb][2 * kk + 1][1]);
+        pa[mb][kk][3] = pack<T>(s[mb][2 * kk + 1][2], s[mb][2 * kk + 1][3]);
+      }
+    }
     // The output rescale (D / 4 multiplies per thread and row block) only where some row of the warp
     // has a new max: a warp-uniform skip, and an exact one (the skipped factors are all 1). Once a row
     // has seen its largest scores, most tiles skip it.
@@ -360,25 +373,17 @@ __device__ void flash_forward_tc(const T* __restrict__ q, const T* __restrict__ 
       }
     }
 
-    // O += P V, 16 keys per step; P's accumulators are already laid out as A fragments.
+    // O += P V, 16 keys per step (S's accumulators laid out as A fragments, packed above).
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; kk++) {
-      uint32_t pa[kRowBlocks][4];
-#pragma unroll
-      for (int mb = 0; mb < kRowBlocks; mb++) {
-        pa[mb][0] = pack<T>(s[mb][2 * kk][0], s[mb][2 * kk][1]);
-        pa[mb][1] = pack<T>(s[mb][2 * kk][2], s[mb][2 * kk][3]);
-        pa[mb][2] = pack<T>(s[mb][2 * kk + 1][0], s[mb][2 * kk + 1][1]);
-        pa[mb][3] = pack<T>(s[mb][2 * kk + 1][2], s[mb][2 * kk + 1][3]);
-      }
 #pragma unroll
       for (int nd = 0; nd < D / 16; nd++) {
         uint32_t vf[4];
         ldmatrix_x4_trans(vf, &vs[(kk * 16 + (lane / 8) % 2 * 8 + lane % 8) * kStride + nd * 16 + lane / 16 * 8]);
 #pragma unroll
         for (int mb = 0; mb < kRowBlocks; mb++) {
-          mma<T>(acc[mb][2 * nd], pa[mb], vf[0], vf[1]);
-          mma<T>(acc[mb][2 * nd + 1], pa[mb], vf[2], vf[3]);
+          mma<T>(acc[mb][2 * nd], pa[mb][kk], vf[0], vf[1]);
+          mma<T>(acc[mb][2 * nd + 1], pa[mb][kk], vf[2], vf[3]);
         }
       }
     }
