@@ -87,6 +87,39 @@ class GpuCheckScriptTest {
     assertTrue(file.stream().noneMatch(l -> l.startsWith("| absent | 1 |")), all);
   }
 
+  /**
+   * {@code run --smoke ab-decode} on the fake libcuda: this build timed, a listed build's jar checked
+   * in full and timed, both timed again, then the table of this build's times over the other's; a
+   * listed build without a jar is reported and fails the run, the rest still runs. (The fake device
+   * emulates this build's decode kernels whatever module it is given: this tests the plumbing.)
+   */
+  @Test
+  @Timeout(400)
+  void abDecodeTimesEveryBuildAndReportsAMissingOne() throws Exception {
+    Path script = script();
+    Path lib = CudaDecodeFakeDeviceTest.buildFakeLibcuda("fake-cuda-ab-decode");
+    Path bundle = bundle(lib);
+    Path ab = Files.createDirectories(bundle.resolve("ab-decode"));
+    Files.writeString(ab.resolve("revisions.txt"), "older 0123abc an older build\nabsent 4567def never compiled\n");
+    Path fatbins = Files.createDirectories(lib.resolve("older-jar").resolve("io/longctx/kernels/cuda"));
+    Files.write(fatbins.resolve("flash_decode.fatbin"), new byte[] {1, 2, 3});
+    jar(lib.resolve("older-jar"), ab.resolve("older.jar"));
+    Path out = Files.createTempDirectory(lib, "out");
+    Child p = Child.run(fakeDeviceRun(script, lib, bundle, out, "run", "--smoke", "ab-decode"), 360);
+    List<String> file = Files.readAllLines(out.resolve("gpu-check.txt"));
+    String all = String.join("\n", file);
+    assertEquals(1, p.exit(), p.output());
+    for (String prefix : List.of("ab-decode build older: commit 0123abc, an older build",
+        "ab-decode build absent: commit 4567def: ERROR no jar", "section ab-decode-this-1-timing: exit status 0",
+        "section ab-decode-older-1: exit status 0", "summary decode: 37 pass, 0 FAIL, 0 ERROR",
+        "section ab-decode-this-2-timing: exit status 0", "section ab-decode-older-2-timing: exit status 0",
+        "| what | Tq | split | this ms | older ms | this / older |", "| sync | 1 | 4096 | ",
+        "sections: ab-decode-absent=missing ab-decode-this-1-timing=0")) {
+      assertTrue(file.stream().anyMatch(l -> l.startsWith(prefix)), "no line '" + prefix + "' in\n" + all);
+    }
+    assertTrue(file.stream().noneMatch(l -> l.contains("absent ms")), all);
+  }
+
   /** A bundle of the build's classes and the JCuda jars (no runtime: the script falls back to java on PATH). */
   private static Path bundle(Path dir) throws Exception {
     Path bundle = Files.createTempDirectory(dir, "bundle");
@@ -168,6 +201,8 @@ class GpuCheckScriptTest {
     assertEquals(before, Files.readString(out.resolve("gpu-check.txt")));
     String noAb = runScript(script, bundle, out, path, 2, "run", "--profile", "forward", "ab");
     assertTrue(noAb.contains("ab is a plain run's section"), noAb);
+    String noAbDecode = runScript(script, bundle, out, path, 2, "run", "--sanitize", "decode", "ab-decode");
+    assertTrue(noAbDecode.contains("ab-decode is a plain run's section"), noAbDecode);
     assertEquals(before, Files.readString(out.resolve("gpu-check.txt")));
   }
 
