@@ -105,6 +105,7 @@ class GpuCheckScriptTest {
     Files.write(fatbins.resolve("flash_decode.fatbin"), new byte[] {1, 2, 3});
     jar(lib.resolve("older-jar"), ab.resolve("older.jar"));
     Path out = Files.createTempDirectory(lib, "out");
+    Files.writeString(out.resolve("decode-times.tsv"), "a decode section's timings\n"); // kept through ab-decode
     Child p = Child.run(fakeDeviceRun(script, lib, bundle, out, "run", "--smoke", "ab-decode"), 360);
     List<String> file = Files.readAllLines(out.resolve("gpu-check.txt"));
     String all = String.join("\n", file);
@@ -118,6 +119,7 @@ class GpuCheckScriptTest {
       assertTrue(file.stream().anyMatch(l -> l.startsWith(prefix)), "no line '" + prefix + "' in\n" + all);
     }
     assertTrue(file.stream().noneMatch(l -> l.contains("absent ms")), all);
+    assertEquals("a decode section's timings\n", Files.readString(out.resolve("decode-times.tsv")));
   }
 
   /** A bundle of the build's classes and the JCuda jars (no runtime: the script falls back to java on PATH). */
