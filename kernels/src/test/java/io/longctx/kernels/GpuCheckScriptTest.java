@@ -122,6 +122,33 @@ class GpuCheckScriptTest {
     assertEquals("a decode section's timings\n", Files.readString(out.resolve("decode-times.tsv")));
   }
 
+  /**
+   * Every build the A/B lists name is a commit of this repository holding the source the bundle
+   * compiles for it, with a label the bundle can use as a file name: a wrong line would surface only
+   * on a GPU machine, as a missing build. Skipped outside a git checkout and in a shallow clone.
+   */
+  @Test
+  void abListsNameCommitsOfThisRepository() throws Exception {
+    Path root = Paths.get("..").toAbsolutePath().normalize();
+    assumeTrue(Files.isDirectory(root.resolve(".git")) && CudaDecodeEmulationTest.onPath("git"), "needs a git checkout");
+    Child shallow = Child.run(new ProcessBuilder("git", "-C", root.toString(), "rev-parse", "--is-shallow-repository")
+        .redirectErrorStream(true), 30);
+    assumeTrue(shallow.exit() == 0 && shallow.output().trim().equals("false"), "needs the history, not a shallow clone");
+    for (String[] list : new String[][] {{"ab-revisions.txt", "flash_forward_tc.cu"},
+        {"ab-decode-revisions.txt", "flash_decode.cu"}}) {
+      for (String line : Files.readAllLines(root.resolve("kernels/src/gpu").resolve(list[0]))) {
+        if (line.isBlank() || line.startsWith("#")) {
+          continue;
+        }
+        String[] f = line.trim().split("\\s+", 3);
+        assertTrue(f.length == 3 && f[0].matches("[A-Za-z0-9._-]+"), list[0] + ": label, commit, note: " + line);
+        Child git = Child.run(new ProcessBuilder("git", "-C", root.toString(), "cat-file", "-e",
+            f[1] + ":kernels/src/main/cuda/" + list[1]).redirectErrorStream(true), 30);
+        assertEquals(0, git.exit(), list[0] + ": commit " + f[1] + " (" + f[0] + ") has no " + list[1] + ": " + git.output());
+      }
+    }
+  }
+
   /** A bundle of the build's classes and the JCuda jars (no runtime: the script falls back to java on PATH). */
   private static Path bundle(Path dir) throws Exception {
     Path bundle = Files.createTempDirectory(dir, "bundle");
