@@ -48,13 +48,11 @@ class GpuCheckScriptTest {
     String all = String.join("\n", file);
     assertEquals(1, p.exit(), text);
     assertEquals("# longctx GPU check", file.get(0), all);
-    for (String prefix : List.of("- date: ", "- commit: ", "- host: ", "- java: ", "- mode: sections forward decode --smoke",
+    assertLinesStartWith(file, "- date: ", "- commit: ", "- host: ", "- java: ", "- mode: sections forward decode --smoke",
         "=== section forward (time limit 180 s) ===", "## Forward on host emulation (fake libcuda), CUDA driver 13.0",
         "summary forward: 18 pass, 0 FAIL, 0 ERROR -> ok", "section forward: exit status 0",
         "=== section decode (time limit 2 s) ===", "section decode: TIMED OUT after 2 s",
-        "section decode: exit status 124", "sections: forward=0 decode=124", "gpu-check: FAILED")) {
-      assertTrue(file.stream().anyMatch(l -> l.startsWith(prefix)), "no line '" + prefix + "' in\n" + all);
-    }
+        "section decode: exit status 124", "sections: forward=0 decode=124", "gpu-check: FAILED");
     assertTrue(file.indexOf("```") < file.indexOf("=== section forward (time limit 180 s) ==="), "header not first");
   }
 
@@ -78,12 +76,10 @@ class GpuCheckScriptTest {
     List<String> file = Files.readAllLines(out.resolve("gpu-check.txt"));
     String all = String.join("\n", file);
     assertEquals(1, p.exit(), p.output());
-    for (String prefix : List.of("=== section ab (time limit 150 s) ===", "| older | 0123abc | an older build | yes, ",
+    assertLinesStartWith(file, "=== section ab (time limit 150 s) ===", "| older | 0123abc | an older build | yes, ",
         "| absent | 4567def | never compiled | ERROR", "| this build | [1,2/2,5,130,128] | causal | ",
         "| older | [1,2/2,5,130,128] | causal | ", "| this build | 1 | 2 | 128 | 128 | true | ",
-        "| older | 1 | 2 | 128 | 128 | true | ", "summary ab: 4 pass, 0 FAIL, 1 ERROR", "sections: ab=1")) {
-      assertTrue(file.stream().anyMatch(l -> l.startsWith(prefix)), "no line '" + prefix + "' in\n" + all);
-    }
+        "| older | 1 | 2 | 128 | 128 | true | ", "summary ab: 4 pass, 0 FAIL, 1 ERROR", "sections: ab=1");
     assertTrue(file.stream().noneMatch(l -> l.startsWith("| absent | 1 |")), all);
   }
 
@@ -110,14 +106,12 @@ class GpuCheckScriptTest {
     List<String> file = Files.readAllLines(out.resolve("gpu-check.txt"));
     String all = String.join("\n", file);
     assertEquals(1, p.exit(), p.output());
-    for (String prefix : List.of("ab-decode build older: commit 0123abc, an older build",
+    assertLinesStartWith(file, "ab-decode build older: commit 0123abc, an older build",
         "ab-decode build absent: commit 4567def: ERROR no jar", "section ab-decode-this-1-timing: exit status 0",
         "section ab-decode-older-1: exit status 0", "summary decode: 37 pass, 0 FAIL, 0 ERROR",
         "section ab-decode-this-2-timing: exit status 0", "section ab-decode-older-2-timing: exit status 0",
         "| what | Tq | split | this ms | older ms | this / older |", "| sync | 1 | 4096 | ",
-        "sections: ab-decode-absent=missing ab-decode-this-1-timing=0")) {
-      assertTrue(file.stream().anyMatch(l -> l.startsWith(prefix)), "no line '" + prefix + "' in\n" + all);
-    }
+        "sections: ab-decode-absent=missing ab-decode-this-1-timing=0");
     assertTrue(file.stream().noneMatch(l -> l.contains("absent ms")), all);
     assertEquals("a decode section's timings\n", Files.readString(out.resolve("decode-times.tsv")));
   }
@@ -146,6 +140,13 @@ class GpuCheckScriptTest {
             f[1] + ":kernels/src/main/cuda/" + list[1]).redirectErrorStream(true), 30);
         assertEquals(0, git.exit(), list[0] + ": commit " + f[1] + " (" + f[0] + ") has no " + list[1] + ": " + git.output());
       }
+    }
+  }
+
+  /** Each prefix begins some line of {@code file}; the message names the first that does not, with the file. */
+  private static void assertLinesStartWith(List<String> file, String... prefixes) {
+    for (String prefix : prefixes) {
+      assertTrue(file.stream().anyMatch(l -> l.startsWith(prefix)), "no line '" + prefix + "' in\n" + String.join("\n", file));
     }
   }
 
