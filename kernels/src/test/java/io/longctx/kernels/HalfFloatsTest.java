@@ -17,7 +17,7 @@ class HalfFloatsTest {
         assertEquals(bits, HalfFloats.floatToHalf(f) & 0xFFFF, "half bits " + Integer.toHexString(bits));
       }
     }
-    long seed = System.nanoTime();
+    long seed = Accuracy.seed();
     SplittableRandom rng = new SplittableRandom(seed);
     for (int i = 0; i < 100_000; i++) {
       float f = (float) (rng.nextGaussian() * Math.pow(10, rng.nextInt(-6, 5)));
@@ -28,7 +28,7 @@ class HalfFloatsTest {
       double err = Math.abs((double) r - f);
       if (Float.isFinite(up) && Float.isFinite(r) && Math.abs(f) > 1e-7 && Math.abs(f) < 6e4) {
         assertEquals(true, err <= Math.abs((double) up - f) && err <= Math.abs((double) down - f) + 0.0,
-            "seed " + seed + ": " + f + " -> " + r);
+            "seed " + seed + " (replay: -Dlongctx.seed=" + seed + "): " + f + " -> " + r);
       }
     }
   }

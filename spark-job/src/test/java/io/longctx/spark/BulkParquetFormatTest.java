@@ -86,7 +86,7 @@ class BulkParquetFormatTest {
 
   @Test
   void sameRowsSchemaAndStatisticsAsSparksWriter() throws Exception {
-    long seed = System.nanoTime();
+    long seed = TestModels.seed("BulkParquetFormatTest");
     String why = "seed " + seed;
     Dataset<Row> df = spark.createDataFrame(rows(seed, 1500), SCHEMA).repartition(3);
     String ours = dir.resolve("ours").toString(), theirs = dir.resolve("theirs").toString();

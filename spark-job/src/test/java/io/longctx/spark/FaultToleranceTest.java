@@ -78,7 +78,7 @@ class FaultToleranceTest {
   final SparkSession spark = TestSpark.get();
   final List<Process> daemons = new ArrayList<>();
   final List<Run> started = new ArrayList<>();
-  final long seed = System.nanoTime();
+  final long seed = TestModels.seed("FaultToleranceTest");
   String java, sparkCp, masterUrl;
   Path home, appJar, keys, queries;
   List<String> flags;

@@ -30,7 +30,7 @@ class LocalClusterTest {
   @Timeout(value = 240, unit = TimeUnit.SECONDS)
   void separateExecutorJvmsGiveTheSameBits() throws Exception {
     SparkSession spark = TestSpark.get();
-    long seed = System.nanoTime();
+    long seed = TestModels.seed("LocalClusterTest");
     TestData data = new TestData(seed, 4, 2, 16).doc("x", 300, 0, 1).doc("y", 130, 50, 2).randomQueries(3);
     Path keys = data.writeKeys(spark, tmp, "parquet", false);
     Path queries = data.writeQueries(spark, tmp, "parquet");

@@ -57,7 +57,7 @@ class LongRangeTest {
   /** Documents at the bottom, the top and across the whole long range, small chunks, huge windows. */
   @Test
   void positionsAtTheEndsOfTheLongRangeWithAnyWindowMatchTheReference() throws Exception {
-    long seed = System.nanoTime();
+    long seed = TestModels.seed("LongRangeTest");
     long spread = MAX / 20; // 40 keys from MIN to about 0.95 * MAX
     TestData data = new TestData(seed, 4, 2, 8).doc("bottom", 30, MIN, 1).doc("top", 30, MAX - 29, 1)
         .doc("across", 40, MIN, spread)
