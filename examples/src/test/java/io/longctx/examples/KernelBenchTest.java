@@ -58,6 +58,9 @@ class KernelBenchTest {
     assertTrue(r.err().contains("bench: decode: 1 query row(s), 4 heads over 2 kv heads, 300 keys"), r.err());
     assertTrue(r.err().contains("djl-plain skipped (--plain to include it)"), r.err());
     assertTrue(r.err().contains("first round"), r.err());
+    // the forward's Java kernel is warmed before the rounds, so that --only java is not timed cold
+    assertTrue(r.err().contains("bench: Java kernel's JIT warm-up: "), r.err());
+    assertTrue(io.longctx.kernels.CpuAttention.tileSteps() >= io.longctx.kernels.CpuAttention.JIT_WARM_TILE_STEPS);
     assertEquals(2, lines.stream().filter(l -> l.startsWith("{\"impl\": \"op\", \"op\": \"forward\"")
         && l.contains("\"vs_faster\": ")).count(), "the forward op lines carry vs_faster:\n" + r.out());
   }
