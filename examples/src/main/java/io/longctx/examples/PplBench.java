@@ -36,7 +36,9 @@ import java.util.concurrent.TimeUnit;
  * beyond the loaded weights. The dense path is not started when its estimate ({@link
  * DenseLlama#estimateBytes}) exceeds the memory available: it is reported as {@code did_not_fit}
  * with the estimate. Both paths score the same seeded random token ids with the same weights; where
- * both run, their sum_logprob must agree within 1e-4 relative.
+ * both run, their sum_logprob must agree within 1e-4 relative. With {@code --rounds R} each T's two
+ * paths run R times in turns (the order reversed every other round) and the ratio is the median of
+ * the rounds' own ratios, so that the machine's drift over minutes falls on both.
  */
 public final class PplBench {
 
@@ -45,11 +47,13 @@ public final class PplBench {
   static final String USAGE = String.join("\n",
       "usage: bench-ppl [--t 2048,8192,32768] [--layers 4] [--hidden 512] [--heads 8] [--kv-heads 2]",
       "                 [--vocab 32000] [--dtype bf16] [--model DIR] [--chunk-len 512] [--iters N]",
-      "                 [--paths ours,dense] [--child-timeout S] [--seed S]",
+      "                 [--paths ours,dense] [--rounds R] [--child-timeout S] [--seed S]",
       "  Tokens/s and peak memory of LlamaModel.score (ours) against the same model run densely in one",
       "  libtorch forward through DJL (dense), each (path, T) alone in a fresh JVM. --model uses an",
       "  existing checkpoint instead of generating one (ModelGenerator) into a temp directory.",
-      "  --iters: timed runs per (path, T), median reported (default 3 up to T=4096, else 1).");
+      "  --iters: timed runs per (path, T), median reported (default 3 up to T=4096, else 1).",
+      "  --rounds: each T's two paths R times, in turns (ours first in odd rounds, dense first in even ones);",
+      "  ratio_vs_dense is the median of the rounds' dense / ours (default 1: one child each).");
 
   /** Options; public fields so that a test can run a toy size. */
   static final class Options {
@@ -58,6 +62,7 @@ public final class PplBench {
     Path model;
     int chunkLen = LlamaModel.DEFAULT_CHUNK_LEN;
     int iters = -1;
+    int rounds = 1;
     List<String> paths = List.of("ours", "dense");
     long childTimeoutS = 600;
     long seed = 20261123L;
@@ -104,6 +109,7 @@ public final class PplBench {
         case "--model" -> o.model = Path.of(v);
         case "--chunk-len" -> o.chunkLen = Integer.parseInt(v);
         case "--iters" -> o.iters = Integer.parseInt(v);
+        case "--rounds" -> o.rounds = Integer.parseInt(v);
         case "--paths" -> o.paths = List.of(v.split(","));
         case "--child-timeout" -> o.childTimeoutS = Long.parseLong(v);
         case "--seed" -> o.seed = Long.parseLong(v);
@@ -111,6 +117,9 @@ public final class PplBench {
         case "--child-t" -> o.t = Integer.parseInt(v);
         default -> throw new IllegalArgumentException("unknown option " + a + "\n" + USAGE);
       }
+    }
+    if (o.rounds < 1) {
+      throw new IllegalArgumentException("--rounds must be >= 1, got " + o.rounds);
     }
     for (String p : o.paths) {
       if (!p.equals("ours") && !p.equals("dense")) {
@@ -149,33 +158,41 @@ public final class PplBench {
       LlamaConfig cfg = LlamaConfig.read(model);
       System.out.println(envLine(cfg, o, model, o.model == null));
       for (int t : o.ts) {
-        String ours = null, dense = null;
-        for (String path : o.paths) {
-          String line;
-          long est = path.equals("dense") ? DenseLlama.estimateBytes(cfg, t) : oursEstimateBytes(cfg, t, o.chunkLen);
-          long avail = memAvailableKb() * 1024;
-          if (path.equals("dense") && avail > 0 && est > avail - (1L << 30)) {
-            line = String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"path\": \"dense\", \"t\": %d, "
-                + "\"did_not_fit\": true, "
-                + "\"estimate_extra_mb\": %.0f, \"mem_available_mb\": %.0f, \"note\": \"not started: estimate above "
-                + "available memory less 1 GiB\"}", t, est / 1048576.0, avail / 1048576.0);
-            System.err.printf("bench-ppl: dense T=%d does not fit (estimate %.1f GiB, available %.1f GiB)%n", t,
-                est / 1073741824.0, avail / 1073741824.0);
-          } else {
-            System.err.printf("bench-ppl: %s T=%d (estimate %.0f MiB beyond the weights; %d timed run(s))...%n",
-                path, t,
-                est / 1048576.0, o.itersFor(t));
-            line = runChild(o, model, path, t, est);
-            System.err.println("bench-ppl:   " + line);
+        List<String> ours = new ArrayList<>(), dense = new ArrayList<>();
+        boolean denseFits = true;
+        // Rounds in turns, so that the machine's drift over minutes falls on both paths alike.
+        for (int round = 1; round <= o.rounds; round++) {
+          List<String> order = new ArrayList<>(o.paths);
+          if (round % 2 == 0) {
+            java.util.Collections.reverse(order);
           }
-          System.out.println(line);
-          if (path.equals("ours")) {
-            ours = line;
-          } else {
-            dense = line;
+          for (String path : order) {
+            long est = path.equals("dense") ? DenseLlama.estimateBytes(cfg, t) : oursEstimateBytes(cfg, t, o.chunkLen);
+            long avail = memAvailableKb() * 1024;
+            if (path.equals("dense") && (!denseFits || avail > 0 && est > avail - (1L << 30))) {
+              if (denseFits) {
+                denseFits = false;
+                System.out.println(String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"path\": \"dense\", \"t\": %d, "
+                    + "\"did_not_fit\": true, "
+                    + "\"estimate_extra_mb\": %.0f, \"mem_available_mb\": %.0f, \"note\": \"not started: estimate above "
+                    + "available memory less 1 GiB\"}", t, est / 1048576.0, avail / 1048576.0));
+                System.err.printf("bench-ppl: dense T=%d does not fit (estimate %.1f GiB, available %.1f GiB)%n", t,
+                    est / 1073741824.0, avail / 1073741824.0);
+              }
+              continue;
+            }
+            System.err.printf("bench-ppl: %s T=%d%s (estimate %.0f MiB beyond the weights; %d timed run(s))...%n",
+                path, t, o.rounds > 1 ? ", round " + round + " of " + o.rounds : "", est / 1048576.0, o.itersFor(t));
+            String line = runChild(o, model, path, t, est);
+            if (o.rounds > 1) {
+              line = line.substring(0, line.length() - 1) + ", \"round\": " + round + "}";
+            }
+            System.err.println("bench-ppl:   " + line);
+            System.out.println(line);
+            (path.equals("ours") ? ours : dense).add(line);
           }
         }
-        if (ours != null && dense != null) {
+        if (!ours.isEmpty() && !dense.isEmpty()) {
           System.out.println(compare(t, ours, dense));
         }
       }
@@ -199,17 +216,36 @@ public final class PplBench {
   }
 
   static String compare(int t, String ours, String dense) {
-    double om = number(ours, "ms"), dm = number(dense, "ms");
-    double os = number(ours, "sum_logprob"), ds = number(dense, "sum_logprob");
-    if (Double.isNaN(om) || Double.isNaN(dm)) {
-      return String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"compare\": true, \"t\": %d, "
-          + "\"note\": \"one path has no "
-          + "time\"}", t);
+    return compare(t, List.of(ours), List.of(dense));
+  }
+
+  /**
+   * The two paths at one T: ratio_vs_dense is the median over rounds of that round's dense ms / ours
+   * ms (rounds paired in order; a round where either child failed is left out); memory and the
+   * agreement of sum_logprob from the first round.
+   */
+  static String compare(int t, List<String> ours, List<String> dense) {
+    List<Double> ratios = new ArrayList<>();
+    for (int i = 0; i < Math.min(ours.size(), dense.size()); i++) {
+      double r = number(dense.get(i), "ms") / number(ours.get(i), "ms");
+      if (!Double.isNaN(r)) {
+        ratios.add(r);
+      }
     }
+    if (ratios.isEmpty()) {
+      return String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"compare\": true, \"t\": %d, "
+          + "\"note\": \"one path has no time\"}", t);
+    }
+    double[] sorted = ratios.stream().mapToDouble(Double::doubleValue).sorted().toArray();
+    double median = sorted.length % 2 == 1 ? sorted[sorted.length / 2]
+        : (sorted[sorted.length / 2 - 1] + sorted[sorted.length / 2]) / 2;
+    double os = number(ours.get(0), "sum_logprob"), ds = number(dense.get(0), "sum_logprob");
     double rel = Math.abs(os - ds) / Math.max(1e-30, Math.abs(ds));
-    return String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"compare\": true, \"t\": %d, \"ratio_vs_dense\": %.3f, "
-        + "\"peak_extra_ratio\": %.4f, \"sum_logprob_rel_diff\": %.2e, \"agree_1e-4\": %b}", t, dm / om,
-        number(ours, "peak_extra_mb") / number(dense, "peak_extra_mb"), rel, rel <= 1e-4);
+    String perRound = ratios.size() > 1 ? ", \"rounds\": " + ratios.size() + ", \"ratios\": " + ratios.stream()
+        .map(r -> String.format(Locale.ROOT, "%.3f", r)).collect(java.util.stream.Collectors.joining(", ", "[", "]")) : "";
+    return String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"compare\": true, \"t\": %d, \"ratio_vs_dense\": %.3f%s, "
+        + "\"peak_extra_ratio\": %.4f, \"sum_logprob_rel_diff\": %.2e, \"agree_1e-4\": %b}", t, median, perRound,
+        number(ours.get(0), "peak_extra_mb") / number(dense.get(0), "peak_extra_mb"), rel, rel <= 1e-4);
   }
 
   /** A number field of a flat JSON line, or NaN. */

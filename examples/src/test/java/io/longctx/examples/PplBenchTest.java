@@ -95,4 +95,45 @@ class PplBenchTest {
     assertTrue(text.contains("\"path\": \"dense\", \"t\": 3000000, \"did_not_fit\": true"), text);
     assertTrue(text.contains("\"simd\": "), text);
   }
+
+  /**
+   * --rounds: the paths in turns (round 2 starts with dense), each child line tagged with its round,
+   * and ratio_vs_dense the median of the rounds' own ratios.
+   */
+  @Test
+  void roundsAlternateThePathsAndTakeTheMedianOfPairedRatios() throws Exception {
+    Path dir = tmp.resolve("m");
+    ModelGenerator.generate(toy("llama"), dir);
+    PplBench.Options o = PplBench.parse(new String[] {"--model", dir.toString(), "--t", "40", "--iters", "1",
+        "--chunk-len", "16", "--rounds", "2"});
+    ByteArrayOutputStream buf = new ByteArrayOutputStream();
+    PrintStream old = System.out;
+    System.setOut(new PrintStream(buf, true, StandardCharsets.UTF_8));
+    try {
+      PplBench.run(o, new String[0]);
+    } finally {
+      System.setOut(old);
+    }
+    java.util.List<String> lines = buf.toString(StandardCharsets.UTF_8).lines()
+        .filter(l -> l.contains("\"round\": ") || l.contains("\"compare\": true")).toList();
+    assertEquals(5, lines.size(), String.join("\n", lines));
+    String[] want = {"\"path\": \"ours\"", "\"path\": \"dense\"", "\"path\": \"dense\"", "\"path\": \"ours\""};
+    for (int i = 0; i < 4; i++) {
+      assertTrue(lines.get(i).contains(want[i]) && lines.get(i).endsWith("\"round\": " + (i < 2 ? 1 : 2) + "}"),
+          i + ": " + lines.get(i));
+    }
+    assertTrue(lines.get(4).contains("\"rounds\": 2, \"ratios\": [") && lines.get(4).contains("\"agree_1e-4\": true"),
+        lines.get(4));
+
+    java.util.function.DoubleFunction<String> line = ms -> String.format(java.util.Locale.ROOT,
+        "{\"ms\": %.1f, \"sum_logprob\": -5.0, \"peak_extra_mb\": 1.0}", ms);
+    String failed = "{\"error\": \"exit 1\"}";
+    // paired ratios 3.0, 1.5, (a failed round left out), 5.0: median 3.0; the medians' ratio would be 30 / 12 = 2.5
+    String cmp = PplBench.compare(40, java.util.List.of(line.apply(10), line.apply(20), failed, line.apply(12)),
+        java.util.List.of(line.apply(30), line.apply(30), line.apply(30), line.apply(60)));
+    assertTrue(cmp.contains("\"ratio_vs_dense\": 3.000, \"rounds\": 3, \"ratios\": [3.000, 1.500, 5.000]"), cmp);
+    assertTrue(PplBench.parse(new String[] {"--rounds", "2"}).rounds == 2);
+    org.junit.jupiter.api.Assertions.assertThrows(IllegalArgumentException.class,
+        () -> PplBench.parse(new String[] {"--rounds", "0"}));
+  }
 }
