@@ -154,6 +154,8 @@ public final class LongctxMain {
       err.println("longctx " + cmd + ": failed: " + e);
       e.printStackTrace(err);
       return 1;
+    } finally {
+      Sessions.stopFailed(); // after the error is printed: a failed job's other tasks may still be ending
     }
   }
 

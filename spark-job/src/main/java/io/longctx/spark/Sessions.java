@@ -29,18 +29,94 @@ public final class Sessions {
 
   /**
    * Runs a command's work on a session made for it and stops the session after, unless one existed
-   * already (tests share theirs); returns the work's exit status.
+   * already (tests share theirs); returns the work's exit status. After a failure (an exception or a
+   * non-zero status) the stop is left to {@link #stopFailed}.
    */
   public static int run(String appName, String master, List<String> confs, Work work) throws Exception {
     boolean owned = SparkSession.getDefaultSession().isEmpty();
     SparkSession spark = create(appName, master, confs);
+    RunningTasks tasks = owned ? RunningTasks.on(spark) : null;
+    boolean ok = false;
     try {
-      return work.run(spark);
+      int status = work.run(spark);
+      ok = status == 0;
+      return status;
     } finally {
-      if (owned) {
+      if (owned && ok) {
         spark.stop();
+      } else if (owned) {
+        FAILED.set(() -> {
+          drainTasks(spark, tasks, DRAIN_MILLIS);
+          spark.stop();
+        });
       }
     }
+  }
+
+  /** How long a failed command waits for the tasks still running before it stops the session. */
+  static final long DRAIN_MILLIS = 10_000;
+
+  private static final java.util.concurrent.atomic.AtomicReference<Runnable> FAILED =
+      new java.util.concurrent.atomic.AtomicReference<>();
+
+  /**
+   * Stops the session of a command that failed ({@link #run} leaves it to this, so that the command's
+   * error is printed first): waits up to {@link #DRAIN_MILLIS} for its tasks still running, then
+   * stops it. Nothing to do after a command that succeeded or ran on a session it did not make.
+   */
+  public static void stopFailed() {
+    Runnable stop = FAILED.getAndSet(null);
+    if (stop != null) {
+      stop.run();
+    }
+  }
+
+  /**
+   * Tasks started and not yet ended, from the listener bus. Spark's status tracker does not count the
+   * tasks of a stage it has aborted, which run on until they see the cancel.
+   */
+  static final class RunningTasks extends org.apache.spark.scheduler.SparkListener {
+    private final java.util.concurrent.atomic.AtomicInteger running = new java.util.concurrent.atomic.AtomicInteger();
+
+    static RunningTasks on(SparkSession spark) {
+      RunningTasks t = new RunningTasks();
+      spark.sparkContext().addSparkListener(t);
+      return t;
+    }
+
+    int running() {
+      return running.get();
+    }
+
+    @Override
+    public void onTaskStart(org.apache.spark.scheduler.SparkListenerTaskStart e) {
+      running.incrementAndGet();
+    }
+
+    @Override
+    public void onTaskEnd(org.apache.spark.scheduler.SparkListenerTaskEnd e) {
+      running.decrementAndGet();
+    }
+  }
+
+  /**
+   * After a failed job: cancels what still runs and waits (at most {@code maxMillis}) until no task
+   * runs. A job fails at its first failed task while the others run on (a task sees a cancel only
+   * between rows); stopping the session under them made each log an ERROR with a stack trace (a
+   * broadcast block gone) after the command's own one-line error. Returns the tasks still running.
+   */
+  static int drainTasks(SparkSession spark, RunningTasks tasks, long maxMillis) {
+    spark.sparkContext().cancelAllJobs();
+    long end = System.nanoTime() + maxMillis * 1_000_000L;
+    while (tasks.running() > 0 && System.nanoTime() < end) {
+      try {
+        Thread.sleep(20);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        break;
+      }
+    }
+    return tasks.running();
   }
 
   public static SparkSession create(String appName, String master, List<String> confs) {

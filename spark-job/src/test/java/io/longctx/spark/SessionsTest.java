@@ -3,12 +3,19 @@ package io.longctx.spark;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.List;
 import java.util.Map;
+import org.apache.spark.api.java.function.ForeachFunction;
+import org.apache.spark.sql.SparkSession;
 import org.junit.jupiter.api.Test;
 
-/** Loopback defaults for local masters only; the caller's driver address always wins. */
+/**
+ * Loopback defaults for local masters only; the caller's driver address always wins. A failed
+ * command lets its job's other tasks end before the session stops.
+ */
 class SessionsTest {
   @Test
   void loopbackOnlyWhereEveryJvmIsLocal() {
@@ -30,5 +37,53 @@ class SessionsTest {
     assertEquals("256", Sessions.settings(null, List.of()).get("spark.sql.parquet.columnarReaderBatchSize"));
     assertEquals("4096", Sessions.settings(null, List.of("spark.sql.parquet.columnarReaderBatchSize=4096"))
         .get("spark.sql.parquet.columnarReaderBatchSize"));
+  }
+
+  /** The second task of the test job below runs until the test releases it (tasks run in this JVM: local[2]). */
+  static final java.util.concurrent.atomic.AtomicBoolean RELEASE = new java.util.concurrent.atomic.AtomicBoolean();
+  static final java.util.concurrent.atomic.AtomicBoolean SECOND_ENDED = new java.util.concurrent.atomic.AtomicBoolean();
+
+  /**
+   * A job fails at its first failed task while the other runs on (Spark's cancel reaches a task only
+   * between rows): drainTasks waits until it has ended, and no longer than it is told.
+   */
+  @Test
+  void aFailedJobsOtherTasksEndBeforeTheSessionStops() throws Exception {
+    SparkSession spark = TestSpark.get();
+    Sessions.RunningTasks tasks = Sessions.RunningTasks.on(spark);
+    RELEASE.set(false);
+    SECOND_ENDED.set(false);
+    try {
+      assertThrows(Exception.class, () -> spark.range(0, 2, 1, 2).foreach((ForeachFunction<Long>) i -> {
+        if (i == 0) {
+          throw new IllegalStateException("the first task fails");
+        }
+        // busy, as a kernel is: Spark's cancel interrupts the thread, which a sleep would end on
+        for (long end = System.nanoTime() + 60_000_000_000L; !RELEASE.get() && System.nanoTime() < end; ) {
+          Thread.onSpinWait();
+        }
+        SECOND_ENDED.set(true);
+      }));
+      // both tasks were launched in one offer of local[2]; the listener hears of the second's start
+      for (long end = System.nanoTime() + 30_000_000_000L; tasks.running() < 1 && System.nanoTime() < end; ) {
+        Thread.sleep(10);
+      }
+      assertEquals(1, Sessions.drainTasks(spark, tasks, 300), "the second task is held, so it still runs");
+      Thread release = new Thread(() -> {
+        try {
+          Thread.sleep(300);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+        }
+        RELEASE.set(true);
+      });
+      release.start();
+      assertEquals(0, Sessions.drainTasks(spark, tasks, 60_000));
+      assertTrue(SECOND_ENDED.get(), "drained only once the second task had ended");
+      release.join();
+    } finally {
+      RELEASE.set(true);
+      spark.sparkContext().removeSparkListener(tasks);
+    }
   }
 }
