@@ -35,7 +35,6 @@ public final class Sessions {
   public static int run(String appName, String master, List<String> confs, Work work) throws Exception {
     boolean owned = SparkSession.getDefaultSession().isEmpty();
     SparkSession spark = create(appName, master, confs);
-    RunningTasks tasks = owned ? RunningTasks.on(spark) : null;
     boolean ok = false;
     try {
       int status = work.run(spark);
@@ -46,7 +45,7 @@ public final class Sessions {
         spark.stop();
       } else if (owned) {
         FAILED.set(() -> {
-          drainTasks(spark, tasks, DRAIN_MILLIS);
+          drainTasks(spark, DRAIN_MILLIS);
           spark.stop();
         });
       }
@@ -72,51 +71,35 @@ public final class Sessions {
   }
 
   /**
-   * Tasks started and not yet ended, from the listener bus. Spark's status tracker does not count the
-   * tasks of a stage it has aborted, which run on until they see the cancel.
-   */
-  static final class RunningTasks extends org.apache.spark.scheduler.SparkListener {
-    private final java.util.concurrent.atomic.AtomicInteger running = new java.util.concurrent.atomic.AtomicInteger();
-
-    static RunningTasks on(SparkSession spark) {
-      RunningTasks t = new RunningTasks();
-      spark.sparkContext().addSparkListener(t);
-      return t;
-    }
-
-    int running() {
-      return running.get();
-    }
-
-    @Override
-    public void onTaskStart(org.apache.spark.scheduler.SparkListenerTaskStart e) {
-      running.incrementAndGet();
-    }
-
-    @Override
-    public void onTaskEnd(org.apache.spark.scheduler.SparkListenerTaskEnd e) {
-      running.decrementAndGet();
-    }
-  }
-
-  /**
    * After a failed job: cancels what still runs and waits (at most {@code maxMillis}) until no task
    * runs. A job fails at its first failed task while the others run on (a task sees a cancel only
    * between rows); stopping the session under them made each log an ERROR with a stack trace (a
    * broadcast block gone) after the command's own one-line error. Returns the tasks still running.
    */
-  static int drainTasks(SparkSession spark, RunningTasks tasks, long maxMillis) {
-    spark.sparkContext().cancelAllJobs();
+  static int drainTasks(SparkSession spark, long maxMillis) {
+    org.apache.spark.SparkContext sc = spark.sparkContext();
+    sc.cancelAllJobs();
     long end = System.nanoTime() + maxMillis * 1_000_000L;
-    while (tasks.running() > 0 && System.nanoTime() < end) {
+    int running = runningTasks(sc);
+    while (running > 0 && System.nanoTime() < end) {
       try {
         Thread.sleep(20);
       } catch (InterruptedException e) {
         Thread.currentThread().interrupt();
         break;
       }
+      running = runningTasks(sc);
     }
-    return tasks.running();
+    return running;
+  }
+
+  /** Tasks running on the executors now, those of a failed job's stage included. */
+  static int runningTasks(org.apache.spark.SparkContext sc) {
+    int n = 0;
+    for (org.apache.spark.SparkExecutorInfo e : sc.statusTracker().getExecutorInfos()) {
+      n += e.numRunningTasks();
+    }
+    return n;
   }
 
   public static SparkSession create(String appName, String master, List<String> confs) {
