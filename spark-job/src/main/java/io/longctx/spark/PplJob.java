@@ -612,7 +612,10 @@ public final class PplJob {
       ids = new int[l.size()];
       for (int i = 0; i < ids.length; i++) {
         Long v = l.get(i);
-        if (v == null || v < 0 || v >= vocab) {
+        if (v == null) {
+          throw new InputError(where + ": the token id at position " + i + " is null (tokens must be integers)");
+        }
+        if (v < 0 || v >= vocab) {
           throw new InputError(where + ": token id " + v + " at position " + i + " is outside the vocabulary [0, "
               + vocab + ")");
         }

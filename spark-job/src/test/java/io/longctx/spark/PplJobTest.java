@@ -274,6 +274,8 @@ class PplJobTest {
     fails(jsonl("c.jsonl", "{\"doc_id\": \"none\"}"), model, "doc 'none'", "neither");
     fails(jsonl("d.jsonl", "{\"tokens\": [1, 2]}"), model, "no doc_id");
     fails(jsonl("e.jsonl", "{\"doc_id\": \"neg\", \"tokens\": [-1]}"), model, "doc 'neg'", "-1");
+    fails(jsonl("e2.jsonl", "{\"doc_id\": \"hole\", \"tokens\": [1, null, 3]}"), model, "doc 'hole'",
+        "the token id at position 1 is null");
     fails(jsonl("f.jsonl", "not json"), model, "malformed JSON");
     fails(tmp.resolve("missing.jsonl"), model, "no such file");
     fails(jsonl("g.jsonl", "{\"doc_id\": \"twice\", \"tokens\": [1, 2]}", "{\"doc_id\": \"once\", \"tokens\": [3]}",
