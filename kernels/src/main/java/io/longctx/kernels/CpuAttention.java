@@ -127,15 +127,19 @@ public final class CpuAttention implements AttentionBackend {
   }
 
   /**
-   * Tile steps after which a JVM's forward kernel runs at its compiled speed: on a Zen 5 (2026-11-25)
-   * [1,8,T,128] calls reached it after 7,500 steps (T = 1024 causal) to 33,000 (T = 2048), and ran at
-   * 2-3x their final time before (docs/BENCHMARKS.md, "Zen 5: forward sweep, calibration on a cold JIT").
+   * Tile steps of 64-row query blocks after which a JVM's forward kernel runs at its compiled speed:
+   * on a Zen 5 (2026-11-25) [1,8,T,128] calls reached it after 7,500 steps (T = 1024 causal) to 33,000
+   * (T = 2048), and ran at 2-3x their final time before (docs/BENCHMARKS.md, "Zen 5: forward sweep,
+   * calibration on a cold JIT").
    */
   public static final long JIT_WARM_TILE_STEPS = 40_000;
 
   /**
-   * {@link #JIT_WARM_TILE_STEPS} scaled as the JVM scales its compile thresholds
-   * ({@code -XX:CompileThresholdScaling}); unscaled where the JVM does not say (no java.management).
+   * {@link #JIT_WARM_TILE_STEPS} in steps of this JVM's default block (twice as many where it has 32
+   * rows, as with 256-bit vectors: each does half the work; with AVX2 code, calls still ran 1.3-2x
+   * their settled time for 12-30 calls after 40,000 such steps, docs/BENCHMARKS.md), scaled as the
+   * JVM scales its compile thresholds ({@code -XX:CompileThresholdScaling}; unscaled where the JVM
+   * does not say, without java.management).
    */
   static long jitWarmTileSteps() {
     double scaling = 1;
@@ -147,14 +151,14 @@ public final class CpuAttention implements AttentionBackend {
     } catch (LinkageError | RuntimeException e) {
       // not a HotSpot JVM, or a runtime without java.management: the unscaled count
     }
-    return (long) Math.ceil(JIT_WARM_TILE_STEPS * Math.max(scaling, 0.01));
+    double perBlock = 64.0 / DEFAULT_BLOCK_Q;
+    return (long) Math.ceil(JIT_WARM_TILE_STEPS * perBlock * Math.max(scaling, 0.01));
   }
 
   /**
    * Brings the forward kernel to its compiled speed before someone times it: runs it on a fixed
    * synthetic problem ([1, 8, 1024, 128], causal and not, seeded inputs) until this JVM's kernels have
-   * run {@link #JIT_WARM_TILE_STEPS} tile steps (scaled by {@code -XX:CompileThresholdScaling}) or
-   * {@code budgetNanos} have passed. Every other call reads and writes buffers ({@link BufferTensor}),
+   * run {@link #jitWarmTileSteps} tile steps or {@code budgetNanos} have passed. Every other call reads and writes buffers ({@link BufferTensor}),
    * as a DJL operator's calls do: their row and tile copies were still being compiled during the
    * operator's first calibration otherwise (docs/BENCHMARKS.md, "The operator's calibration and the
    * JIT"). Returns at once in a JVM that is already there; otherwise costs a few hundred
