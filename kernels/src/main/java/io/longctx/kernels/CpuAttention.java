@@ -158,11 +158,12 @@ public final class CpuAttention implements AttentionBackend {
   /**
    * Brings the forward kernel to its compiled speed before someone times it: runs it on a fixed
    * synthetic problem ([1, 8, 1024, 128], causal and not, seeded inputs) until this JVM's kernels have
-   * run {@link #jitWarmTileSteps} tile steps or {@code budgetNanos} have passed. Every other call reads and writes buffers ({@link BufferTensor}),
-   * as a DJL operator's calls do: their row and tile copies were still being compiled during the
-   * operator's first calibration otherwise (docs/BENCHMARKS.md, "The operator's calibration and the
-   * JIT"). Returns at once in a JVM that is already there; otherwise costs a few hundred
-   * milliseconds beyond the compilation the first real call would have paid anyway.
+   * run {@link #jitWarmTileSteps} tile steps or {@code budgetNanos} have passed. Every other call reads
+   * and writes buffers ({@link BufferTensor}), as a DJL operator's calls do: their row and tile copies
+   * were still being compiled during the operator's first calibration otherwise (docs/BENCHMARKS.md,
+   * "The operator's calibration and the JIT"). Returns at once in a JVM that is already there;
+   * otherwise costs a few hundred milliseconds beyond the compilation the first real call would have
+   * paid anyway.
    *
    * @return whether the JVM has run the steps
    */
