@@ -39,7 +39,8 @@ class SessionsTest {
         .get("spark.sql.parquet.columnarReaderBatchSize"));
   }
 
-  /** The second task of the test job below runs until the test releases it (tasks run in this JVM: local[2]). */
+  /** The test job below: its second task says it runs, and runs until the test releases it (local[2]: this JVM). */
+  static final java.util.concurrent.atomic.AtomicBoolean SECOND_STARTED = new java.util.concurrent.atomic.AtomicBoolean();
   static final java.util.concurrent.atomic.AtomicBoolean RELEASE = new java.util.concurrent.atomic.AtomicBoolean();
   static final java.util.concurrent.atomic.AtomicBoolean SECOND_ENDED = new java.util.concurrent.atomic.AtomicBoolean();
 
@@ -50,21 +51,29 @@ class SessionsTest {
   @Test
   void aFailedJobsOtherTasksEndBeforeTheSessionStops() throws Exception {
     SparkSession spark = TestSpark.get();
+    // tasks of other tests' failed jobs may still hold a core of the shared session: let them end first
+    assertEquals(0, Sessions.drainTasks(spark, 120_000), "tasks of earlier tests still running");
+    SECOND_STARTED.set(false);
     RELEASE.set(false);
     SECOND_ENDED.set(false);
     try {
       assertThrows(Exception.class, () -> spark.range(0, 2, 1, 2).foreach((ForeachFunction<Long>) i -> {
-        if (i == 0) {
+        long end = System.nanoTime() + 60_000_000_000L;
+        if (i == 0) { // fails once the second task runs, so that the job fails under it
+          while (!SECOND_STARTED.get() && System.nanoTime() < end) {
+            Thread.onSpinWait();
+          }
           throw new IllegalStateException("the first task fails");
         }
+        SECOND_STARTED.set(true);
         // busy, as a kernel is: Spark's cancel interrupts the thread, which a sleep would end on
-        for (long end = System.nanoTime() + 60_000_000_000L; !RELEASE.get() && System.nanoTime() < end; ) {
+        while (!RELEASE.get() && System.nanoTime() < end) {
           Thread.onSpinWait();
         }
         SECOND_ENDED.set(true);
       }));
-      // both tasks were launched in one offer of local[2]: the second is held, so it still runs
-      assertEquals(1, Sessions.drainTasks(spark, 300));
+      assertTrue(SECOND_STARTED.get(), "the second task ran beside the first");
+      assertEquals(1, Sessions.drainTasks(spark, 300), "the second task is held, so it still runs");
       Thread release = new Thread(() -> {
         try {
           Thread.sleep(300);
