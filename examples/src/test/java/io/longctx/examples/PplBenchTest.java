@@ -83,15 +83,7 @@ class PplBenchTest {
 
     PplBench.Options big =
         PplBench.parse(new String[] {"--model", dir.toString(), "--paths", "dense", "--t", "3000000"});
-    ByteArrayOutputStream buf = new ByteArrayOutputStream();
-    PrintStream old = System.out;
-    System.setOut(new PrintStream(buf, true, StandardCharsets.UTF_8));
-    try {
-      PplBench.run(big, new String[0]);
-    } finally {
-      System.setOut(old);
-    }
-    String text = buf.toString(StandardCharsets.UTF_8);
+    String text = stdoutOf(big);
     assertTrue(text.contains("\"path\": \"dense\", \"t\": 3000000, \"did_not_fit\": true"), text);
     assertTrue(text.contains("\"simd\": "), text);
   }
@@ -106,15 +98,7 @@ class PplBenchTest {
     ModelGenerator.generate(toy("llama"), dir);
     PplBench.Options o = PplBench.parse(new String[] {"--model", dir.toString(), "--t", "40", "--iters", "1",
         "--chunk-len", "16", "--rounds", "2"});
-    ByteArrayOutputStream buf = new ByteArrayOutputStream();
-    PrintStream old = System.out;
-    System.setOut(new PrintStream(buf, true, StandardCharsets.UTF_8));
-    try {
-      PplBench.run(o, new String[0]);
-    } finally {
-      System.setOut(old);
-    }
-    java.util.List<String> lines = buf.toString(StandardCharsets.UTF_8).lines()
+    java.util.List<String> lines = stdoutOf(o).lines()
         .filter(l -> l.contains("\"round\": ") || l.contains("\"compare\": true")).toList();
     assertEquals(5, lines.size(), String.join("\n", lines));
     String[] want = {"\"path\": \"ours\"", "\"path\": \"dense\"", "\"path\": \"dense\"", "\"path\": \"ours\""};
@@ -135,5 +119,18 @@ class PplBenchTest {
     assertTrue(PplBench.parse(new String[] {"--rounds", "2"}).rounds == 2);
     org.junit.jupiter.api.Assertions.assertThrows(IllegalArgumentException.class,
         () -> PplBench.parse(new String[] {"--rounds", "0"}));
+  }
+
+  /** What PplBench.run prints on stdout for {@code o} (its JSON lines). */
+  static String stdoutOf(PplBench.Options o) throws Exception {
+    ByteArrayOutputStream buf = new ByteArrayOutputStream();
+    PrintStream old = System.out;
+    System.setOut(new PrintStream(buf, true, StandardCharsets.UTF_8));
+    try {
+      PplBench.run(o, new String[0]);
+    } finally {
+      System.setOut(old);
+    }
+    return buf.toString(StandardCharsets.UTF_8);
   }
 }
