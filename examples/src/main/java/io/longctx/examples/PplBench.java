@@ -98,24 +98,28 @@ public final class PplBench {
         throw new IllegalArgumentException(a + " needs a value");
       }
       String v = args[++i];
-      switch (a) {
-        case "--t" -> o.ts = Arrays.stream(v.split(",")).mapToInt(Integer::parseInt).toArray();
-        case "--layers" -> o.spec.layers = Integer.parseInt(v);
-        case "--hidden" -> o.spec.hidden = Integer.parseInt(v);
-        case "--heads" -> o.spec.heads = Integer.parseInt(v);
-        case "--kv-heads" -> o.spec.kvHeads = Integer.parseInt(v);
-        case "--vocab" -> o.spec.vocab = Integer.parseInt(v);
-        case "--dtype" -> o.spec.dtype = v.toUpperCase(Locale.ROOT);
-        case "--model" -> o.model = Path.of(v);
-        case "--chunk-len" -> o.chunkLen = Integer.parseInt(v);
-        case "--iters" -> o.iters = Integer.parseInt(v);
-        case "--rounds" -> o.rounds = Integer.parseInt(v);
-        case "--paths" -> o.paths = List.of(v.split(","));
-        case "--child-timeout" -> o.childTimeoutS = Long.parseLong(v);
-        case "--seed" -> o.seed = Long.parseLong(v);
-        case "--child" -> o.child = v;
-        case "--child-t" -> o.t = Integer.parseInt(v);
-        default -> throw new IllegalArgumentException("unknown option " + a + "\n" + USAGE);
+      try {
+        switch (a) {
+          case "--t" -> o.ts = Arrays.stream(v.split(",")).mapToInt(Integer::parseInt).toArray();
+          case "--layers" -> o.spec.layers = Integer.parseInt(v);
+          case "--hidden" -> o.spec.hidden = Integer.parseInt(v);
+          case "--heads" -> o.spec.heads = Integer.parseInt(v);
+          case "--kv-heads" -> o.spec.kvHeads = Integer.parseInt(v);
+          case "--vocab" -> o.spec.vocab = Integer.parseInt(v);
+          case "--dtype" -> o.spec.dtype = v.toUpperCase(Locale.ROOT);
+          case "--model" -> o.model = Path.of(v);
+          case "--chunk-len" -> o.chunkLen = Integer.parseInt(v);
+          case "--iters" -> o.iters = Integer.parseInt(v);
+          case "--rounds" -> o.rounds = Integer.parseInt(v);
+          case "--paths" -> o.paths = List.of(v.split(","));
+          case "--child-timeout" -> o.childTimeoutS = Long.parseLong(v);
+          case "--seed" -> o.seed = Long.parseLong(v);
+          case "--child" -> o.child = v;
+          case "--child-t" -> o.t = Integer.parseInt(v);
+          default -> throw new IllegalArgumentException("unknown option " + a + "\n" + USAGE);
+        }
+      } catch (NumberFormatException e) {
+        throw new IllegalArgumentException(a + " needs a number, got '" + v + "'");
       }
     }
     if (o.rounds < 1) {
@@ -130,7 +134,14 @@ public final class PplBench {
   }
 
   public static void main(String[] args) throws Exception {
-    Options o = parse(args);
+    Options o;
+    try {
+      o = parse(args);
+    } catch (IllegalArgumentException e) { // a bad option or number: exit 2 naming it, not a stack trace
+      System.err.println("bench-ppl: " + e.getMessage());
+      System.exit(2);
+      return;
+    }
     if (o == null) {
       System.out.println(USAGE);
       return;

@@ -133,4 +133,24 @@ class PplBenchTest {
     }
     return buf.toString(StandardCharsets.UTF_8);
   }
+
+  /** A bad option or number: exit 2 naming it, no stack trace (a child JVM: main calls System.exit). */
+  @Test
+  void badOptionsAreExit2NamingTheOption() throws Exception {
+    String javaBin = Path.of(System.getProperty("java.home"), "bin", "java").toString();
+    String[][] cases = {{"--rounds", "0"}, {"--rounds", "x"}, {"--paths", "foo"}, {"--frobnicate", "1"}, {"--t"}};
+    String[] expect = {"bench-ppl: --rounds must be >= 1, got 0", "bench-ppl: --rounds needs a number, got 'x'",
+        "--paths takes ours and/or dense, got foo", "unknown option --frobnicate", "--t needs a value"};
+    for (int c = 0; c < cases.length; c++) {
+      java.util.List<String> cmd = new java.util.ArrayList<>(java.util.List.of(javaBin, "-cp",
+          System.getProperty("java.class.path"), PplBench.class.getName()));
+      cmd.addAll(java.util.List.of(cases[c]));
+      Process p = new ProcessBuilder(cmd).redirectErrorStream(true).start();
+      String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+      assertTrue(p.waitFor(60, java.util.concurrent.TimeUnit.SECONDS), String.join(" ", cases[c]));
+      assertEquals(2, p.exitValue(), String.join(" ", cases[c]) + ":\n" + out);
+      assertTrue(out.contains(expect[c]), String.join(" ", cases[c]) + ":\n" + out);
+      assertTrue(!out.contains("\tat "), "a stack trace:\n" + out);
+    }
+  }
 }
