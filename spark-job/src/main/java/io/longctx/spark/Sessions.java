@@ -93,7 +93,11 @@ public final class Sessions {
     return running;
   }
 
-  /** Tasks running on the executors now, those of a failed job's stage included. */
+  /**
+   * Tasks running on the executors, those of a failed job's stage included. Spark's status tracker
+   * counts them from its listener bus, so a task started just before the failure may not be counted
+   * yet (the drain then stops sooner than it could, and that task may log the error).
+   */
   static int runningTasks(org.apache.spark.SparkContext sc) {
     int n = 0;
     for (org.apache.spark.SparkExecutorInfo e : sc.statusTracker().getExecutorInfos()) {

@@ -73,6 +73,11 @@ class SessionsTest {
         SECOND_ENDED.set(true);
       }));
       assertTrue(SECOND_STARTED.get(), "the second task ran beside the first");
+      // the status tracker counts from the listener bus, which may not have delivered the second's start yet
+      for (long end = System.nanoTime() + 30_000_000_000L;
+          Sessions.runningTasks(spark.sparkContext()) < 1 && System.nanoTime() < end; ) {
+        Thread.sleep(10);
+      }
       assertEquals(1, Sessions.drainTasks(spark, 300), "the second task is held, so it still runs");
       Thread release = new Thread(() -> {
         try {
