@@ -51,7 +51,12 @@ class LseMergeTest {
             o[h * dim + d] = empty ? 0f : (float) r.nextGaussian();
           }
         }
-        if (!chunkEmpty) {
+        // Heads drawn empty one by one can empty the whole chunk too (about 1 in 64): finish skips that alike.
+        boolean seen = false;
+        for (float l : lse) {
+          seen |= l != Float.NEGATIVE_INFINITY;
+        }
+        if (seen) {
           states.add(AttentionState.of(o, lse, 1, heads, dim));
         }
         rows.add(RowFactory.create("g" + g, (long) c * 3, (long) c + 1, TestData.boxed(lse), TestData.boxed(o)));
