@@ -71,6 +71,18 @@ final class Args {
     }
   }
 
+  /**
+   * An option whose absence means "work it out" (0 to the caller): given, it must be >= 1, so that
+   * an explicit 0 is an error rather than read as not given.
+   */
+  int positiveIntOrAbsent(String name) {
+    int v = intValue(name, 0);
+    if (values.containsKey(name) && v < 1) {
+      throw new IllegalArgumentException(name + " must be >= 1, got " + values.get(name) + " (leave it out for the default)");
+    }
+    return v;
+  }
+
   long longValue(String name, long dflt) {
     String v = values.get(name);
     if (v == null) {

@@ -174,9 +174,9 @@ public final class LongctxMain {
     o.output = a.get("--output");
     o.format = a.get("--format") == null ? null : a.get("--format").toLowerCase(Locale.ROOT);
     o.outputFormat = a.get("--output-format") == null ? null : a.get("--output-format").toLowerCase(Locale.ROOT);
-    o.heads = a.intValue("--heads", 0);
-    o.kvHeads = a.intValue("--kv-heads", 0);
-    o.dim = a.intValue("--dim", 0);
+    o.heads = a.positiveIntOrAbsent("--heads");
+    o.kvHeads = a.positiveIntOrAbsent("--kv-heads");
+    o.dim = a.positiveIntOrAbsent("--dim");
     o.scale = a.doubleValue("--scale", Double.NaN);
     double softcap = a.doubleValue("--softcap", 0);
     o.softcap = (float) softcap;
@@ -187,7 +187,7 @@ public final class LongctxMain {
     o.window = a.longValue("--window", 0);
     o.chunkLen = a.intValue("--chunk-len", o.chunkLen);
     o.queryBlock = a.intValue("--query-block", o.queryBlock);
-    o.partitions = a.intValue("--partitions", 0);
+    o.partitions = a.positiveIntOrAbsent("--partitions");
     o.overwrite = a.flag("--overwrite");
     o.backend = a.get("--backend");
     String mode = a.get("--mode");
@@ -223,7 +223,7 @@ public final class LongctxMain {
     g.seed = a.longValue("--seed", g.seed);
     g.prefill = a.flag("--prefill");
     g.format = a.get("--format") == null ? "parquet" : a.get("--format").toLowerCase(Locale.ROOT);
-    g.partitions = a.intValue("--partitions", 0);
+    g.partitions = a.positiveIntOrAbsent("--partitions");
     String dir = a.get("--output");
     if (dir == null) {
       throw new IllegalArgumentException("--output DIR is required");

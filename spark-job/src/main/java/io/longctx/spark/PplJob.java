@@ -192,10 +192,7 @@ public final class PplJob {
     o.outputFormat = a.get("--output-format") == null ? null : a.get("--output-format").toLowerCase(Locale.ROOT);
     o.perToken = a.flag("--per-token");
     o.chunkLen = a.intValue("--chunk-len", o.chunkLen);
-    o.partitions = a.intValue("--partitions", 0); // 0 in Options: not given
-    if (a.get("--partitions") != null && o.partitions < 1) {
-      throw new IllegalArgumentException("--partitions must be >= 1, got " + o.partitions);
-    }
+    o.partitions = a.positiveIntOrAbsent("--partitions"); // 0 in Options: not given
     o.overwrite = a.flag("--overwrite");
     String split = a.get("--split-above");
     if (split != null) {
@@ -208,10 +205,7 @@ public final class PplJob {
         throw new IllegalArgumentException("--split-above must be >= 0, got " + split);
       }
     }
-    o.splitPartitions = a.intValue("--split-partitions", 0);
-    if (a.get("--split-partitions") != null && o.splitPartitions < 1) {
-      throw new IllegalArgumentException("--split-partitions must be >= 1, got " + o.splitPartitions);
-    }
+    o.splitPartitions = a.positiveIntOrAbsent("--split-partitions");
     o.checkpointDir = a.get("--checkpoint-dir");
     String balance = a.get("--balance");
     if (balance != null) {

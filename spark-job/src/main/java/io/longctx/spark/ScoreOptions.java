@@ -68,7 +68,7 @@ public final class ScoreOptions implements Serializable {
       throw new IllegalArgumentException("--query-block must be >= 1, got " + queryBlock);
     }
     if (heads < 0 || kvHeads < 0 || dim < 0 || partitions < 0) {
-      throw new IllegalArgumentException("--heads, --kv-heads, --dim and --partitions must be positive");
+      throw new IllegalArgumentException("--heads, --kv-heads, --dim and --partitions must be >= 1 (0 here: not given, inferred)");
     }
     attention(); // validates scale, softcap, window
   }

@@ -183,11 +183,20 @@ class BadInputTest {
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "3", "--tokens", "4611686018427387904",
         "--output", g}, System.out, e));
     assertTrue(err.toString().contains("more tokens than a long counts"), err.toString());
-    assertTrue(!java.nio.file.Files.exists(tmp.resolve("g")), "nothing written");
     // A softcap below float32's range was read as 0: no cap.
     assertEquals(2, LongctxMain.run(new String[] {"score", "--keys", "k", "--queries", "q", "--output", "o",
         "--softcap", "1e-50"}, System.out, e));
     assertTrue(err.toString().contains("--softcap 1.0E-50 is below float32's range"), err.toString());
+    // An explicit 0 for a count that is inferred when left out was read as not given.
+    for (String opt : new String[] {"--heads", "--kv-heads", "--dim", "--partitions"}) {
+      assertEquals(2, LongctxMain.run(new String[] {"score", "--keys", "k", "--queries", "q", "--output", "o", opt, "0"},
+          System.out, e));
+      assertTrue(err.toString().contains(opt + " must be >= 1, got 0"), err.toString());
+    }
+    assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "10", "--partitions", "0",
+        "--output", g}, System.out, e));
+    assertTrue(err.toString().contains("--partitions must be >= 1, got 0"), err.toString());
+    assertTrue(!java.nio.file.Files.exists(tmp.resolve("g")), "nothing written");
     // gen --queries-per-doc 0 over an earlier run's output left its queries beside the new keys.
     assertEquals(0, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "10", "--output", g}, System.out, e));
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "12", "--queries-per-doc", "0",
