@@ -40,6 +40,20 @@ public final class Generator implements Serializable {
     return docs == 1 ? tokens : tokens - Math.multiplyExact(tokens - min, (long) i) / (docs - 1);
   }
 
+  /** Refuses, before any Spark work, a corpus that cannot be made: shape, counts, format, total. */
+  public void check() {
+    if (docs < 1 || tokens < 1 || heads < 1 || kvHeads < 1 || dim < 1 || heads % kvHeads != 0 || queriesPerDoc < 0
+        || !(format.equals("parquet") || format.equals("json"))) {
+      throw new IllegalArgumentException("needs docs, tokens, heads, kv-heads, dim >= 1, heads % kv-heads == 0, "
+          + "queries-per-doc >= 0 and format parquet|json; got docs " + docs + ", tokens " + tokens + ", heads " + heads
+          + ", kv-heads " + kvHeads + ", dim " + dim + ", queries-per-doc " + queriesPerDoc + ", format " + format);
+    }
+    if (minTokens != -1 && (minTokens < 1 || minTokens > tokens)) {
+      throw new IllegalArgumentException("--min-tokens must be 1.." + tokens + " (--tokens), got " + minTokens);
+    }
+    totalTokens();
+  }
+
   /**
    * The corpus's tokens, every document's length summed. Refused when the sum passes a long (key ids
    * run on across documents: a wrapped sum wrote an empty corpus).

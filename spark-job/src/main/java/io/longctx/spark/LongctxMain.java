@@ -228,14 +228,10 @@ public final class LongctxMain {
     if (dir == null) {
       throw new IllegalArgumentException("--output DIR is required");
     }
-    if (g.docs < 1 || g.tokens < 1 || g.heads < 1 || g.kvHeads < 1 || g.dim < 1 || g.heads % g.kvHeads != 0
-        || g.queriesPerDoc < 0 || !(g.format.equals("parquet") || g.format.equals("json"))) {
-      throw new IllegalArgumentException("gen needs docs, tokens, heads, kv-heads, dim >= 1, heads % kv-heads == 0, "
-          + "queries-per-doc >= 0 and format parquet|json");
+    if (a.get("--min-tokens") != null && g.minTokens == -1) { // -1 is the field's "not given"
+      throw new IllegalArgumentException("--min-tokens must be 1.." + g.tokens + " (--tokens), got -1");
     }
-    if (a.get("--min-tokens") != null && (g.minTokens < 1 || g.minTokens > g.tokens)) {
-      throw new IllegalArgumentException("--min-tokens must be 1.." + g.tokens + " (--tokens), got " + g.minTokens);
-    }
+    g.check();
     long total = g.totalTokens();
     return Sessions.run("longctx gen", a.get("--master"), a.confs, spark -> {
       long t0 = System.nanoTime();
@@ -253,13 +249,18 @@ public final class LongctxMain {
       out.print(DEMO_HELP);
       return 0;
     }
+    int tokens = a.intValue("--tokens", 100_000), sample = a.intValue("--sample", 6);
+    int pplTokens = a.intValue("--ppl-tokens", 8_000);
+    if (tokens < 1 || sample < 0 || pplTokens < 0) {
+      throw new IllegalArgumentException("demo needs --tokens >= 1, --sample >= 0, --ppl-tokens >= 0; got " + tokens
+          + ", " + sample + ", " + pplTokens);
+    }
     boolean temp = a.get("--dir") == null;
     Path dir = temp ? Files.createTempDirectory("longctx-demo-") : Path.of(a.get("--dir"));
     try {
       return Sessions.run("longctx demo", a.get("--master"), a.confs, spark -> {
         boolean ok = a.flag("--ppl-only")
-            || Demo.run(spark, dir, a.intValue("--tokens", 100_000), a.intValue("--sample", 6), out);
-        int pplTokens = a.intValue("--ppl-tokens", 8_000);
+            || Demo.run(spark, dir, tokens, sample, out);
         if (pplTokens > 0) {
           ok &= Demo.runPpl(spark, dir, pplTokens, out);
         }

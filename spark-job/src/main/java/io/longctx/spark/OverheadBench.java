@@ -45,12 +45,17 @@ final class OverheadBench {
     g.queriesPerDoc = 0;
     g.prefill = true;
     int chunkLen = a.intValue("--chunk-len", 8192);
+    int runs = a.intValue("--runs", 2);
+    if (chunkLen < 1 || runs < 1) {
+      throw new IllegalArgumentException("--chunk-len and --runs must be >= 1, got " + chunkLen + " and " + runs);
+    }
+    g.check();
     // Without --dir the generated document and the job's output (a few hundred MB) go to a temporary
     // folder made here and deleted at the end; a --dir of the caller's is left as it is.
     boolean ownDir = a.get("--dir") == null;
     Path dir = ownDir ? Files.createTempDirectory("longctx-bench-") : Path.of(a.get("--dir"));
     try {
-      return measure(a, g, chunkLen, dir, out);
+      return measure(a, g, chunkLen, runs, dir, out);
     } finally {
       if (ownDir) {
         LongctxMain.deleteMadeFolder(dir);
@@ -58,7 +63,7 @@ final class OverheadBench {
     }
   }
 
-  private static int measure(Args a, Generator g, int chunkLen, Path dir, PrintStream out) throws Exception {
+  private static int measure(Args a, Generator g, int chunkLen, int runs, Path dir, PrintStream out) throws Exception {
     return Sessions.run("longctx spark-bench", a.get("--master"), a.confs, spark -> {
       g.write(spark, dir.toString(), true);
       ScoreOptions o = new ScoreOptions();
@@ -76,7 +81,6 @@ final class OverheadBench {
       // took 0.4-5.7 s longer than the pass after the jobs, which biased kernel-only time up and the
       // ratios down. A few untimed diagonal pairs warm it first.
       pairs.warmUp(3);
-      int runs = Math.max(1, a.intValue("--runs", 2));
       double load0 = loadAverage();
       double cpu0 = cpuSeconds();
       double before = pairs.run();

@@ -196,7 +196,15 @@ class BadInputTest {
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "10", "--partitions", "0",
         "--output", g}, System.out, e));
     assertTrue(err.toString().contains("--partitions must be >= 1, got 0"), err.toString());
+    assertEquals(2, LongctxMain.run(new String[] {"gen", "--heads", "3", "--kv-heads", "2", "--output", g}, System.out, e));
+    assertTrue(err.toString().contains("heads % kv-heads == 0") && err.toString().contains("heads 3, kv-heads 2"),
+        err.toString());
     assertTrue(!java.nio.file.Files.exists(tmp.resolve("g")), "nothing written");
+    // spark-bench --runs 0 ran once; demo --tokens 0 failed inside the job. Both refused before any work.
+    assertEquals(2, LongctxMain.run(new String[] {"spark-bench", "--runs", "0"}, System.out, e));
+    assertTrue(err.toString().contains("--chunk-len and --runs must be >= 1, got 8192 and 0"), err.toString());
+    assertEquals(2, LongctxMain.run(new String[] {"demo", "--tokens", "0"}, System.out, e));
+    assertTrue(err.toString().contains("demo needs --tokens >= 1"), err.toString());
     // gen --queries-per-doc 0 over an earlier run's output left its queries beside the new keys.
     assertEquals(0, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "10", "--output", g}, System.out, e));
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "12", "--queries-per-doc", "0",
