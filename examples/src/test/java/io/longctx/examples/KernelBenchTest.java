@@ -60,7 +60,9 @@ class KernelBenchTest {
     assertTrue(r.err().contains("first round"), r.err());
     // the forward's Java kernel is warmed before the rounds, so that --only java is not timed cold
     assertTrue(r.err().contains("bench: Java kernel's JIT warm-up: "), r.err());
-    assertTrue(io.longctx.kernels.CpuAttention.tileSteps() >= io.longctx.kernels.CpuAttention.JIT_WARM_TILE_STEPS);
+    // its 30 s budget can run out on a loaded machine: then it says so, and the count falls short
+    assertTrue(r.err().contains("budget spent before the kernel was warm")
+        || io.longctx.kernels.CpuAttention.tileSteps() >= io.longctx.kernels.CpuAttention.JIT_WARM_TILE_STEPS, r.err());
     assertEquals(2, lines.stream().filter(l -> l.startsWith("{\"impl\": \"op\", \"op\": \"forward\"")
         && l.contains("\"vs_faster\": ")).count(), "the forward op lines carry vs_faster:\n" + r.out());
   }

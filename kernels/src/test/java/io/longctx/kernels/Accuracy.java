@@ -10,7 +10,12 @@ final class Accuracy {
   /** Fresh seed for a test run (print it in failures); {@code -Dlongctx.seed=S} replays one. */
   static long seed() {
     Long fixed = Long.getLong("longctx.seed"); // null when unset or empty
-    return fixed != null ? fixed : System.nanoTime() ^ Thread.currentThread().getId() * 0x9E3779B97F4A7C15L;
+    long seed = fixed != null ? fixed : System.nanoTime() ^ Thread.currentThread().getId() * 0x9E3779B97F4A7C15L;
+    // printed here, so that a failure whose message leaves the seed out can still be replayed
+    StackWalker.StackFrame caller = StackWalker.getInstance().walk(f -> f.skip(1).findFirst()).orElseThrow();
+    System.out.println(caller.getClassName().substring(caller.getClassName().lastIndexOf('.') + 1) + "."
+        + caller.getMethodName() + ": seed " + seed + " (replay with -Dlongctx.seed=" + seed + ")");
+    return seed;
   }
 
   static Tensor random(SplittableRandom rng, int b, int h, int t, int d, double amplitude) {

@@ -426,8 +426,10 @@ class PplJobTest {
     PrintStream ps = new PrintStream(buf, true, StandardCharsets.UTF_8);
     Thread t = PplJob.progressPoller(ps, 5, docs, toks, System.nanoTime(), 20);
     try {
-      docs.add(2);
+      // tokens first: the poller prints once the document count moves (in a job a task's two updates
+      // land together), and a line between the two adds would show 0 tokens and never be printed again
       toks.add(1234);
+      docs.add(2);
       long end = System.nanoTime() + 10_000_000_000L;
       while (!buf.toString(StandardCharsets.UTF_8).contains("2/5 documents done, 1234 tokens")
           && System.nanoTime() < end) {

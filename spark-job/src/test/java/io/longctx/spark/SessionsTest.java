@@ -73,9 +73,12 @@ class SessionsTest {
         SECOND_ENDED.set(true);
       }));
       assertTrue(SECOND_STARTED.get(), "the second task ran beside the first");
-      // the status tracker counts from the listener bus, which may not have delivered the second's start yet
+      // The status tracker counts from the listener bus, which may not have delivered the second's start
+      // yet; and its store saves a task's start or end at most every 100 ms (spark.ui.liveUpdate.period)
+      // unless the count reaches 0, so it can still say 2 after the first ended, until the executor's
+      // next heartbeat (10 s). Wait until it says exactly the one task that runs.
       for (long end = System.nanoTime() + 30_000_000_000L;
-          Sessions.runningTasks(spark.sparkContext()) < 1 && System.nanoTime() < end; ) {
+          Sessions.runningTasks(spark.sparkContext()) != 1 && System.nanoTime() < end; ) {
         Thread.sleep(10);
       }
       assertEquals(1, Sessions.drainTasks(spark, 300), "the second task is held, so it still runs");
