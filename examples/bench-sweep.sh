@@ -25,6 +25,14 @@ longctx="${LONGCTX:-$root/bin/longctx}" # LONGCTX: another launcher (the script 
 cpu="$(awk -F': *' '/^model name/ && !n {n=$2} /^cpu family/ && !f {f=$2} /^model[ \t]*:/ && !m {m=$2}
   /^flags/ && / avx512f / {v="AVX-512"} END {printf "%s (family %s model %s), %s", n, f, m, v ? v : "no AVX-512"}' \
   /proc/cpuinfo | tr -d '"|\\')"
+# AVX2 code on an AVX-512 CPU (our stand-in for the AVX2 machines): said on every line, or its figures
+# would read as the CPU's own.
+limits=""
+case "${LONGCTX_JAVA_OPTS:-}" in *UseAVX=*) limits="-XX:UseAVX=${LONGCTX_JAVA_OPTS##*UseAVX=}"; limits="${limits%% *}";; esac
+for v in ATEN_CPU_CAPABILITY MKL_ENABLE_INSTRUCTIONS; do
+  if [ -n "${!v:-}" ]; then limits="${limits:+$limits, }$v=${!v}"; fi
+done
+if [ -n "$limits" ]; then cpu="$cpu CPU running limited code: $(tr -d '"|\\' <<<"$limits")"; fi
 
 tag() { # appends load1, date and cpu to every JSON line on stdin
   local load date

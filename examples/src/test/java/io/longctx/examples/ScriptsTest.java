@@ -52,6 +52,8 @@ class ScriptsTest {
 
   static Result run(Map<String, String> env, String... cmd) throws Exception {
     ProcessBuilder pb = new ProcessBuilder(cmd).directory(root.toFile()).redirectErrorStream(true);
+    // the caller's code limits would show in bench-sweep's cpu field: only what a test sets
+    pb.environment().keySet().removeAll(List.of("LONGCTX_JAVA_OPTS", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS"));
     pb.environment().putAll(env);
     Path log = Files.createTempFile(tmp, "out", ".txt");
     pb.redirectOutput(log.toFile());
@@ -85,8 +87,17 @@ class ScriptsTest {
         List<String> lines = Files.readAllLines(out.resolve(f));
         assertEquals(3, lines.size(), f + ": " + lines);
         assertTrue(lines.stream().allMatch(l -> l.startsWith("{") && l.contains("\"load1\"") && l.contains("\"cpu\": \"")), f + ": " + lines);
+        assertTrue(lines.stream().noneMatch(l -> l.contains("limited code")), f + ": " + lines);
       }
     }
+    // AVX2 code on a wider CPU is said on every line (the AVX2 machines' stand-in)
+    Path out = Files.createDirectory(tmp.resolve("sweep-avx2"));
+    Result r = run(Map.of("LONGCTX", stub.toString(), "TS", "1024", "SKIP_MEMORY", "1", "LONGCTX_JAVA_OPTS",
+        "-Xmx1g -XX:UseAVX=2", "ATEN_CPU_CAPABILITY", "avx2"), "examples/bench-sweep.sh", out.toString());
+    assertEquals(0, r.rc(), r.out());
+    List<String> lines = Files.readAllLines(out.resolve("forward-sweep.jsonl"));
+    assertTrue(!lines.isEmpty() && lines.stream().allMatch(
+        l -> l.contains(" CPU running limited code: -XX:UseAVX=2, ATEN_CPU_CAPABILITY=avx2\"")), lines.toString());
   }
 
   @Test
