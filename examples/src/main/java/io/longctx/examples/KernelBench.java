@@ -301,8 +301,9 @@ public final class KernelBench {
           if (name.equals("op")) {
             extra += ", \"path\": \"" + path + "\"";
             if (anchorAt >= 0 && javaAt >= 0) {
+              int faster = fasterPath(ms, javaAt, anchorAt);
               extra += String.format(Locale.ROOT, ", \"vs_faster\": %.3f, \"faster\": \"%s\"",
-                  vsFaster(rounds, javaAt, i, anchorAt), impls.get(fasterPath(ms, javaAt, anchorAt)).name());
+                  vsFaster(rounds, faster, i), impls.get(faster).name());
             }
           }
           extra += mem;
@@ -692,17 +693,15 @@ public final class KernelBench {
   }
 
   /**
-   * The op's speed over the faster of the two paths it chooses between: that path is the one with
-   * the lower median over the rounds, and the figure is the median over rounds of its time / op's in
-   * the same round. Pairing the calls of one round cancels the machine's drift between rounds (other
+   * The op's speed over the faster of the two paths it chooses between ({@link #fasterPath}, the one
+   * with the lower median over the rounds): the median over rounds of that path's time / op's in the
+   * same round. Pairing the calls of one round cancels the machine's drift between rounds (other
    * processes, frequency), which moves each median by 5-10% on a shared 2-core machine at T = 1024
    * (docs/BENCHMARKS.md). The path is fixed for all rounds: taking each round's faster call instead
    * (until 2026-11-27) compared the op with the best of two noisy samples, which reads 3-8% low
    * where the paths are equally fast (java 20.6, anchor 20.3, op 20.4 ms medians gave 0.919).
    */
-  static double vsFaster(double[][] times, int java, int op, int anchor) {
-    double[] med = medians(times);
-    int faster = fasterPath(med, java, anchor);
+  static double vsFaster(double[][] times, int faster, int op) {
     double[] r = new double[times[op].length];
     for (int i = 0; i < r.length; i++) {
       r[i] = times[faster][i] / times[op][i];

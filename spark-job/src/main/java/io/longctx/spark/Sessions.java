@@ -96,7 +96,10 @@ public final class Sessions {
   /**
    * Tasks running on the executors, those of a failed job's stage included. Spark's status tracker
    * counts them from its listener bus, so a task started just before the failure may not be counted
-   * yet (the drain then stops sooner than it could, and that task may log the error).
+   * yet (the drain then stops sooner than it could, and that task may log the error); and its store
+   * saves a start or an end at most every 100 ms (spark.ui.liveUpdate.period) unless the count falls
+   * to 0, so a count above 0 can lag until the executor's next heartbeat (the drain then waits longer,
+   * up to its limit).
    */
   static int runningTasks(org.apache.spark.SparkContext sc) {
     int n = 0;
