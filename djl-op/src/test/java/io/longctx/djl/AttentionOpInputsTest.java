@@ -15,6 +15,7 @@ import io.longctx.djl.AttentionOp.Measured;
 import io.longctx.djl.AttentionOp.Path;
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.CpuAttention;
+import io.longctx.kernels.Seeds;
 import io.longctx.kernels.Tensor;
 import java.util.List;
 import java.util.SplittableRandom;
@@ -69,10 +70,10 @@ class AttentionOpInputsTest {
    */
   @Test
   void libtorchPathReadsInputsWhoseHeadDimAxisIsNotDense() {
-    long seed = OpChecks.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     // H == Hkv: with GQA the module's repeat_interleave copies k and v densely and hides the problem.
-    Tensor q = OpChecks.random(rng, 2, 2, 40, 32, 1.5), k = OpChecks.random(rng, 2, 2, 40, 32, 1.5);
+    Tensor q = Tensor.random(rng, 2, 2, 40, 32, 1.5), k = Tensor.random(rng, 2, 2, 40, 32, 1.5);
     float[] c = new float[2 * 2 * 40];
     for (int i = 0; i < c.length; i++) {
       c[i] = (float) rng.nextGaussian();
@@ -99,10 +100,10 @@ class AttentionOpInputsTest {
 
   @Test
   void libtorchPathWithAStepSliceOnTheHeadDim() {
-    long seed = OpChecks.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor wide = OpChecks.random(rng, 1, 2, 40, 64, 1.5);
-    Tensor k = OpChecks.random(rng, 1, 2, 40, 32, 1.5), v = OpChecks.random(rng, 1, 2, 40, 32, 1);
+    Tensor wide = Tensor.random(rng, 1, 2, 40, 64, 1.5);
+    Tensor k = Tensor.random(rng, 1, 2, 40, 32, 1.5), v = Tensor.random(rng, 1, 2, 40, 32, 1);
     AttentionOptions opt = AttentionOptions.DEFAULT;
     try (NDManager m = manager.newSubManager()) {
       NDArray qs = OpChecks.nd(m, wide, Layout.BHTD).get(":, :, :, 0:64:2"); // every other feature
@@ -121,9 +122,9 @@ class AttentionOpInputsTest {
    */
   @Test
   void noTemporariesAreLeftInTheCallersManager() {
-    SplittableRandom rng = new SplittableRandom(OpChecks.seed());
-    Tensor q = OpChecks.random(rng, 1, 2, 40, 32, 1.5), k = OpChecks.random(rng, 1, 2, 40, 32, 1.5);
-    Tensor v = OpChecks.random(rng, 1, 2, 40, 32, 1);
+    SplittableRandom rng = new SplittableRandom(Seeds.forTest());
+    Tensor q = Tensor.random(rng, 1, 2, 40, 32, 1.5), k = Tensor.random(rng, 1, 2, 40, 32, 1.5);
+    Tensor v = Tensor.random(rng, 1, 2, 40, 32, 1);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     try (NDManager m = manager.newSubManager()) {
       NDArray qc = OpChecks.nd(m, q, Layout.BHTD), kc = OpChecks.nd(m, k, Layout.BHTD), vc = OpChecks.nd(m, v, Layout.BHTD);
@@ -181,10 +182,10 @@ class AttentionOpInputsTest {
   /** Moderate inputs stay on libtorch's path: the bound refuses only values near 1e17 and beyond. */
   @Test
   void largeButSafeInputsStayOnTheLibtorchPath() {
-    long seed = OpChecks.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = OpChecks.random(rng, 1, 2, 24, 32, 1e6), k = OpChecks.random(rng, 1, 2, 24, 32, 1e-6);
-    Tensor v = OpChecks.random(rng, 1, 2, 24, 32, 1);
+    Tensor q = Tensor.random(rng, 1, 2, 24, 32, 1e6), k = Tensor.random(rng, 1, 2, 24, 32, 1e-6);
+    Tensor v = Tensor.random(rng, 1, 2, 24, 32, 1);
     try (NDManager m = manager.newSubManager()) {
       NDList r = AttentionOp.cpu().forward(OpChecks.nd(m, q, Layout.BHTD), OpChecks.nd(m, k, Layout.BHTD),
           OpChecks.nd(m, v, Layout.BHTD), null, null, AttentionOptions.DEFAULT, Layout.BHTD, Path.LIBTORCH);
@@ -222,9 +223,9 @@ class AttentionOpInputsTest {
    */
   @Test
   void twoCallersShareOneStridedInput() throws Exception {
-    SplittableRandom rng = new SplittableRandom(OpChecks.seed());
-    Tensor q = OpChecks.random(rng, 1, 2, 40, 32, 1.5), k = OpChecks.random(rng, 1, 2, 40, 32, 1.5);
-    Tensor v = OpChecks.random(rng, 1, 2, 40, 32, 1);
+    SplittableRandom rng = new SplittableRandom(Seeds.forTest());
+    Tensor q = Tensor.random(rng, 1, 2, 40, 32, 1.5), k = Tensor.random(rng, 1, 2, 40, 32, 1.5);
+    Tensor v = Tensor.random(rng, 1, 2, 40, 32, 1);
     try (NDManager m = manager.newSubManager()) {
       NDArray qv = transposedStorage(m, q), kv = transposedStorage(m, k), vv = transposedStorage(m, v);
       java.util.concurrent.ExecutorService pool = java.util.concurrent.Executors.newFixedThreadPool(2);

@@ -18,6 +18,7 @@ import io.longctx.djl.AttentionOp.Path;
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.AttentionState;
 import io.longctx.kernels.CpuAttention;
+import io.longctx.kernels.Seeds;
 import io.longctx.kernels.Tensor;
 import java.util.ArrayList;
 import java.util.List;
@@ -71,11 +72,11 @@ class AttentionOpTest {
   @MethodSource("forwardCases")
   void forwardMatchesReferenceOnEveryPath(int b, int h, int hkv, int tq, int tk, int d, AttentionOptions opt,
       Layout layout) {
-    long seed = OpChecks.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = OpChecks.random(rng, b, h, tq, d, 1.5);
-    Tensor k = OpChecks.random(rng, b, hkv, tk, d, 1.5);
-    Tensor v = OpChecks.random(rng, b, hkv, tk, d, 1.0);
+    Tensor q = Tensor.random(rng, b, h, tq, d, 1.5);
+    Tensor k = Tensor.random(rng, b, hkv, tk, d, 1.5);
+    Tensor v = Tensor.random(rng, b, hkv, tk, d, 1.0);
     // Causal with Tq < Tk: queries are the last Tq positions (a continuation).
     long[] qPos = null;
     if (tq != tk && opt.masked()) {
@@ -139,10 +140,10 @@ class AttentionOpTest {
   @Test
   void causalWithFewerQueriesThanKeysAtDefaultPositionsOnBothPaths() {
     // Default positions: query i sees keys 0..i (libtorch's top-left mask is the same mask).
-    long seed = OpChecks.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = OpChecks.random(rng, 1, 4, 70, 64, 1.5), k = OpChecks.random(rng, 1, 4, 200, 64, 1.5);
-    Tensor v = OpChecks.random(rng, 1, 4, 200, 64, 1);
+    Tensor q = Tensor.random(rng, 1, 4, 70, 64, 1.5), k = Tensor.random(rng, 1, 4, 200, 64, 1.5);
+    Tensor v = Tensor.random(rng, 1, 4, 200, 64, 1);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     for (Layout layout : Layout.values()) {
       try (NDManager m = manager.newSubManager()) {
@@ -160,10 +161,10 @@ class AttentionOpTest {
 
   @Test
   void float16InputsAreWidened() {
-    long seed = OpChecks.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = OpChecks.random(rng, 1, 4, 80, 64, 1), k = OpChecks.random(rng, 1, 2, 80, 64, 1);
-    Tensor v = OpChecks.random(rng, 1, 2, 80, 64, 1);
+    Tensor q = Tensor.random(rng, 1, 4, 80, 64, 1), k = Tensor.random(rng, 1, 2, 80, 64, 1);
+    Tensor v = Tensor.random(rng, 1, 2, 80, 64, 1);
     try (NDManager m = manager.newSubManager()) {
       NDArray qh = OpChecks.nd(m, q, Layout.BHTD).toType(DataType.FLOAT16, false);
       NDArray kh = OpChecks.nd(m, k, Layout.BHTD).toType(DataType.FLOAT16, false);
@@ -188,14 +189,14 @@ class AttentionOpTest {
     // The Java path copies q, k and v into arrays it keeps per thread; calls of one shape with
     // different inputs (and q, k, v of another shape in between) must each give the kernel's own
     // bits for their own inputs.
-    long seed = OpChecks.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     try (NDManager m = manager.newSubManager()) {
       for (int call = 0; call < 4; call++) {
         int t = call == 2 ? 40 : 72;
-        Tensor q = OpChecks.random(rng, 1, 4, t, 64, 1), k = OpChecks.random(rng, 1, 2, t, 64, 1);
-        Tensor v = OpChecks.random(rng, 1, 2, t, 64, 1);
+        Tensor q = Tensor.random(rng, 1, 4, t, 64, 1), k = Tensor.random(rng, 1, 2, t, 64, 1);
+        Tensor v = Tensor.random(rng, 1, 2, t, 64, 1);
         NDList r = OP.forward(OpChecks.nd(m, q, Layout.BHTD), OpChecks.nd(m, k, Layout.BHTD),
             OpChecks.nd(m, v, Layout.BHTD), null, null, opt, Layout.BHTD, Path.JAVA);
         float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), Layout.BHTD);
@@ -211,11 +212,11 @@ class AttentionOpTest {
     // Arrays of 1 MiB and more (here q and o) are copied in pieces on the kernels' pool: B * H = 4
     // heads of 2101 rows, each cut in pieces where the pool has more than 4 tasks' worth of threads,
     // and the BTHD copy in ranges that cut rows in two.
-    long seed = OpChecks.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     AttentionOptions opt = AttentionOptions.DEFAULT;
-    Tensor q = OpChecks.random(rng, 2, 2, 2101, 64, 1), k = OpChecks.random(rng, 2, 1, 40, 64, 1);
-    Tensor v = OpChecks.random(rng, 2, 1, 40, 64, 1);
+    Tensor q = Tensor.random(rng, 2, 2, 2101, 64, 1), k = Tensor.random(rng, 2, 1, 40, 64, 1);
+    Tensor v = Tensor.random(rng, 2, 1, 40, 64, 1);
     assertTrue(q.data().length >= 1 << 18, "the shape must reach the parallel copy");
     AttentionState want = CpuAttention.DEFAULT.forward(q, k, v, null, null, opt);
     try (NDManager m = manager.newSubManager()) {
@@ -236,12 +237,12 @@ class AttentionOpTest {
   @Test
   void inputsInEitherMemoryOrderAndTransposedViewsHoldTheKernelsBits() {
     assertTrue(AttentionOp.contiguityKnown(), "DJL's is_contiguous binding is gone: transposed views would be copied");
-    long seed = OpChecks.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     for (int tq : new int[] {3, 77}) { // split-K decode and the forward
-      Tensor q = OpChecks.random(rng, 2, 4, tq, 32, 1), k = OpChecks.random(rng, 2, 2, 90, 32, 1);
-      Tensor v = OpChecks.random(rng, 2, 2, 90, 32, 1);
+      Tensor q = Tensor.random(rng, 2, 4, tq, 32, 1), k = Tensor.random(rng, 2, 2, 90, 32, 1);
+      Tensor v = Tensor.random(rng, 2, 2, 90, 32, 1);
       long[] qPos = new long[tq];
       for (int t = 0; t < tq; t++) {
         qPos[t] = 90 - tq + t;
@@ -273,11 +274,11 @@ class AttentionOpTest {
 
   @Test
   void decodeOverArrayAndChunksMatchesReference() {
-    long seed = OpChecks.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int tk = 9000; // three splits of 4096
-    Tensor q = OpChecks.random(rng, 2, 8, 1, 64, 1.5), k = OpChecks.random(rng, 2, 2, tk, 64, 1.5);
-    Tensor v = OpChecks.random(rng, 2, 2, tk, 64, 1);
+    Tensor q = Tensor.random(rng, 2, 8, 1, 64, 1.5), k = Tensor.random(rng, 2, 2, tk, 64, 1.5);
+    Tensor v = Tensor.random(rng, 2, 2, tk, 64, 1);
     long[] qPos = {tk - 1};
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     for (Layout layout : Layout.values()) {
@@ -311,10 +312,10 @@ class AttentionOpTest {
   /** Decode converts float16 K/V (here BTHD) through libtorch before reading them; an empty cache gives empty rows. */
   @Test
   void decodeOfHalfPrecisionAndEmptyCaches() {
-    long seed = OpChecks.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = OpChecks.random(rng, 1, 4, 1, 32, 1), k = OpChecks.random(rng, 1, 2, 50, 32, 1);
-    Tensor v = OpChecks.random(rng, 1, 2, 50, 32, 1);
+    Tensor q = Tensor.random(rng, 1, 4, 1, 32, 1), k = Tensor.random(rng, 1, 2, 50, 32, 1);
+    Tensor v = Tensor.random(rng, 1, 2, 50, 32, 1);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     long[] qPos = {49};
     try (NDManager m = manager.newSubManager()) {
@@ -342,11 +343,11 @@ class AttentionOpTest {
 
   @Test
   void mergeOfKeyHalvesEqualsFullAttention() {
-    long seed = OpChecks.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int tk = 300;
-    Tensor q = OpChecks.random(rng, 1, 4, 50, 32, 1.5), k = OpChecks.random(rng, 1, 4, tk, 32, 1.5);
-    Tensor v = OpChecks.random(rng, 1, 4, tk, 32, 1);
+    Tensor q = Tensor.random(rng, 1, 4, 50, 32, 1.5), k = Tensor.random(rng, 1, 4, tk, 32, 1.5);
+    Tensor v = Tensor.random(rng, 1, 4, tk, 32, 1);
     long[] qPos = new long[50];
     for (int i = 0; i < 50; i++) {
       qPos[i] = tk - 50 + i;

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import ai.djl.ndarray.NDManager;
+import io.longctx.kernels.Seeds;
 import java.nio.file.Path;
 import java.util.SplittableRandom;
 import org.junit.jupiter.api.AfterAll;
@@ -98,7 +99,7 @@ class LlamaModelTest {
 
   @Test
   void llamaBf16UntiedHead(@TempDir Path tmp) throws Exception {
-    long seed = LlamaTesting.seed("llamaBf16UntiedHead");
+    long seed = Seeds.forTest();
     ModelGenerator.Spec s = LlamaTesting.tiny(seed);
     s.dtype = "BF16";
     s.tie = false;
@@ -107,7 +108,7 @@ class LlamaModelTest {
 
   @Test
   void qwen2BiasTiedF16(@TempDir Path tmp) throws Exception {
-    long seed = LlamaTesting.seed("qwen2BiasTiedF16");
+    long seed = Seeds.forTest();
     ModelGenerator.Spec s = LlamaTesting.tiny(seed);
     s.modelType = "qwen2";
     s.dtype = "F16";
@@ -118,7 +119,7 @@ class LlamaModelTest {
 
   @Test
   void mistralSlidingWindow(@TempDir Path tmp) throws Exception {
-    long seed = LlamaTesting.seed("mistralSlidingWindow");
+    long seed = Seeds.forTest();
     ModelGenerator.Spec s = LlamaTesting.tiny(seed);
     s.modelType = "mistral";
     s.dtype = "F32";
@@ -130,7 +131,7 @@ class LlamaModelTest {
 
   @Test
   void ropeScalingLinear(@TempDir Path tmp) throws Exception {
-    long seed = LlamaTesting.seed("ropeScalingLinear");
+    long seed = Seeds.forTest();
     ModelGenerator.Spec s = LlamaTesting.tiny(seed);
     s.ropeScaling = "linear:4";
     s.ropeTheta = 100; // low theta: every frequency turns within the document, so scaling matters
@@ -139,7 +140,7 @@ class LlamaModelTest {
 
   @Test
   void ropeScalingLlama3(@TempDir Path tmp) throws Exception {
-    long seed = LlamaTesting.seed("ropeScalingLlama3");
+    long seed = Seeds.forTest();
     ModelGenerator.Spec s = LlamaTesting.tiny(seed);
     s.ropeScaling = "llama3:8";
     s.ropeTheta = 500;
@@ -151,7 +152,7 @@ class LlamaModelTest {
 
   @Test
   void chunkLengthInvariance(@TempDir Path tmp) throws Exception {
-    long seed = LlamaTesting.seed("chunkLengthInvariance");
+    long seed = Seeds.forTest();
     SplittableRandom r = new SplittableRandom(seed);
     ModelGenerator.Spec s = LlamaTesting.tiny(seed);
     s.modelType = "mistral";
@@ -189,7 +190,7 @@ class LlamaModelTest {
    */
   @Test
   void aRefusedQkBoundIsNamedByLayerAndPositions(@TempDir Path tmp) throws Exception {
-    long seed = LlamaTesting.seed("aRefusedQkBoundIsNamedByLayerAndPositions");
+    long seed = Seeds.forTest();
     Path dir = LlamaTesting.generate(LlamaTesting.tiny(seed), tmp.resolve("m"));
     io.longctx.kernels.CpuAttention cpu = io.longctx.kernels.CpuAttention.DEFAULT;
     io.longctx.kernels.AttentionBackend refusing = new io.longctx.kernels.AttentionBackend() {
@@ -245,7 +246,7 @@ class LlamaModelTest {
 
   @Test
   void shortDocumentsAndBadTokens(@TempDir Path tmp) throws Exception {
-    long seed = LlamaTesting.seed("shortDocumentsAndBadTokens");
+    long seed = Seeds.forTest();
     ModelGenerator.Spec s = LlamaTesting.tiny(seed);
     Path dir = LlamaTesting.generate(s, tmp.resolve("m"));
     try (LlamaModel m = LlamaModel.load(dir, manager)) {

@@ -4,21 +4,10 @@ import java.io.IOException;
 import java.nio.file.Path;
 import java.util.SplittableRandom;
 
-/** Test support for the Llama tests: replayable seeds and small generated checkpoints. */
+/** Test support for the Llama tests: small generated checkpoints. */
 final class LlamaTesting {
 
-  /** System property that replays a failed run: {@code -Dlongctx.seed=N}. */
-  static final String SEED_PROPERTY = "longctx.seed";
-
   private LlamaTesting() {}
-
-  /** A fresh seed, or the one given with -Dlongctx.seed; printed so a failure can be replayed. */
-  static long seed(String test) {
-    Long fixed = Long.getLong(SEED_PROPERTY);
-    long s = fixed != null ? fixed : System.nanoTime() * 0x9E3779B97F4A7C15L;
-    System.out.println(test + ": seed " + s + " (replay with -D" + SEED_PROPERTY + "=" + s + ")");
-    return s;
-  }
 
   /** A tiny model: 2 layers, hidden 64, 4 heads over 2 kv heads (GQA), head dim 16, vocab 300. */
   static ModelGenerator.Spec tiny(long seed) {

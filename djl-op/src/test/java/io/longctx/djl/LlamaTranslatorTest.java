@@ -8,6 +8,7 @@ import ai.djl.huggingface.tokenizers.HuggingFaceTokenizer;
 import ai.djl.inference.Predictor;
 import ai.djl.ndarray.NDManager;
 import ai.djl.repository.zoo.ZooModel;
+import io.longctx.kernels.Seeds;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.util.SplittableRandom;
@@ -23,7 +24,7 @@ class LlamaTranslatorTest {
   @Test
   void tokenizerRoundTripsTextWithItsSpecialTokens(@TempDir Path tmp) throws Exception {
     assertEquals("true", System.getProperty("ai.djl.offline"), "tests run offline");
-    long seed = LlamaTesting.seed("tokenizerRoundTripsTextWithItsSpecialTokens");
+    long seed = Seeds.forTest();
     ModelGenerator.Spec s = LlamaTesting.tiny(seed);
     Path dir = LlamaTesting.generate(s, tmp.resolve("m"));
     try (HuggingFaceTokenizer tok = LlamaTranslator.openTokenizer(dir)) {
@@ -48,7 +49,7 @@ class LlamaTranslatorTest {
 
   @Test
   void criteriaPredictorScoresTextAndTokensOffline(@TempDir Path tmp) throws Exception {
-    long seed = LlamaTesting.seed("criteriaPredictorScoresTextAndTokensOffline");
+    long seed = Seeds.forTest();
     ModelGenerator.Spec s = LlamaTesting.tiny(seed);
     Path dir = LlamaTesting.generate(s, tmp.resolve("m"));
     int[] expectIds;

@@ -7,35 +7,14 @@ import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.ReferenceAttention;
 import io.longctx.kernels.Tolerance;
 import io.longctx.kernels.Tensor;
-import java.util.SplittableRandom;
 
 /**
- * Test support: random inputs, NDArray conversions and the docs/CONVENTIONS.md tolerance rule (error against
+ * Test support: NDArray conversions and the docs/CONVENTIONS.md tolerance rule (error against
  * the float64 reference at most 2x that of the naive float32 algorithm, plus a small epsilon).
  */
 final class OpChecks {
 
-
   private OpChecks() {}
-
-  /** A fresh seed, or the one given with -Dlongctx.seed (callers print it in their failure messages). */
-  static long seed() {
-    Long fixed = Long.getLong(LlamaTesting.SEED_PROPERTY);
-    long seed = fixed != null ? fixed : System.nanoTime() ^ Thread.currentThread().getId() * 0x9E3779B97F4A7C15L;
-    // printed here, so that a failure whose message leaves the seed out can still be replayed
-    StackWalker.StackFrame caller = StackWalker.getInstance().walk(f -> f.skip(1).findFirst()).orElseThrow();
-    System.out.println(caller.getClassName().substring(caller.getClassName().lastIndexOf('.') + 1) + "."
-        + caller.getMethodName() + ": seed " + seed + " (replay with -Dlongctx.seed=" + seed + ")");
-    return seed;
-  }
-
-  static Tensor random(SplittableRandom rng, int b, int h, int t, int d, double amp) {
-    float[] x = new float[b * h * t * d];
-    for (int i = 0; i < x.length; i++) {
-      x[i] = (float) (rng.nextGaussian() * amp);
-    }
-    return new Tensor(x, b, h, t, d);
-  }
 
   /** Our [B, H, T, D] tensor as an NDArray in the layout. */
   static NDArray nd(NDManager m, Tensor x, AttentionOp.Layout layout) {

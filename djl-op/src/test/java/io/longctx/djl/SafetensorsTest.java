@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import ai.djl.ndarray.NDManager;
+import io.longctx.kernels.Seeds;
 import java.io.ByteArrayOutputStream;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -67,7 +68,7 @@ class SafetensorsTest {
 
   @Test
   void writerRoundTrip(@TempDir Path tmp) throws Exception {
-    long seed = LlamaTesting.seed("writerRoundTrip");
+    long seed = Seeds.forTest();
     SplittableRandom r = new SplittableRandom(seed);
     float[] v = new float[37];
     for (int i = 0; i < v.length; i++) {
@@ -157,7 +158,7 @@ class SafetensorsTest {
 
   @Test
   void checkpointTensorsMustMatchTheConfig(@TempDir Path tmp) throws Exception {
-    long seed = LlamaTesting.seed("checkpointTensorsMustMatchTheConfig");
+    long seed = Seeds.forTest();
     try (NDManager m = NDManager.newBaseManager("PyTorch")) {
       Path missing = LlamaTesting.generate(LlamaTesting.tiny(seed), tmp.resolve("missing"));
       rewrite(missing, t -> t.remove("model.layers.1.mlp.up_proj.weight"));
@@ -183,7 +184,7 @@ class SafetensorsTest {
 
   @Test
   void shardedCheckpointScoresLikeOneFile(@TempDir Path tmp) throws Exception {
-    long seed = LlamaTesting.seed("shardedCheckpointScoresLikeOneFile");
+    long seed = Seeds.forTest();
     ModelGenerator.Spec s = LlamaTesting.tiny(seed);
     Path one = LlamaTesting.generate(s, tmp.resolve("one"));
     s.shards = 3;
@@ -227,7 +228,7 @@ class SafetensorsTest {
   /** A sharded checkpoint named as "." (normalized: the empty path) was refused, each shard "not a file". */
   @Test
   void shardedCheckpointInTheWorkingDirectory(@TempDir Path tmp) throws Exception {
-    ModelGenerator.Spec s = LlamaTesting.tiny(LlamaTesting.seed("shardedCheckpointInTheWorkingDirectory"));
+    ModelGenerator.Spec s = LlamaTesting.tiny(Seeds.forTest());
     s.shards = 2;
     Path dir = LlamaTesting.generate(s, tmp.resolve("two"));
     Process p = new ProcessBuilder(Path.of(System.getProperty("java.home"), "bin", "java").toString(), "-cp",

@@ -41,8 +41,7 @@ public final class GpuCheck {
       report.line("gpu-check forward: CUDA unavailable: " + s.reason());
       System.exit(2);
     }
-    Long fixed = Long.getLong("longctx.seed"); // replays a run
-    long seed = fixed != null ? fixed : System.nanoTime();
+    long seed = Seeds.fromPropertyOrFresh(); // -Dlongctx.seed=S replays a run
     report.line("");
     report.line("## Forward on " + s.device() + ", " + CheckReport.driver() + ", seed " + seed + (smoke ? " (smoke sizes)" : ""));
     CudaAttention cuda = null;

@@ -47,8 +47,7 @@ final class GpuDecodeCheck {
       report.line("gpu-check decode: CUDA unavailable: " + s.reason());
       System.exit(2);
     }
-    Long fixed = Long.getLong("longctx.seed"); // replays a run
-    long seed = fixed != null ? fixed : System.nanoTime();
+    long seed = Seeds.fromPropertyOrFresh(); // -Dlongctx.seed=S replays a run
     report.line("");
     report.line("## Decode on " + s.device() + ", " + CheckReport.driver() + (smoke ? " (smoke sizes)" : "") + ", seed " + seed);
     CudaAttention cuda = null;

@@ -58,8 +58,7 @@ public final class GpuForwardAB {
       report.line("gpu-check ab: CUDA unavailable: " + s.reason());
       System.exit(2);
     }
-    Long fixed = Long.getLong("longctx.seed");
-    long seed = fixed != null ? fixed : System.nanoTime();
+    long seed = Seeds.fromPropertyOrFresh(); // -Dlongctx.seed=S replays a run
     String kernel = CudaAttention.kernelFor(TYPE, DIM);
     report.line("");
     report.line("## A/B of " + kernel + " across commits on " + s.device() + ", " + CheckReport.driver() + ", seed "

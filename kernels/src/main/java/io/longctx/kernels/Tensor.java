@@ -35,9 +35,15 @@ public record Tensor(float[] data, int batch, int heads, int tokens, int dim) {
 
   /** Standard normal entries from {@code rng} (the GPU checks' and benchmarks' inputs, the JIT warm-up's problem). */
   public static Tensor random(java.util.SplittableRandom rng, int batch, int heads, int tokens, int dim) {
+    return random(rng, batch, heads, tokens, dim, 1.0);
+  }
+
+  /** Normal entries of standard deviation {@code amplitude} from {@code rng} (the tests' inputs). */
+  public static Tensor random(java.util.SplittableRandom rng, int batch, int heads, int tokens, int dim,
+      double amplitude) {
     Tensor x = zeros(batch, heads, tokens, dim);
     for (int i = 0; i < x.data.length; i++) {
-      x.data[i] = (float) rng.nextGaussian();
+      x.data[i] = (float) (rng.nextGaussian() * amplitude); // times 1.0 is exact: the same bits as before
     }
     return x;
   }

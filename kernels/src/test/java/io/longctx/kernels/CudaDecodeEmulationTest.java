@@ -243,11 +243,11 @@ class CudaDecodeEmulationTest {
   void emulatedKernelsMatchTheReference(String t, int batch, int heads, int kvHeads, int tq, int tk, int dim, int split,
       long window, float softcap, String chunkSpec) throws Exception {
     CudaAttention.DType type = type(t);
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = GpuCheck.rounded(Accuracy.random(rng, batch, heads, tq, dim, 1), type);
-    Tensor k = GpuCheck.rounded(Accuracy.random(rng, batch, kvHeads, tk, dim, 1), type);
-    Tensor v = GpuCheck.rounded(Accuracy.random(rng, batch, kvHeads, tk, dim, 1), type);
+    Tensor q = GpuCheck.rounded(Tensor.random(rng, batch, heads, tq, dim, 1), type);
+    Tensor k = GpuCheck.rounded(Tensor.random(rng, batch, kvHeads, tk, dim, 1), type);
+    Tensor v = GpuCheck.rounded(Tensor.random(rng, batch, kvHeads, tk, dim, 1), type);
     long[] qp = DecodeTest.decodePositions(tq, tk);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true).withWindow(window).withSoftcap(softcap);
     int[] lens = chunks(chunkSpec, tk);
@@ -257,7 +257,7 @@ class CudaDecodeEmulationTest {
 
     CpuAttention.DecodeResult got = emulate(q, kc, vc, qp, null, opt, split, null, type);
     assertEquals(Math.max(1, (tk + split - 1) / split), got.splits());
-    assertNull(Accuracy.check(got.state(), ref, naive), "sync, seed " + seed + ": " + Accuracy.check(got.state(), ref, naive));
+    assertNull(Tolerance.violation(got.state(), ref, naive), "sync, seed " + seed + ": " + Tolerance.violation(got.state(), ref, naive));
     if (lens.length > 1) {
       CpuAttention.DecodeResult whole = emulate(q, List.of(k), List.of(v), qp, null, opt, split, null, type);
       assertArrayEquals(whole.state().o(), got.state().o(), "chunking changed bits, seed " + seed);
@@ -266,7 +266,7 @@ class CudaDecodeEmulationTest {
 
     UnifiedMax um = UnifiedMax.calibrate(q, k, opt);
     CpuAttention.DecodeResult fast = emulate(q, kc, vc, qp, null, opt, split, um, type);
-    String err = Accuracy.check(fast.state(), ref, naive);
+    String err = Tolerance.violation(fast.state(), ref, naive);
     assertNull(err, "unified " + um + ", seed " + seed + ": " + err);
     assertEquals(CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, opt, split, um).recomputedRows(),
         fast.recomputedRows(), "recompute count vs the CPU's, seed " + seed);
@@ -275,18 +275,18 @@ class CudaDecodeEmulationTest {
   @Test
   @Timeout(300)
   void unifiedMaxRecomputesExactlyTheFlaggedPairs() throws Exception {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int heads = 8, kvHeads = 2, tq = 2, tk = 301, dim = 64, split = 50;
-    Tensor q = Accuracy.random(rng, 1, heads, tq, dim, 1);
+    Tensor q = Tensor.random(rng, 1, heads, tq, dim, 1);
     for (int t = 0; t < tq; t++) { // head 3: logits in the hundreds
       int at = q.offset(0, 3, t);
       for (int d = 0; d < dim; d++) {
         q.data()[at + d] *= 30;
       }
     }
-    Tensor k = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
-    Tensor v = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor k = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor v = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
     long[] qp = DecodeTest.decodePositions(tq, tk);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, opt);
@@ -304,7 +304,7 @@ class CudaDecodeEmulationTest {
         // Every (row, head, split) that sees a key; the last split (key 300) is invisible to row 0.
         assertEquals((long) (tq * splits - 1) * heads, got.recomputedRows());
       }
-      String err = Accuracy.check(got.state(), ref, naive);
+      String err = Tolerance.violation(got.state(), ref, naive);
       assertNull(err, "phi " + phi + ", seed " + seed + ": " + err);
     }
   }
@@ -317,7 +317,7 @@ class CudaDecodeEmulationTest {
   @Test
   @Timeout(300)
   void unifiedMaxRecomputesRowsWhoseSumOrOutputOverflows() throws Exception {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     for (int tk : new int[] {40, 1}) {
       Tensor[] qkv = DecodeTest.sameLogitInputs(rng, tk);
@@ -328,7 +328,7 @@ class CudaDecodeEmulationTest {
       CpuAttention.DecodeResult got = emulate(q, List.of(k), List.of(v), null, null, opt, 64, um,
           CudaAttention.DType.F32);
       assertEquals(heads, got.recomputedRows(), "tk " + tk + ", seed " + seed);
-      String err = Accuracy.check(got.state(), ReferenceAttention.compute(q, k, v, null, null, opt),
+      String err = Tolerance.violation(got.state(), ReferenceAttention.compute(q, k, v, null, null, opt),
           ReferenceAttention.computeFloat32(q, k, v, null, null, opt));
       assertNull(err, "tk " + tk + ", seed " + seed + ": " + err);
     }
@@ -374,11 +374,11 @@ class CudaDecodeEmulationTest {
   @Timeout(300)
   void largeLogitsStayWithinTolerance() throws Exception {
     for (int trial = 0; trial < 6; trial++) {
-      long seed = Accuracy.seed();
+      long seed = Seeds.forTest();
       SplittableRandom rng = new SplittableRandom(seed);
       CudaAttention.DType type = trial % 2 == 0 ? CudaAttention.DType.BF16 : CudaAttention.DType.F16;
       int heads = 8, kvHeads = 2, tq = 2, tk = 301, dim = 128;
-      Tensor q = Accuracy.random(rng, 1, heads, tq, dim, 1);
+      Tensor q = Tensor.random(rng, 1, heads, tq, dim, 1);
       for (int t = 0; t < tq; t++) {
         int at = q.offset(0, 3, t);
         for (int d = 0; d < dim; d++) {
@@ -386,12 +386,12 @@ class CudaDecodeEmulationTest {
         }
       }
       q = GpuCheck.rounded(q, type);
-      Tensor k = GpuCheck.rounded(Accuracy.random(rng, 1, kvHeads, tk, dim, 1), type);
-      Tensor v = GpuCheck.rounded(Accuracy.random(rng, 1, kvHeads, tk, dim, 1), type);
+      Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim, 1), type);
+      Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim, 1), type);
       long[] qp = DecodeTest.decodePositions(tq, tk);
       AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
       CpuAttention.DecodeResult got = emulate(q, List.of(k), List.of(v), qp, null, opt, 50, null, type);
-      String err = Accuracy.check(got.state(), ReferenceAttention.compute(q, k, v, qp, null, opt),
+      String err = Tolerance.violation(got.state(), ReferenceAttention.compute(q, k, v, qp, null, opt),
           ReferenceAttention.computeFloat32(q, k, v, qp, null, opt));
       assertNull(err, type + ", seed " + seed + ": " + err);
     }
@@ -409,12 +409,12 @@ class CudaDecodeEmulationTest {
   @Test
   @Timeout(300)
   void aRowsBitsDoNotDependOnTheOtherRowsOfItsCta() throws Exception {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int heads = 4, kvHeads = 2, tk = 300, dim = 64, split = 128;
-    Tensor q = Accuracy.random(rng, 1, heads, 2, dim, 1);
-    Tensor k = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
-    Tensor v = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor q = Tensor.random(rng, 1, heads, 2, dim, 1);
+    Tensor k = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor v = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
     float[] last = new float[heads * dim]; // q[:, :, 1:2, :]
     for (int h = 0; h < heads; h++) {
       System.arraycopy(q.data(), q.offset(0, h, 1), last, h * dim, dim);
@@ -427,7 +427,7 @@ class CudaDecodeEmulationTest {
           CudaAttention.DType.F32);
       CpuAttention.DecodeResult alone = emulate(q1, List.of(k), List.of(v), new long[] {299}, null, opt, split, um,
           CudaAttention.DType.F32);
-      String err = Accuracy.check(alone.state(), ReferenceAttention.compute(q1, k, v, new long[] {299}, null, opt),
+      String err = Tolerance.violation(alone.state(), ReferenceAttention.compute(q1, k, v, new long[] {299}, null, opt),
           ReferenceAttention.computeFloat32(q1, k, v, new long[] {299}, null, opt));
       assertNull(err, um + ", seed " + seed + ": " + err);
       assertArrayEquals(alone.state().o(), java.util.Arrays.copyOfRange(both.state().o(), heads * dim, 2 * heads * dim),
@@ -450,12 +450,12 @@ class CudaDecodeEmulationTest {
   @Timeout(600)
   void tensorCoreRowsAreIndependentAndBatchInvariant(String t, int dim) throws Exception {
     CudaAttention.DType type = type(t);
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int heads = 8, kvHeads = 1, tk = 300, split = 128;
-    Tensor q = GpuCheck.rounded(Accuracy.random(rng, 1, heads, 3, dim, 1), type);
-    Tensor k = GpuCheck.rounded(Accuracy.random(rng, 1, kvHeads, tk, dim, 1), type);
-    Tensor v = GpuCheck.rounded(Accuracy.random(rng, 1, kvHeads, tk, dim, 1), type);
+    Tensor q = GpuCheck.rounded(Tensor.random(rng, 1, heads, 3, dim, 1), type);
+    Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim, 1), type);
+    Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim, 1), type);
     float[] last = new float[heads * 2 * dim]; // q[:, :, 1:3, :]
     for (int h = 0; h < heads; h++) {
       System.arraycopy(q.data(), q.offset(0, h, 1), last, h * 2 * dim, 2 * dim);
@@ -469,7 +469,7 @@ class CudaDecodeEmulationTest {
     for (UnifiedMax um : new UnifiedMax[] {null, UnifiedMax.of(1e4f)}) {
       CpuAttention.DecodeResult all = emulate(q, List.of(k), List.of(v), qp, null, opt, split, um, type);
       CpuAttention.DecodeResult alone = emulate(q12, List.of(k), List.of(v), qp12, null, opt, split, um, type);
-      String err = Accuracy.check(all.state(), ReferenceAttention.compute(q, k, v, qp, null, opt),
+      String err = Tolerance.violation(all.state(), ReferenceAttention.compute(q, k, v, qp, null, opt),
           ReferenceAttention.computeFloat32(q, k, v, qp, null, opt));
       assertNull(err, um + ", seed " + seed + ": " + err);
       assertArrayEquals(alone.state().o(), java.util.Arrays.copyOfRange(all.state().o(), heads * dim, 3 * heads * dim),
@@ -491,7 +491,7 @@ class CudaDecodeEmulationTest {
     // the row cannot see (query 2's first tiles are query 0's): else fp16's low terms go subnormal.
     UnifiedMax high = UnifiedMax.of(UnifiedMax.calibrate(q, k, opt).phi() + 25f);
     CpuAttention.DecodeResult far = emulate(q, List.of(k), List.of(v), qp, null, opt, split, high, type);
-    String farErr = Accuracy.check(far.state(), ReferenceAttention.compute(q, k, v, qp, null, opt),
+    String farErr = Tolerance.violation(far.state(), ReferenceAttention.compute(q, k, v, qp, null, opt),
         ReferenceAttention.computeFloat32(q, k, v, qp, null, opt));
     assertNull(farErr, high + ", seed " + seed + ": " + farErr);
     assertEquals(CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, opt, split, high).recomputedRows(),
@@ -500,9 +500,9 @@ class CudaDecodeEmulationTest {
     // A batch of two with explicit key positions (reversed, no split narrowing) in two chunks;
     // query 0 sees no key. Sequence 0 alone gives the bits it gives in the batch.
     int bt = 2, tq = 2, tk2 = 180;
-    Tensor qb = GpuCheck.rounded(Accuracy.random(rng, bt, heads, tq, dim, 1), type);
-    Tensor kb = GpuCheck.rounded(Accuracy.random(rng, bt, kvHeads, tk2, dim, 1), type);
-    Tensor vb = GpuCheck.rounded(Accuracy.random(rng, bt, kvHeads, tk2, dim, 1), type);
+    Tensor qb = GpuCheck.rounded(Tensor.random(rng, bt, heads, tq, dim, 1), type);
+    Tensor kb = GpuCheck.rounded(Tensor.random(rng, bt, kvHeads, tk2, dim, 1), type);
+    Tensor vb = GpuCheck.rounded(Tensor.random(rng, bt, kvHeads, tk2, dim, 1), type);
     long[] kPos = new long[tk2];
     for (int j = 0; j < tk2; j++) {
       kPos[j] = 1000 + (tk2 - 1 - j);
@@ -511,7 +511,7 @@ class CudaDecodeEmulationTest {
     AttentionOptions wopt = AttentionOptions.DEFAULT.withCausal(true).withWindow(90);
     CpuAttention.DecodeResult got = emulate(qb, GpuDecodeCheck.chunk(kb, new int[] {60, 120}),
         GpuDecodeCheck.chunk(vb, new int[] {60, 120}), qpb, kPos, wopt, 64, null, type);
-    String err = Accuracy.check(got.state(), ReferenceAttention.compute(qb, kb, vb, qpb, kPos, wopt),
+    String err = Tolerance.violation(got.state(), ReferenceAttention.compute(qb, kb, vb, qpb, kPos, wopt),
         ReferenceAttention.computeFloat32(qb, kb, vb, qpb, kPos, wopt));
     assertNull(err, "batch, seed " + seed + ": " + err);
     assertEquals(Float.NEGATIVE_INFINITY, got.state().lse(0, 3), "query 0 sees no key");
@@ -528,12 +528,12 @@ class CudaDecodeEmulationTest {
   @Test
   @Timeout(300)
   void positionsMasksAndBatchInvariance() throws Exception {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int heads = 4, kvHeads = 2, tq = 3, tk = 180, dim = 64;
-    Tensor q = Accuracy.random(rng, 2, heads, tq, dim, 1);
-    Tensor k = Accuracy.random(rng, 2, kvHeads, tk, dim, 1);
-    Tensor v = Accuracy.random(rng, 2, kvHeads, tk, dim, 1);
+    Tensor q = Tensor.random(rng, 2, heads, tq, dim, 1);
+    Tensor k = Tensor.random(rng, 2, kvHeads, tk, dim, 1);
+    Tensor v = Tensor.random(rng, 2, kvHeads, tk, dim, 1);
     // Explicit key positions, not 0..Tk-1 (no split narrowing), reversed; query 0 sees no key.
     long[] kPos = new long[tk];
     for (int j = 0; j < tk; j++) {
@@ -544,7 +544,7 @@ class CudaDecodeEmulationTest {
     CpuAttention.DecodeResult got = emulate(q, GpuDecodeCheck.chunk(k, new int[] {60, 120}),
         GpuDecodeCheck.chunk(v, new int[] {60, 120}), qp, kPos, opt, 64, null, CudaAttention.DType.F32);
     ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, kPos, opt);
-    String err = Accuracy.check(got.state(), ref, ReferenceAttention.computeFloat32(q, k, v, qp, kPos, opt));
+    String err = Tolerance.violation(got.state(), ref, ReferenceAttention.computeFloat32(q, k, v, qp, kPos, opt));
     assertNull(err, "seed " + seed + ": " + err);
     for (int b = 0; b < 2; b++) {
       for (int h = 0; h < heads; h++) {

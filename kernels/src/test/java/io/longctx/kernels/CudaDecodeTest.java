@@ -239,10 +239,10 @@ class CudaDecodeTest {
     try {
       AttentionBackend auto = AttentionBackend.select();
       assertSame(CpuAttention.DEFAULT, auto);
-      SplittableRandom rng = new SplittableRandom(Accuracy.seed());
-      Tensor q = Accuracy.random(rng, 1, 8, 3, 64, 1);
-      Tensor k = Accuracy.random(rng, 1, 2, 1500, 64, 1);
-      Tensor v = Accuracy.random(rng, 1, 2, 1500, 64, 1);
+      SplittableRandom rng = new SplittableRandom(Seeds.forTest());
+      Tensor q = Tensor.random(rng, 1, 8, 3, 64, 1);
+      Tensor k = Tensor.random(rng, 1, 2, 1500, 64, 1);
+      Tensor v = Tensor.random(rng, 1, 2, 1500, 64, 1);
       long[] qp = DecodeTest.decodePositions(3, 1500);
       AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
       CpuAttention.DecodeResult viaBackend = auto.decode(q, k, v, qp, null, opt, 256);
@@ -267,8 +267,8 @@ class CudaDecodeTest {
 
   @Test
   void chunkingHelperOfTheGpuCheckKeepsEveryKey() {
-    SplittableRandom rng = new SplittableRandom(Accuracy.seed());
-    Tensor k = Accuracy.random(rng, 2, 3, 4097, 16, 1);
+    SplittableRandom rng = new SplittableRandom(Seeds.forTest());
+    Tensor k = Tensor.random(rng, 2, 3, 4097, 16, 1);
     List<Tensor> parts = GpuDecodeCheck.chunk(k, new int[] {1000, 0, 2048, 1049});
     List<Float> flat = new ArrayList<>();
     for (int b = 0; b < 2; b++) {

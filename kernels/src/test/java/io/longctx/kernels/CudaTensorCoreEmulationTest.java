@@ -24,7 +24,7 @@ class CudaTensorCoreEmulationTest {
   @Test
   @Timeout(300)
   void emulatedLdmatrixAndMmaMatchTheFragmentTablesAndAMatmul() throws Exception {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     String out = runHostTest("tc_emulation_test", seed, 16, 60);
     assertTrue(out.contains("16 trials x 2 types x 8 warps, seed " + Long.toUnsignedString(seed) + ": 0 failures"),
         out);
@@ -38,7 +38,7 @@ class CudaTensorCoreEmulationTest {
   @Test
   @Timeout(300)
   void keyTileScanAgreesWithTheRangeRule() throws Exception {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     String out = runHostTest("tile_scan_test", seed, 300, 120);
     assertTrue(out.contains("300 trials, ") && out.contains("seed " + Long.toUnsignedString(seed) + ": 0 failures"),
         out);
@@ -75,7 +75,7 @@ class CudaTensorCoreEmulationTest {
   @Timeout(400)
   void tensorCoreKernelMatchesTheReferenceOnTheFakeDevice() throws Exception {
     Path lib = CudaDecodeFakeDeviceTest.buildFakeLibcuda("fake-cuda-tc");
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     List<String> first = null;
     for (String copyMode : List.of("wait", "issue", "random")) {
       ProcessBuilder pb = new ProcessBuilder(Paths.get(System.getProperty("java.home"), "bin", "java").toString(),

@@ -33,35 +33,35 @@ class DecodeTest {
       "2, 20011, 4, 4, 64, 4096, 2500",
   })
   void decodeMatchesReference(int rows, int tk, int heads, int kvHeads, int dim, int split, long window) {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = Accuracy.random(rng, 1, heads, rows, dim, 1);
-    Tensor k = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
-    Tensor v = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor q = Tensor.random(rng, 1, heads, rows, dim, 1);
+    Tensor k = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor v = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
     long[] qp = decodePositions(rows, tk);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true).withWindow(window);
     CpuAttention.DecodeResult got = CpuAttention.DEFAULT.decode(q, k, v, qp, null, opt, split);
     assertEquals((tk + split - 1) / split, got.splits());
     ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, opt);
     ReferenceAttention.Result naive = ReferenceAttention.computeFloat32(q, k, v, qp, null, opt);
-    String err = Accuracy.check(got.state(), ref, naive);
+    String err = Tolerance.violation(got.state(), ref, naive);
     assertNull(err, "seed " + seed + ": " + err);
 
     // The unified max from a calibration on this data: same answer.
     UnifiedMax um = UnifiedMax.calibrate(q, k, opt);
     CpuAttention.DecodeResult fast = CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, opt, split, um);
-    err = Accuracy.check(fast.state(), ref, naive);
+    err = Tolerance.violation(fast.state(), ref, naive);
     assertNull(err, "unified max " + um + ", seed " + seed + ": " + err);
   }
 
   @Test
   void unifiedMaxRecomputesRowsOutsideItsBoundsAndStillMatches() {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int heads = 8, kvHeads = 2, rows = 2, tk = 3001, dim = 64;
-    Tensor q = Accuracy.random(rng, 1, heads, rows, dim, 1);
-    Tensor k = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
-    Tensor v = Accuracy.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor q = Tensor.random(rng, 1, heads, rows, dim, 1);
+    Tensor k = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor v = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
     // Head 3's queries are scaled so its logits reach hundreds: far above phi = 0 + 40.
     for (int t = 0; t < rows; t++) {
       int at = q.offset(0, 3, t);
@@ -77,17 +77,17 @@ class DecodeTest {
     assertTrue(got.recomputedRows() >= rows, "head 3's rows must be recomputed, got " + got.recomputedRows());
     assertTrue(got.recomputedRows() <= (long) rows * splits * 2, "only heads 3 (and a rare other) recompute: " + got.recomputedRows());
     ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, opt);
-    String err = Accuracy.check(got.state(), ref, ReferenceAttention.computeFloat32(q, k, v, qp, null, opt));
+    String err = Tolerance.violation(got.state(), ref, ReferenceAttention.computeFloat32(q, k, v, qp, null, opt));
     assertNull(err, "seed " + seed + ": " + err);
 
     // phi far from every logit: every (row, split) that sees a key is recomputed, the answer is
     // unchanged. The last split holds only key 3000, which row 0 (position 2999) does not see.
     CpuAttention.DecodeResult all = CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, opt, split, UnifiedMax.of(1e4f));
     assertEquals((long) (rows * splits - 1) * heads, all.recomputedRows());
-    assertNull(Accuracy.check(all.state(), ref, ReferenceAttention.computeFloat32(q, k, v, qp, null, opt)), "seed " + seed);
+    assertNull(Tolerance.violation(all.state(), ref, ReferenceAttention.computeFloat32(q, k, v, qp, null, opt)), "seed " + seed);
 
     // In range: nothing is recomputed.
-    Tensor calm = Accuracy.random(rng, 1, heads, rows, dim, 1);
+    Tensor calm = Tensor.random(rng, 1, heads, rows, dim, 1);
     assertEquals(0, CpuAttention.DEFAULT.decodeUnifiedMax(calm, k, v, qp, null, opt, split, UnifiedMax.of(0f)).recomputedRows());
   }
 
@@ -100,7 +100,7 @@ class DecodeTest {
    */
   @Test
   void unifiedMaxRecomputesRowsWhoseSumOrOutputOverflows() {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     for (int tk : new int[] {40, 1}) { // 40 weights of 1e38: the sum overflows; 1: only o, v up to 10
       Tensor[] qkv = sameLogitInputs(rng, tk);
@@ -110,7 +110,7 @@ class DecodeTest {
       UnifiedMax um = sameLogitBound(q, k, opt);
       CpuAttention.DecodeResult got = CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, null, null, opt, 64, um);
       assertEquals(heads, got.recomputedRows(), "tk " + tk + ", seed " + seed);
-      String err = Accuracy.check(got.state(), ReferenceAttention.compute(q, k, v, null, null, opt),
+      String err = Tolerance.violation(got.state(), ReferenceAttention.compute(q, k, v, null, null, opt),
           ReferenceAttention.computeFloat32(q, k, v, null, null, opt));
       assertNull(err, "tk " + tk + ", seed " + seed + ": " + err);
     }
@@ -119,15 +119,15 @@ class DecodeTest {
   /** q [1, 4, 1, 64] of one random row for every head, k [1, 1, tk, 64] of one key, v up to 10. */
   static Tensor[] sameLogitInputs(SplittableRandom rng, int tk) {
     int heads = 4, dim = 64;
-    Tensor q = Accuracy.random(rng, 1, heads, 1, dim, 1);
+    Tensor q = Tensor.random(rng, 1, heads, 1, dim, 1);
     for (int h = 1; h < heads; h++) {
       System.arraycopy(q.data(), q.offset(0, 0, 0), q.data(), q.offset(0, h, 0), dim);
     }
-    Tensor k = Accuracy.random(rng, 1, 1, tk, dim, 1);
+    Tensor k = Tensor.random(rng, 1, 1, tk, dim, 1);
     for (int j = 1; j < tk; j++) {
       System.arraycopy(k.data(), k.offset(0, 0, 0), k.data(), k.offset(0, 0, j), dim);
     }
-    return new Tensor[] {q, k, Accuracy.random(rng, 1, 1, tk, dim, 10)};
+    return new Tensor[] {q, k, Tensor.random(rng, 1, 1, tk, dim, 10)};
   }
 
   /** Bounds (-87, 88) and phi 87.5 below the logit every (row, key) of q and k shares. */
@@ -151,10 +151,10 @@ class DecodeTest {
   @Test
   void largeLogitsStayWithinToleranceAcrossSplits() {
     for (int trial = 0; trial < 16; trial++) {
-      long seed = Accuracy.seed();
+      long seed = Seeds.forTest();
       SplittableRandom rng = new SplittableRandom(seed);
       int heads = 8, kvHeads = 2, rows = 2, tk = 3001, dim = 128, split = 500;
-      Tensor q = Accuracy.random(rng, 1, heads, rows, dim, 1);
+      Tensor q = Tensor.random(rng, 1, heads, rows, dim, 1);
       for (int t = 0; t < rows; t++) {
         int at = q.offset(0, 3, t);
         for (int d = 0; d < dim; d++) {
@@ -162,16 +162,16 @@ class DecodeTest {
         }
       }
       q = GpuCheck.rounded(q, CudaAttention.DType.BF16);
-      Tensor k = GpuCheck.rounded(Accuracy.random(rng, 1, kvHeads, tk, dim, 1), CudaAttention.DType.BF16);
-      Tensor v = GpuCheck.rounded(Accuracy.random(rng, 1, kvHeads, tk, dim, 1), CudaAttention.DType.BF16);
+      Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim, 1), CudaAttention.DType.BF16);
+      Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim, 1), CudaAttention.DType.BF16);
       long[] qp = decodePositions(rows, tk);
       AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
       ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, opt);
       ReferenceAttention.Result naive = ReferenceAttention.computeFloat32(q, k, v, qp, null, opt);
-      String err = Accuracy.check(CpuAttention.DEFAULT.decode(q, k, v, qp, null, opt, split).state(), ref, naive);
+      String err = Tolerance.violation(CpuAttention.DEFAULT.decode(q, k, v, qp, null, opt, split).state(), ref, naive);
       assertNull(err, "decode, seed " + seed + ": " + err);
       // phi = 0: head 3's rows leave the bounds and are recomputed; the other heads use phi.
-      err = Accuracy.check(
+      err = Tolerance.violation(
           CpuAttention.DEFAULT.decodeUnifiedMax(q, k, v, qp, null, opt, split, UnifiedMax.of(0f)).state(), ref, naive);
       assertNull(err, "decodeUnifiedMax, seed " + seed + ": " + err);
     }
@@ -179,12 +179,12 @@ class DecodeTest {
 
   @Test
   void decodeOfOneSequenceDoesNotDependOnTheRestOfTheBatch() {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int heads = 4, kvHeads = 2, rows = 3, tk = 2500, dim = 64;
-    Tensor q = Accuracy.random(rng, 2, heads, rows, dim, 1);
-    Tensor k = Accuracy.random(rng, 2, kvHeads, tk, dim, 1);
-    Tensor v = Accuracy.random(rng, 2, kvHeads, tk, dim, 1);
+    Tensor q = Tensor.random(rng, 2, heads, rows, dim, 1);
+    Tensor k = Tensor.random(rng, 2, kvHeads, tk, dim, 1);
+    Tensor v = Tensor.random(rng, 2, kvHeads, tk, dim, 1);
     AttentionState batched = CpuAttention.DEFAULT.decode(q, k, v, null, null, AttentionOptions.DEFAULT, 700).state();
     Tensor q0 = new Tensor(Arrays.copyOf(q.data(), q.data().length / 2), 1, heads, rows, dim);
     Tensor k0 = new Tensor(Arrays.copyOf(k.data(), k.data().length / 2), 1, kvHeads, tk, dim);

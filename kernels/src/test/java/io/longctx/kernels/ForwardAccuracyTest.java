@@ -107,25 +107,25 @@ class ForwardAccuracyTest {
   @ParameterizedTest(name = "{0}")
   @MethodSource("sweep")
   void forwardMatchesReference(Case c) {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = Accuracy.random(rng, c.batch, c.heads, c.tq, c.dim, 1);
-    Tensor k = Accuracy.random(rng, c.batch, c.kvHeads, c.tk, c.dim, 1);
-    Tensor v = Accuracy.random(rng, c.batch, c.kvHeads, c.tk, c.dim, 1);
+    Tensor q = Tensor.random(rng, c.batch, c.heads, c.tq, c.dim, 1);
+    Tensor k = Tensor.random(rng, c.batch, c.kvHeads, c.tk, c.dim, 1);
+    Tensor v = Tensor.random(rng, c.batch, c.kvHeads, c.tk, c.dim, 1);
     long[][] pos = positions(c.layout, c.tq, c.tk, rng);
     AttentionState got = CpuAttention.DEFAULT.forward(q, k, v, pos[0], pos[1], c.opt);
-    String err = Accuracy.check(got, ReferenceAttention.compute(q, k, v, pos[0], pos[1], c.opt),
+    String err = Tolerance.violation(got, ReferenceAttention.compute(q, k, v, pos[0], pos[1], c.opt),
         ReferenceAttention.computeFloat32(q, k, v, pos[0], pos[1], c.opt));
     assertNull(err, "seed " + seed + ", " + c + ": " + err);
   }
 
   @Test
   void rowsWithoutVisibleKeysAreEmptyStates() {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = Accuracy.random(rng, 1, 2, 40, 64, 1);
-    Tensor k = Accuracy.random(rng, 1, 2, 30, 64, 1);
-    Tensor v = Accuracy.random(rng, 1, 2, 30, 64, 1);
+    Tensor q = Tensor.random(rng, 1, 2, 40, 64, 1);
+    Tensor k = Tensor.random(rng, 1, 2, 30, 64, 1);
+    Tensor v = Tensor.random(rng, 1, 2, 30, 64, 1);
     long[] qp = new long[40];
     long[] kp = new long[30];
     for (int t = 0; t < 40; t++) {
@@ -159,41 +159,41 @@ class ForwardAccuracyTest {
    */
   @Test
   void logitsNearTenThousandDoNotOverflow() {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     // |q.k| * scale ~ 1e4: amplitude a gives scores of order a^2 * sqrt(D).
     int d = 64;
     double amplitude = Math.sqrt(1e4 / Math.sqrt(d)) * 1.3;
-    Tensor q = Accuracy.random(rng, 1, 8, 257, d, amplitude);
-    Tensor k = Accuracy.random(rng, 1, 8, 300, d, amplitude);
-    Tensor v = Accuracy.random(rng, 1, 8, 300, d, 1);
+    Tensor q = Tensor.random(rng, 1, 8, 257, d, amplitude);
+    Tensor k = Tensor.random(rng, 1, 8, 300, d, amplitude);
+    Tensor v = Tensor.random(rng, 1, 8, 300, d, 1);
     for (AttentionOptions opt : new AttentionOptions[] {AttentionOptions.DEFAULT, AttentionOptions.DEFAULT.withCausal(true)}) {
       AttentionState got = CpuAttention.DEFAULT.forward(q, k, v, null, null, opt);
       ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, null, null, opt);
-      assertTrue(Accuracy.maxAbs(ref.lse()) > 5e3, "test must reach large logits, got max |lse| " + Accuracy.maxAbs(ref.lse()));
+      assertTrue(Tolerance.maxAbs(ref.lse()) > 5e3, "test must reach large logits, got max |lse| " + Tolerance.maxAbs(ref.lse()));
       Tolerance.Errors kernel = Tolerance.errors(got.o(), got.lse(), ref);
       Tolerance.Errors naive = Tolerance.errors(Tolerance.toFloat(ReferenceAttention.computeFloat32(q, k, v, null, null, opt).o()),
           Tolerance.toFloat(ReferenceAttention.computeFloat32(q, k, v, null, null, opt).lse()), ref);
       String msg = "seed " + seed + ": kernel " + kernel + " vs naive float32 " + naive;
       assertTrue(kernel.o() <= 4 * naive.o() + 1e-6, msg);
-      assertTrue(kernel.lse() <= 4 * naive.lse() + 4 * Math.ulp((float) Accuracy.maxAbs(ref.lse())), msg);
+      assertTrue(kernel.lse() <= 4 * naive.lse() + 4 * Math.ulp((float) Tolerance.maxAbs(ref.lse())), msg);
     }
   }
 
   @Test
   void tileSizesDoNotChangeTheResultBeyondRounding() {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = Accuracy.random(rng, 1, 4, 201, 80, 1);
-    Tensor k = Accuracy.random(rng, 1, 1, 333, 80, 1);
-    Tensor v = Accuracy.random(rng, 1, 1, 333, 80, 1);
+    Tensor q = Tensor.random(rng, 1, 4, 201, 80, 1);
+    Tensor k = Tensor.random(rng, 1, 1, 333, 80, 1);
+    Tensor v = Tensor.random(rng, 1, 1, 333, 80, 1);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true).withWindow(97);
     ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, null, null, opt);
     ReferenceAttention.Result naive = ReferenceAttention.computeFloat32(q, k, v, null, null, opt);
     int g = CpuAttention.laneGroup();
     for (int[] tiles : new int[][] {{g, 1}, {g, 7}, {2 * g, 64}, {4 * g, 128}, {8 * g, 512}}) {
       AttentionState got = new CpuAttention(tiles[0], tiles[1]).forward(q, k, v, null, null, opt);
-      String err = Accuracy.check(got, ref, naive);
+      String err = Tolerance.violation(got, ref, naive);
       assertNull(err, "seed " + seed + ", blockQ " + tiles[0] + " blockK " + tiles[1] + ": " + err);
     }
   }

@@ -56,7 +56,7 @@ class GpuTensorCoreRuleTest {
 
   @Test
   void theKernelsArithmeticPassesOnRandomInputs() {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     double worstRatio = 0;
     for (int[] sh : SHAPES) {
@@ -80,7 +80,7 @@ class GpuTensorCoreRuleTest {
 
   @Test
   void theFloat32RuleWouldFailTheKernel() {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     for (CudaAttention.DType type : new CudaAttention.DType[] {F16, BF16}) {
       Case c = make(rng, SHAPES[0], type, AttentionOptions.DEFAULT.withCausal(true));
@@ -92,7 +92,7 @@ class GpuTensorCoreRuleTest {
 
   @Test
   void seededMistakesFail() {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     List<String> passed = new ArrayList<>();
     for (TensorCoreModel.Mistake m : TensorCoreModel.Mistake.values()) {

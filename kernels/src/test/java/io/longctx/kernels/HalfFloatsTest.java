@@ -17,7 +17,7 @@ class HalfFloatsTest {
         assertEquals(bits, HalfFloats.floatToHalf(f) & 0xFFFF, "half bits " + Integer.toHexString(bits));
       }
     }
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     for (int i = 0; i < 100_000; i++) {
       float f = (float) (rng.nextGaussian() * Math.pow(10, rng.nextInt(-6, 5)));

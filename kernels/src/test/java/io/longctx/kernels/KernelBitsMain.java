@@ -12,9 +12,9 @@ public final class KernelBitsMain {
 
   static String digest() {
     SplittableRandom rng = new SplittableRandom(20261122);
-    Tensor q = Accuracy.random(rng, 1, 4, 150, 64, 1.5);
-    Tensor k = Accuracy.random(rng, 1, 2, 700, 64, 1.5);
-    Tensor v = Accuracy.random(rng, 1, 2, 700, 64, 1);
+    Tensor q = Tensor.random(rng, 1, 4, 150, 64, 1.5);
+    Tensor k = Tensor.random(rng, 1, 2, 700, 64, 1.5);
+    Tensor v = Tensor.random(rng, 1, 2, 700, 64, 1);
     long[] qp = new long[150];
     for (int t = 0; t < qp.length; t++) {
       qp[t] = 550 + t;
@@ -23,11 +23,11 @@ public final class KernelBitsMain {
     AttentionOptions window = AttentionOptions.DEFAULT.withCausal(true).withWindow(200);
     // Decode blocks and a forward of few rows (keys in the SIMD lanes): 2 heads per kv head x 2
     // tokens, and one row of an odd head dim.
-    Tensor qFew = Accuracy.random(rng, 1, 4, 2, 64, 1.5);
+    Tensor qFew = Tensor.random(rng, 1, 4, 2, 64, 1.5);
     long[] qpFew = {690, 699};
-    Tensor q1 = Accuracy.random(rng, 1, 3, 1, 100, 1.5);
-    Tensor k1 = Accuracy.random(rng, 1, 3, 333, 100, 1.5);
-    Tensor v1 = Accuracy.random(rng, 1, 3, 333, 100, 1);
+    Tensor q1 = Tensor.random(rng, 1, 3, 1, 100, 1.5);
+    Tensor k1 = Tensor.random(rng, 1, 3, 333, 100, 1.5);
+    Tensor v1 = Tensor.random(rng, 1, 3, 333, 100, 1);
     int h = 1;
     for (AttentionState s : new AttentionState[] {
         CpuAttention.DEFAULT.forward(q, k, v, qp, null, capped),

@@ -23,7 +23,7 @@ class KeyLaneWorkerTest {
 
   @Test
   void sameBitsAsTheRowsInLanesWorker() {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int[] dims = {1, 3, 16, 17, 64, 80, 100, 128, 130};
     for (int round = 0; round < 60; round++) {
@@ -35,9 +35,9 @@ class KeyLaneWorkerTest {
       int dim = dims[rng.nextInt(dims.length)];
       int split = 1 + rng.nextInt(Math.max(1, tk));
       double amp = rng.nextBoolean() ? 1 : 4;
-      Tensor q = Accuracy.random(rng, batch, kvHeads * group, tq, dim, amp);
-      Tensor k = Accuracy.random(rng, batch, kvHeads, tk, dim, amp);
-      Tensor v = Accuracy.random(rng, batch, kvHeads, tk, dim, 1);
+      Tensor q = Tensor.random(rng, batch, kvHeads * group, tq, dim, amp);
+      Tensor k = Tensor.random(rng, batch, kvHeads, tk, dim, amp);
+      Tensor v = Tensor.random(rng, batch, kvHeads, tk, dim, 1);
       // Key positions with gaps; queries after, among or before them.
       long[] kp = new long[tk];
       for (int j = 0, pos = rng.nextInt(5); j < tk; j++, pos += 1 + rng.nextInt(3)) {
@@ -71,11 +71,11 @@ class KeyLaneWorkerTest {
 
   @Test
   void badInputIsNamedAsTheRowsInLanesWorkerNamesIt() {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = Accuracy.random(rng, 1, 4, 2, 20, 1);
-    Tensor k = Accuracy.random(rng, 1, 2, 300, 20, 1);
-    Tensor v = Accuracy.random(rng, 1, 2, 300, 20, 1);
+    Tensor q = Tensor.random(rng, 1, 4, 2, 20, 1);
+    Tensor k = Tensor.random(rng, 1, 2, 300, 20, 1);
+    Tensor v = Tensor.random(rng, 1, 2, 300, 20, 1);
     AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
     long[] qp = {250, 299};
     // q.k past float32 at one visible key (only there: with several, which split's task fails first
@@ -103,11 +103,11 @@ class KeyLaneWorkerTest {
    */
   @Test
   void aNonFiniteKeyThatEveryQueryMasksIsNotRead() {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = Accuracy.random(rng, 1, 4, 1, 16, 1);
-    Tensor k = Accuracy.random(rng, 1, 2, 100, 16, 1);
-    Tensor v = Accuracy.random(rng, 1, 2, 100, 16, 1);
+    Tensor q = Tensor.random(rng, 1, 4, 1, 16, 1);
+    Tensor k = Tensor.random(rng, 1, 2, 100, 16, 1);
+    Tensor v = Tensor.random(rng, 1, 2, 100, 16, 1);
     long[] qp = {60};
     AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
     for (float junk : new float[] {Float.NaN, Float.POSITIVE_INFINITY}) {

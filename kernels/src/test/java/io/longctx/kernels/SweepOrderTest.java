@@ -19,16 +19,16 @@ class SweepOrderTest {
 
   @Test
   void blocksPerSweepNeverChangesTheBits() {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     AttentionOptions[] masks = {AttentionOptions.DEFAULT, AttentionOptions.DEFAULT.withCausal(true),
         AttentionOptions.DEFAULT.withCausal(true).withWindow(77), AttentionOptions.DEFAULT.withSoftcap(4f)};
     int[][] shapes = {{1, 1, 1, 1, 32}, {2, 4, 2, 339, 64}, {1, 8, 1, 799, 128}, {1, 2, 2, 7, 80}};
     for (int[] sh : shapes) {
       int b = sh[0], h = sh[1], hkv = sh[2], t = sh[3], d = sh[4];
-      Tensor q = Accuracy.random(rng, b, h, t, d, 1.5);
-      Tensor k = Accuracy.random(rng, b, hkv, t + 13, d, 1.5);
-      Tensor v = Accuracy.random(rng, b, hkv, t + 13, d, 1);
+      Tensor q = Tensor.random(rng, b, h, t, d, 1.5);
+      Tensor k = Tensor.random(rng, b, hkv, t + 13, d, 1.5);
+      Tensor v = Tensor.random(rng, b, hkv, t + 13, d, 1);
       long[] qPos = new long[t];
       for (int i = 0; i < t; i++) {
         qPos[i] = 13 + i;
@@ -60,7 +60,7 @@ class SweepOrderTest {
 
   @Test
   void tileStepsCountVisibleStepsAndWarmUpReachesTheJitThreshold() {
-    Tensor q = Accuracy.random(new SplittableRandom(7), 1, 2, 200, 64, 1);
+    Tensor q = Tensor.random(new SplittableRandom(7), 1, 2, 200, 64, 1);
     long before = CpuAttention.tileSteps();
     new CpuAttention(32, 128, 1).forward(q, q, q, null, null, AttentionOptions.DEFAULT.withCausal(true));
     // 2 heads x 7 query blocks of 32; causal: blocks 0-3 see key tile 0 only, blocks 4-6 both tiles

@@ -53,7 +53,7 @@ class VisibilityRuleTest {
 
   @Test
   void rangesAndCountsAgreeWithThePairRule() {
-    long seed = Accuracy.seed();
+    long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     for (int trial = 0; trial < 3000; trial++) {
       long w = rng.nextBoolean() ? WINDOWS[rng.nextInt(WINDOWS.length)] : rng.nextLong(0, 40);

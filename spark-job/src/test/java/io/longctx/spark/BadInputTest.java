@@ -4,6 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.longctx.kernels.Seeds;
 import java.io.ByteArrayOutputStream;
 import java.io.PrintStream;
 import java.nio.file.Files;
@@ -465,7 +466,7 @@ class BadInputTest {
   @Test
   void negativePositionsAreValid() throws Exception {
     // Positions are absolute token indices of any sign: chunk c = floor(pos / chunk-len).
-    long seed = TestModels.seed("BadInputTest");
+    long seed = Seeds.forTest();
     TestData d = new TestData(seed, 2, 1, 8).doc("neg", 60, -45, 1).doc("mixed", 40, -100, 7)
         .query("a", "neg", -30L).query("b", "neg", -46L).query("c", "neg", 3L).query("d", "mixed", -1L)
         .query("e", "mixed", null).query("f", "mixed", -100L);

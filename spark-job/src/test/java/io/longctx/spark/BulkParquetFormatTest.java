@@ -4,6 +4,7 @@ import static org.apache.spark.sql.functions.col;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.longctx.kernels.Seeds;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -86,7 +87,7 @@ class BulkParquetFormatTest {
 
   @Test
   void sameRowsSchemaAndStatisticsAsSparksWriter() throws Exception {
-    long seed = TestModels.seed("BulkParquetFormatTest");
+    long seed = Seeds.forTest();
     String why = "seed " + seed;
     Dataset<Row> df = spark.createDataFrame(rows(seed, 1500), SCHEMA).repartition(3);
     String ours = dir.resolve("ours").toString(), theirs = dir.resolve("theirs").toString();

@@ -6,6 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.longctx.kernels.AttentionOptions;
 import io.longctx.kernels.ReferenceAttention;
+import io.longctx.kernels.Seeds;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Map;
@@ -69,7 +70,7 @@ class EndToEndTest {
 
   @Test
   void decodeMatchesReferenceUnmaskedCausalAndWindow() throws Exception {
-    long seed = TestModels.seed("EndToEndTest");
+    long seed = Seeds.forTest();
     TestData data = corpus(seed);
     Path keys = data.writeKeys(spark, tmp, "parquet", false);
     Path queries = data.writeQueries(spark, tmp, "parquet");
@@ -95,7 +96,7 @@ class EndToEndTest {
 
   @Test
   void prefillJsonMatchesReference() throws Exception {
-    long seed = TestModels.seed("EndToEndTest");
+    long seed = Seeds.forTest();
     TestData data = new TestData(seed, 4, 1, 32).doc("a", 200, 0, 1).doc("b", 77, 10, 2);
     Path keys = data.writeKeys(spark, tmp, "json", true);
     ScoreOptions o = options(keys, null, "prefill.jsonl");
@@ -126,7 +127,7 @@ class EndToEndTest {
   void prefillPartitionsDoNotChangeABitAndChunkLenOnlyRounding() throws Exception {
     // Prefill merges a query block's partial states inside its task (chunks arriving in order); the bits
     // must still not depend on partitioning, and a block sees 1 to 7 chunks here (odd counts included).
-    long seed = TestModels.seed("EndToEndTest");
+    long seed = Seeds.forTest();
     TestData data = new TestData(seed, 6, 2, 24).doc("a", 211, 0, 1).doc("b", 90, 5, 3);
     Path keys = data.writeKeys(spark, tmp, "parquet", true);
     Map<String, Outputs.Result> base = null;
@@ -170,7 +171,7 @@ class EndToEndTest {
 
   @Test
   void partitionsDoNotChangeABitAndChunkLenOnlyRounding() throws Exception {
-    long seed = TestModels.seed("EndToEndTest");
+    long seed = Seeds.forTest();
     TestData data = corpus(seed);
     Path keys = data.writeKeys(spark, tmp, "parquet", false);
     Path queries = data.writeQueries(spark, tmp, "parquet");
@@ -228,7 +229,7 @@ class EndToEndTest {
    */
   @Test
   void chunkLenChangesOnlyRoundingRelativeToTheLogits() throws Exception {
-    long seed = TestModels.seed("EndToEndTest");
+    long seed = Seeds.forTest();
     TestData data = corpus(seed);
     Path keys = data.writeKeys(spark, tmp, "parquet", false);
     Path queries = data.writeQueries(spark, tmp, "parquet");

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.fail;
 
+import io.longctx.kernels.Seeds;
 import java.io.File;
 import java.io.IOException;
 import java.io.OutputStream;
@@ -78,7 +79,7 @@ class FaultToleranceTest {
   final SparkSession spark = TestSpark.get();
   final List<Process> daemons = new ArrayList<>();
   final List<Run> started = new ArrayList<>();
-  final long seed = TestModels.seed("FaultToleranceTest");
+  final long seed = Seeds.forTest();
   String java, sparkCp, masterUrl;
   Path home, appJar, keys, queries;
   List<String> flags;

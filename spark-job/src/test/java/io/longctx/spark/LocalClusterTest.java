@@ -4,6 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.longctx.kernels.Seeds;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -30,7 +31,7 @@ class LocalClusterTest {
   @Timeout(value = 240, unit = TimeUnit.SECONDS)
   void separateExecutorJvmsGiveTheSameBits() throws Exception {
     SparkSession spark = TestSpark.get();
-    long seed = TestModels.seed("LocalClusterTest");
+    long seed = Seeds.forTest();
     TestData data = new TestData(seed, 4, 2, 16).doc("x", 300, 0, 1).doc("y", 130, 50, 2).randomQueries(3);
     Path keys = data.writeKeys(spark, tmp, "parquet", false);
     Path queries = data.writeQueries(spark, tmp, "parquet");

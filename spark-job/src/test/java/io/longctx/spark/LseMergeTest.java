@@ -4,6 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 
 import io.longctx.kernels.AttentionState;
+import io.longctx.kernels.Seeds;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
@@ -26,7 +27,7 @@ class LseMergeTest {
 
   @Test
   void sqlFunctionIsOrderIndependentAndEqualsMergeAll() {
-    long seed = TestModels.seed("LseMergeTest");
+    long seed = Seeds.forTest();
     Random r = new Random(seed);
     int heads = 3, dim = 5, groups = 6;
     StructType schema = new StructType().add("id", DataTypes.StringType).add("chunk", DataTypes.LongType)

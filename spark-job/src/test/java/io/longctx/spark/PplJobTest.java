@@ -15,6 +15,7 @@ import io.longctx.djl.LlamaModel;
 import io.longctx.djl.LlamaTranslator;
 import io.longctx.djl.ModelGenerator;
 import io.longctx.djl.Safetensors;
+import io.longctx.kernels.Seeds;
 import java.io.ByteArrayOutputStream;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
@@ -54,7 +55,7 @@ class PplJobTest {
 
   @BeforeAll
   static void makeModel() throws Exception {
-    seed = TestModels.seed("PplJobTest");
+    seed = Seeds.forTest();
     model = shared.resolve("model");
     ModelGenerator.generate(TestModels.small(seed, 2), model);
   }

@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.longctx.djl.ModelGenerator;
+import io.longctx.kernels.Seeds;
 import java.io.ByteArrayOutputStream;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
@@ -42,7 +43,7 @@ class SplitPplTest {
 
   @BeforeAll
   static void setUp() throws Exception {
-    seed = TestModels.seed("SplitPplTest");
+    seed = Seeds.forTest();
     causal = shared.resolve("causal");
     windowed = shared.resolve("windowed");
     ModelGenerator.generate(spec(seed, "llama", 0, 3), causal);

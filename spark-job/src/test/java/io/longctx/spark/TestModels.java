@@ -2,17 +2,9 @@ package io.longctx.spark;
 
 import io.longctx.djl.ModelGenerator;
 
-/** The small generated checkpoints of the spark-job tests, and their seeds. */
+/** The small generated checkpoints of the spark-job tests. */
 final class TestModels {
   private TestModels() {}
-
-  /** A test class's seed, printed: -Dlongctx.seed=S replays a run; otherwise a fresh one. */
-  static long seed(String test) {
-    Long fixed = Long.getLong("longctx.seed");
-    long seed = fixed != null ? fixed : System.nanoTime();
-    System.out.println(test + ": seed " + seed + " (replay with -Dlongctx.seed=" + seed + ")");
-    return seed;
-  }
 
   /** Hidden 32, 4 heads over 2 kv heads (head dim 8), vocabulary 300: seconds to score on Spark. */
   static ModelGenerator.Spec small(long seed, int layers) {
