@@ -24,9 +24,9 @@ public final class Seeds {
   public static long forTest() {
     long seed = fromPropertyOrFresh();
     StackWalker.StackFrame caller = StackWalker.getInstance().walk(f -> f.skip(1).findFirst()).orElseThrow();
-    String cls = caller.getClassName();
-    System.out.println(cls.substring(cls.lastIndexOf('.') + 1) + "." + caller.getMethodName() + ": seed " + seed
-        + " (replay with -D" + PROPERTY + "=" + seed + ")");
+    String cls = caller.getClassName(), method = caller.getMethodName();
+    String where = cls.substring(cls.lastIndexOf('.') + 1) + (method.startsWith("<") ? "" : "." + method); // not <init>
+    System.out.println(where + ": seed " + seed + " (replay with -D" + PROPERTY + "=" + seed + ")");
     return seed;
   }
 }
