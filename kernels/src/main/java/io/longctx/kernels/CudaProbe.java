@@ -2,8 +2,6 @@ package io.longctx.kernels;
 
 import java.io.IOException;
 import java.io.InputStream;
-import java.util.concurrent.atomic.AtomicBoolean;
-import java.util.logging.Logger;
 import jcuda.driver.CUresult;
 import jcuda.driver.JCudaDriver;
 
@@ -24,8 +22,6 @@ public final class CudaProbe {
   static final java.util.List<String> FATBINS =
       java.util.List.of("flash_forward.fatbin", "flash_forward_tc.fatbin", "flash_decode.fatbin");
 
-  private static final Logger LOG = Logger.getLogger(CudaProbe.class.getName());
-  private static final AtomicBoolean LOGGED = new AtomicBoolean();
   private static volatile Status status;
 
   private CudaProbe() {}
@@ -48,12 +44,6 @@ public final class CudaProbe {
       }
     }
     return s;
-  }
-
-  static void logFallbackOnce(Status s) {
-    if (LOGGED.compareAndSet(false, true)) {
-      LOG.info("longctx: CUDA unavailable (" + s.reason() + "); using the CPU kernels");
-    }
   }
 
   private static Status probe() {
