@@ -103,7 +103,7 @@ class AttentionOpInputsTest {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     Tensor wide = Tensor.random(rng, 1, 2, 40, 64, 1.5);
-    Tensor k = Tensor.random(rng, 1, 2, 40, 32, 1.5), v = Tensor.random(rng, 1, 2, 40, 32, 1);
+    Tensor k = Tensor.random(rng, 1, 2, 40, 32, 1.5), v = Tensor.random(rng, 1, 2, 40, 32);
     AttentionOptions opt = AttentionOptions.DEFAULT;
     try (NDManager m = manager.newSubManager()) {
       NDArray qs = OpChecks.nd(m, wide, Layout.BHTD).get(":, :, :, 0:64:2"); // every other feature
@@ -124,7 +124,7 @@ class AttentionOpInputsTest {
   void noTemporariesAreLeftInTheCallersManager() {
     SplittableRandom rng = new SplittableRandom(Seeds.forTest());
     Tensor q = Tensor.random(rng, 1, 2, 40, 32, 1.5), k = Tensor.random(rng, 1, 2, 40, 32, 1.5);
-    Tensor v = Tensor.random(rng, 1, 2, 40, 32, 1);
+    Tensor v = Tensor.random(rng, 1, 2, 40, 32);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     try (NDManager m = manager.newSubManager()) {
       NDArray qc = OpChecks.nd(m, q, Layout.BHTD), kc = OpChecks.nd(m, k, Layout.BHTD), vc = OpChecks.nd(m, v, Layout.BHTD);
@@ -185,7 +185,7 @@ class AttentionOpInputsTest {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     Tensor q = Tensor.random(rng, 1, 2, 24, 32, 1e6), k = Tensor.random(rng, 1, 2, 24, 32, 1e-6);
-    Tensor v = Tensor.random(rng, 1, 2, 24, 32, 1);
+    Tensor v = Tensor.random(rng, 1, 2, 24, 32);
     try (NDManager m = manager.newSubManager()) {
       NDList r = AttentionOp.cpu().forward(OpChecks.nd(m, q, Layout.BHTD), OpChecks.nd(m, k, Layout.BHTD),
           OpChecks.nd(m, v, Layout.BHTD), null, null, AttentionOptions.DEFAULT, Layout.BHTD, Path.LIBTORCH);
@@ -225,7 +225,7 @@ class AttentionOpInputsTest {
   void twoCallersShareOneStridedInput() throws Exception {
     SplittableRandom rng = new SplittableRandom(Seeds.forTest());
     Tensor q = Tensor.random(rng, 1, 2, 40, 32, 1.5), k = Tensor.random(rng, 1, 2, 40, 32, 1.5);
-    Tensor v = Tensor.random(rng, 1, 2, 40, 32, 1);
+    Tensor v = Tensor.random(rng, 1, 2, 40, 32);
     try (NDManager m = manager.newSubManager()) {
       NDArray qv = transposedStorage(m, q), kv = transposedStorage(m, k), vv = transposedStorage(m, v);
       java.util.concurrent.ExecutorService pool = java.util.concurrent.Executors.newFixedThreadPool(2);

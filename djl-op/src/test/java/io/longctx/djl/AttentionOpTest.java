@@ -76,7 +76,7 @@ class AttentionOpTest {
     SplittableRandom rng = new SplittableRandom(seed);
     Tensor q = Tensor.random(rng, b, h, tq, d, 1.5);
     Tensor k = Tensor.random(rng, b, hkv, tk, d, 1.5);
-    Tensor v = Tensor.random(rng, b, hkv, tk, d, 1.0);
+    Tensor v = Tensor.random(rng, b, hkv, tk, d);
     // Causal with Tq < Tk: queries are the last Tq positions (a continuation).
     long[] qPos = null;
     if (tq != tk && opt.masked()) {
@@ -143,7 +143,7 @@ class AttentionOpTest {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     Tensor q = Tensor.random(rng, 1, 4, 70, 64, 1.5), k = Tensor.random(rng, 1, 4, 200, 64, 1.5);
-    Tensor v = Tensor.random(rng, 1, 4, 200, 64, 1);
+    Tensor v = Tensor.random(rng, 1, 4, 200, 64);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     for (Layout layout : Layout.values()) {
       try (NDManager m = manager.newSubManager()) {
@@ -163,8 +163,8 @@ class AttentionOpTest {
   void float16InputsAreWidened() {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = Tensor.random(rng, 1, 4, 80, 64, 1), k = Tensor.random(rng, 1, 2, 80, 64, 1);
-    Tensor v = Tensor.random(rng, 1, 2, 80, 64, 1);
+    Tensor q = Tensor.random(rng, 1, 4, 80, 64), k = Tensor.random(rng, 1, 2, 80, 64);
+    Tensor v = Tensor.random(rng, 1, 2, 80, 64);
     try (NDManager m = manager.newSubManager()) {
       NDArray qh = OpChecks.nd(m, q, Layout.BHTD).toType(DataType.FLOAT16, false);
       NDArray kh = OpChecks.nd(m, k, Layout.BHTD).toType(DataType.FLOAT16, false);
@@ -195,8 +195,8 @@ class AttentionOpTest {
     try (NDManager m = manager.newSubManager()) {
       for (int call = 0; call < 4; call++) {
         int t = call == 2 ? 40 : 72;
-        Tensor q = Tensor.random(rng, 1, 4, t, 64, 1), k = Tensor.random(rng, 1, 2, t, 64, 1);
-        Tensor v = Tensor.random(rng, 1, 2, t, 64, 1);
+        Tensor q = Tensor.random(rng, 1, 4, t, 64), k = Tensor.random(rng, 1, 2, t, 64);
+        Tensor v = Tensor.random(rng, 1, 2, t, 64);
         NDList r = OP.forward(OpChecks.nd(m, q, Layout.BHTD), OpChecks.nd(m, k, Layout.BHTD),
             OpChecks.nd(m, v, Layout.BHTD), null, null, opt, Layout.BHTD, Path.JAVA);
         float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), Layout.BHTD);
@@ -215,8 +215,8 @@ class AttentionOpTest {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     AttentionOptions opt = AttentionOptions.DEFAULT;
-    Tensor q = Tensor.random(rng, 2, 2, 2101, 64, 1), k = Tensor.random(rng, 2, 1, 40, 64, 1);
-    Tensor v = Tensor.random(rng, 2, 1, 40, 64, 1);
+    Tensor q = Tensor.random(rng, 2, 2, 2101, 64), k = Tensor.random(rng, 2, 1, 40, 64);
+    Tensor v = Tensor.random(rng, 2, 1, 40, 64);
     assertTrue(q.data().length >= 1 << 18, "the shape must reach the parallel copy");
     AttentionState want = CpuAttention.DEFAULT.forward(q, k, v, null, null, opt);
     try (NDManager m = manager.newSubManager()) {
@@ -241,8 +241,8 @@ class AttentionOpTest {
     SplittableRandom rng = new SplittableRandom(seed);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     for (int tq : new int[] {3, 77}) { // split-K decode and the forward
-      Tensor q = Tensor.random(rng, 2, 4, tq, 32, 1), k = Tensor.random(rng, 2, 2, 90, 32, 1);
-      Tensor v = Tensor.random(rng, 2, 2, 90, 32, 1);
+      Tensor q = Tensor.random(rng, 2, 4, tq, 32), k = Tensor.random(rng, 2, 2, 90, 32);
+      Tensor v = Tensor.random(rng, 2, 2, 90, 32);
       long[] qPos = new long[tq];
       for (int t = 0; t < tq; t++) {
         qPos[t] = 90 - tq + t;
@@ -278,7 +278,7 @@ class AttentionOpTest {
     SplittableRandom rng = new SplittableRandom(seed);
     int tk = 9000; // three splits of 4096
     Tensor q = Tensor.random(rng, 2, 8, 1, 64, 1.5), k = Tensor.random(rng, 2, 2, tk, 64, 1.5);
-    Tensor v = Tensor.random(rng, 2, 2, tk, 64, 1);
+    Tensor v = Tensor.random(rng, 2, 2, tk, 64);
     long[] qPos = {tk - 1};
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     for (Layout layout : Layout.values()) {
@@ -314,8 +314,8 @@ class AttentionOpTest {
   void decodeOfHalfPrecisionAndEmptyCaches() {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = Tensor.random(rng, 1, 4, 1, 32, 1), k = Tensor.random(rng, 1, 2, 50, 32, 1);
-    Tensor v = Tensor.random(rng, 1, 2, 50, 32, 1);
+    Tensor q = Tensor.random(rng, 1, 4, 1, 32), k = Tensor.random(rng, 1, 2, 50, 32);
+    Tensor v = Tensor.random(rng, 1, 2, 50, 32);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     long[] qPos = {49};
     try (NDManager m = manager.newSubManager()) {
@@ -347,7 +347,7 @@ class AttentionOpTest {
     SplittableRandom rng = new SplittableRandom(seed);
     int tk = 300;
     Tensor q = Tensor.random(rng, 1, 4, 50, 32, 1.5), k = Tensor.random(rng, 1, 4, tk, 32, 1.5);
-    Tensor v = Tensor.random(rng, 1, 4, tk, 32, 1);
+    Tensor v = Tensor.random(rng, 1, 4, tk, 32);
     long[] qPos = new long[50];
     for (int i = 0; i < 50; i++) {
       qPos[i] = tk - 50 + i;

@@ -69,7 +69,7 @@ class LibtorchWarmupTest {
       switch (args[0]) {
         case "plain" -> {
           SplittableRandom rng = new SplittableRandom(1);
-          Tensor t = Tensor.random(rng, 1, 2, 5, 8, 1);
+          Tensor t = Tensor.random(rng, 1, 2, 5, 8);
           try (NDManager m = NDManager.newBaseManager("PyTorch")) {
             NDArray x = OpChecks.nd(m, t, AttentionOp.Layout.BHTD); // as q, k and v
             PlainAttention.forward(x, x, x, null, null, AttentionOptions.DEFAULT.withSoftcap(5f), null);

@@ -186,7 +186,7 @@ class MultiHeadAttentionBlockTest {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     Tensor q = Tensor.random(rng, 1, 4, 33, 32, 1.5), k = Tensor.random(rng, 1, 2, 33, 32, 1.5);
-    Tensor v = Tensor.random(rng, 1, 2, 33, 32, 1);
+    Tensor v = Tensor.random(rng, 1, 2, 33, 32);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true).withWindow(9).withSoftcap(4f);
     try (NDManager m = manager.newSubManager()) {
       NDList r = PlainAttention.forward(OpChecks.nd(m, q, AttentionOp.Layout.BHTD),

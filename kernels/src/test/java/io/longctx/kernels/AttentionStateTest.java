@@ -340,9 +340,9 @@ class AttentionStateTest {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int heads = 4, kvHeads = 2, tq = 150, tk = 900, dim = 64;
-    Tensor q = Tensor.random(rng, 1, heads, tq, dim, 1);
-    Tensor k = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
-    Tensor v = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor q = Tensor.random(rng, 1, heads, tq, dim);
+    Tensor k = Tensor.random(rng, 1, kvHeads, tk, dim);
+    Tensor v = Tensor.random(rng, 1, kvHeads, tk, dim);
     long[] qp = new long[tq];
     long[] kp = new long[tk];
     for (int t = 0; t < tq; t++) {

@@ -31,7 +31,7 @@ class BadInputTest {
   void theQkOverflowBound() {
     assertEquals(2e36, new Tensor(new float[] {1e18f, 1e18f}, 1, 1, 1, 2).sumOfSquares(), 1e30);
     assertTrue(Double.isNaN(new Tensor(new float[] {Float.NaN, 1}, 1, 1, 1, 2).sumOfSquares()));
-    Tensor big = Tensor.random(rng, 1, 2, 4100, 128, 1); // 1,049,600 entries: the parallel blocks
+    Tensor big = Tensor.random(rng, 1, 2, 4100, 128); // 1,049,600 entries: the parallel blocks
     double serial = 0;
     for (float x : big.data()) {
       serial += (double) x * x;
@@ -44,15 +44,15 @@ class BadInputTest {
 
   @Test
   void shapesMustAgree() {
-    Tensor q = Tensor.random(rng, 1, 4, 5, 32, 1);
-    Tensor k = Tensor.random(rng, 1, 2, 6, 32, 1);
+    Tensor q = Tensor.random(rng, 1, 4, 5, 32);
+    Tensor k = Tensor.random(rng, 1, 2, 6, 32);
     AttentionOptions o = AttentionOptions.DEFAULT;
-    assertMessage(() -> cpu.forward(q, k, Tensor.random(rng, 1, 2, 7, 32, 1), null, null, o), "same shape", "[1, 2, 7, 32]");
-    assertMessage(() -> cpu.forward(q, Tensor.random(rng, 1, 3, 6, 32, 1), Tensor.random(rng, 1, 3, 6, 32, 1), null, null, o),
+    assertMessage(() -> cpu.forward(q, k, Tensor.random(rng, 1, 2, 7, 32), null, null, o), "same shape", "[1, 2, 7, 32]");
+    assertMessage(() -> cpu.forward(q, Tensor.random(rng, 1, 3, 6, 32), Tensor.random(rng, 1, 3, 6, 32), null, null, o),
         "multiple of kv heads");
-    assertMessage(() -> cpu.forward(q, Tensor.random(rng, 1, 2, 6, 16, 1), Tensor.random(rng, 1, 2, 6, 16, 1), null, null, o),
+    assertMessage(() -> cpu.forward(q, Tensor.random(rng, 1, 2, 6, 16), Tensor.random(rng, 1, 2, 6, 16), null, null, o),
         "head dim");
-    assertMessage(() -> cpu.forward(q, Tensor.random(rng, 2, 2, 6, 32, 1), Tensor.random(rng, 2, 2, 6, 32, 1), null, null, o),
+    assertMessage(() -> cpu.forward(q, Tensor.random(rng, 2, 2, 6, 32), Tensor.random(rng, 2, 2, 6, 32), null, null, o),
         "batch");
     assertMessage(() -> cpu.forward(q, k, k, new long[4], null, o), "qPos has 4 positions for 5");
     assertMessage(() -> cpu.decode(q, k, k, null, new long[5], o, 16), "kPos has 5 positions for 6");
@@ -111,9 +111,9 @@ class BadInputTest {
 
   @Test
   void nonFiniteInputsAreNamedByPosition() {
-    Tensor q = Tensor.random(rng, 1, 2, 9, 32, 1);
-    Tensor k = Tensor.random(rng, 1, 1, 300, 32, 1);
-    Tensor v = Tensor.random(rng, 1, 1, 300, 32, 1);
+    Tensor q = Tensor.random(rng, 1, 2, 9, 32);
+    Tensor k = Tensor.random(rng, 1, 1, 300, 32);
+    Tensor v = Tensor.random(rng, 1, 1, 300, 32);
     k.data()[k.offset(0, 0, 211) + 3] = Float.NaN;
     assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT), "key token 211", "non-finite");
     assertMessage(() -> cpu.decode(q, k, v, null, null, AttentionOptions.DEFAULT, 64), "key token 211");
@@ -139,9 +139,9 @@ class BadInputTest {
    */
   @Test
   void scoreOverflowingToMinusInfinityIsNamed() {
-    Tensor q = Tensor.random(rng, 1, 2, 5, 32, 1);
-    Tensor k = Tensor.random(rng, 1, 1, 70, 32, 1);
-    Tensor v = Tensor.random(rng, 1, 1, 70, 32, 1);
+    Tensor q = Tensor.random(rng, 1, 2, 5, 32);
+    Tensor k = Tensor.random(rng, 1, 1, 70, 32);
+    Tensor v = Tensor.random(rng, 1, 1, 70, 32);
     long[] pos = new long[70];
     for (int i = 0; i < pos.length; i++) {
       pos[i] = Long.MIN_VALUE + 3 * i; // and at the bottom of the long range

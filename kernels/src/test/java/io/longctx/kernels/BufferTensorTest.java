@@ -32,9 +32,9 @@ class BufferTensorTest {
       int tk = rng.nextInt(500);
       int dim = 1 + rng.nextInt(140);
       int split = 1 + rng.nextInt(Math.max(1, tk));
-      Tensor q = Tensor.random(rng, batch, kvHeads * group, tq, dim, 1);
-      Tensor k = Tensor.random(rng, batch, kvHeads, tk, dim, 1);
-      Tensor v = Tensor.random(rng, batch, kvHeads, tk, dim, 1);
+      Tensor q = Tensor.random(rng, batch, kvHeads * group, tq, dim);
+      Tensor k = Tensor.random(rng, batch, kvHeads, tk, dim);
+      Tensor v = Tensor.random(rng, batch, kvHeads, tk, dim);
       long[] qp = new long[tq];
       for (int t = 0; t < tq; t++) {
         qp[t] = tk - tq + t + rng.nextInt(3);
@@ -69,8 +69,8 @@ class BufferTensorTest {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     for (int group : new int[] {1, 2 * CpuAttention.MAX_TILE_COPIES}) { // one sweep a query head: group copies a tile
-      Tensor q = Tensor.random(rng, 2, 2 * group, 70, 24, 1);
-      Tensor k = Tensor.random(rng, 2, 2, 333, 24, 1), v = Tensor.random(rng, 2, 2, 333, 24, 1);
+      Tensor q = Tensor.random(rng, 2, 2 * group, 70, 24);
+      Tensor k = Tensor.random(rng, 2, 2, 333, 24), v = Tensor.random(rng, 2, 2, 333, 24);
       AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
       AttentionState want = CpuAttention.DEFAULT.forward(q, k, v, null, null, opt);
       for (boolean tokenMajor : new boolean[] {false, true}) {
@@ -93,8 +93,8 @@ class BufferTensorTest {
   @Test
   void badBuffersAreNamedAsTheTensorFormNamesThem() {
     SplittableRandom rng = new SplittableRandom(7);
-    Tensor q = Tensor.random(rng, 1, 2, 3, 8, 1); // one query head a kv head: one task sees the NaN below
-    Tensor k = Tensor.random(rng, 1, 2, 10, 8, 1);
+    Tensor q = Tensor.random(rng, 1, 2, 3, 8); // one query head a kv head: one task sees the NaN below
+    Tensor k = Tensor.random(rng, 1, 2, 10, 8);
     FloatBuffer short10 = ByteBuffer.allocateDirect(4 * 159).order(ByteOrder.nativeOrder()).asFloatBuffer();
     IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
         () -> BufferTensor.bhtd(short10, 1, 2, 10, 8));
@@ -104,7 +104,7 @@ class BufferTensorTest {
         direct(k, false), direct(k, true), null, null, AttentionOptions.DEFAULT));
     assertEquals("k and v must have the same shape and order, got k [1, 2, 10, 8] and v [1, 2, 10, 8] (stored "
         + "[batch, tokens, heads, dim])", e.getMessage());
-    Tensor k3 = Tensor.random(rng, 1, 3, 10, 8, 1);
+    Tensor k3 = Tensor.random(rng, 1, 3, 10, 8);
     sameError(() -> CpuAttention.DEFAULT.forward(q, k3, k3, null, null, AttentionOptions.DEFAULT),
         () -> CpuAttention.DEFAULT.forward(direct(q, false), direct(k3, false), direct(k3, false), null, null,
             AttentionOptions.DEFAULT));
@@ -163,8 +163,8 @@ class BufferTensorTest {
   @Test
   void outputBuffersOfTheWrongShapeAreNamed() {
     SplittableRandom rng = new SplittableRandom(11);
-    BufferTensor q = direct(Tensor.random(rng, 1, 4, 3, 8, 1), true);
-    BufferTensor k = direct(Tensor.random(rng, 1, 2, 10, 8, 1), true);
+    BufferTensor q = direct(Tensor.random(rng, 1, 4, 3, 8), true);
+    BufferTensor k = direct(Tensor.random(rng, 1, 2, 10, 8), true);
     IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> CpuAttention.DEFAULT.forward(q, k,
         k, null, null, AttentionOptions.DEFAULT, BufferTensor.bhtd(floats(96), 1, 4, 3, 8), floats(11)));
     assertEquals("lse must hold 12 floats (batch x heads x query tokens), got a buffer of 11", e.getMessage());

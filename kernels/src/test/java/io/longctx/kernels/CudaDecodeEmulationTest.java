@@ -245,9 +245,9 @@ class CudaDecodeEmulationTest {
     CudaAttention.DType type = type(t);
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = GpuCheck.rounded(Tensor.random(rng, batch, heads, tq, dim, 1), type);
-    Tensor k = GpuCheck.rounded(Tensor.random(rng, batch, kvHeads, tk, dim, 1), type);
-    Tensor v = GpuCheck.rounded(Tensor.random(rng, batch, kvHeads, tk, dim, 1), type);
+    Tensor q = GpuCheck.rounded(Tensor.random(rng, batch, heads, tq, dim), type);
+    Tensor k = GpuCheck.rounded(Tensor.random(rng, batch, kvHeads, tk, dim), type);
+    Tensor v = GpuCheck.rounded(Tensor.random(rng, batch, kvHeads, tk, dim), type);
     long[] qp = DecodeTest.decodePositions(tq, tk);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true).withWindow(window).withSoftcap(softcap);
     int[] lens = chunks(chunkSpec, tk);
@@ -278,15 +278,15 @@ class CudaDecodeEmulationTest {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int heads = 8, kvHeads = 2, tq = 2, tk = 301, dim = 64, split = 50;
-    Tensor q = Tensor.random(rng, 1, heads, tq, dim, 1);
+    Tensor q = Tensor.random(rng, 1, heads, tq, dim);
     for (int t = 0; t < tq; t++) { // head 3: logits in the hundreds
       int at = q.offset(0, 3, t);
       for (int d = 0; d < dim; d++) {
         q.data()[at + d] *= 30;
       }
     }
-    Tensor k = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
-    Tensor v = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor k = Tensor.random(rng, 1, kvHeads, tk, dim);
+    Tensor v = Tensor.random(rng, 1, kvHeads, tk, dim);
     long[] qp = DecodeTest.decodePositions(tq, tk);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
     ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, opt);
@@ -378,7 +378,7 @@ class CudaDecodeEmulationTest {
       SplittableRandom rng = new SplittableRandom(seed);
       CudaAttention.DType type = trial % 2 == 0 ? CudaAttention.DType.BF16 : CudaAttention.DType.F16;
       int heads = 8, kvHeads = 2, tq = 2, tk = 301, dim = 128;
-      Tensor q = Tensor.random(rng, 1, heads, tq, dim, 1);
+      Tensor q = Tensor.random(rng, 1, heads, tq, dim);
       for (int t = 0; t < tq; t++) {
         int at = q.offset(0, 3, t);
         for (int d = 0; d < dim; d++) {
@@ -386,8 +386,8 @@ class CudaDecodeEmulationTest {
         }
       }
       q = GpuCheck.rounded(q, type);
-      Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim, 1), type);
-      Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim, 1), type);
+      Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim), type);
+      Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim), type);
       long[] qp = DecodeTest.decodePositions(tq, tk);
       AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
       CpuAttention.DecodeResult got = emulate(q, List.of(k), List.of(v), qp, null, opt, 50, null, type);
@@ -412,9 +412,9 @@ class CudaDecodeEmulationTest {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int heads = 4, kvHeads = 2, tk = 300, dim = 64, split = 128;
-    Tensor q = Tensor.random(rng, 1, heads, 2, dim, 1);
-    Tensor k = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
-    Tensor v = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor q = Tensor.random(rng, 1, heads, 2, dim);
+    Tensor k = Tensor.random(rng, 1, kvHeads, tk, dim);
+    Tensor v = Tensor.random(rng, 1, kvHeads, tk, dim);
     float[] last = new float[heads * dim]; // q[:, :, 1:2, :]
     for (int h = 0; h < heads; h++) {
       System.arraycopy(q.data(), q.offset(0, h, 1), last, h * dim, dim);
@@ -453,9 +453,9 @@ class CudaDecodeEmulationTest {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int heads = 8, kvHeads = 1, tk = 300, split = 128;
-    Tensor q = GpuCheck.rounded(Tensor.random(rng, 1, heads, 3, dim, 1), type);
-    Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim, 1), type);
-    Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim, 1), type);
+    Tensor q = GpuCheck.rounded(Tensor.random(rng, 1, heads, 3, dim), type);
+    Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim), type);
+    Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim), type);
     float[] last = new float[heads * 2 * dim]; // q[:, :, 1:3, :]
     for (int h = 0; h < heads; h++) {
       System.arraycopy(q.data(), q.offset(0, h, 1), last, h * 2 * dim, 2 * dim);
@@ -500,9 +500,9 @@ class CudaDecodeEmulationTest {
     // A batch of two with explicit key positions (reversed, no split narrowing) in two chunks;
     // query 0 sees no key. Sequence 0 alone gives the bits it gives in the batch.
     int bt = 2, tq = 2, tk2 = 180;
-    Tensor qb = GpuCheck.rounded(Tensor.random(rng, bt, heads, tq, dim, 1), type);
-    Tensor kb = GpuCheck.rounded(Tensor.random(rng, bt, kvHeads, tk2, dim, 1), type);
-    Tensor vb = GpuCheck.rounded(Tensor.random(rng, bt, kvHeads, tk2, dim, 1), type);
+    Tensor qb = GpuCheck.rounded(Tensor.random(rng, bt, heads, tq, dim), type);
+    Tensor kb = GpuCheck.rounded(Tensor.random(rng, bt, kvHeads, tk2, dim), type);
+    Tensor vb = GpuCheck.rounded(Tensor.random(rng, bt, kvHeads, tk2, dim), type);
     long[] kPos = new long[tk2];
     for (int j = 0; j < tk2; j++) {
       kPos[j] = 1000 + (tk2 - 1 - j);
@@ -531,9 +531,9 @@ class CudaDecodeEmulationTest {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int heads = 4, kvHeads = 2, tq = 3, tk = 180, dim = 64;
-    Tensor q = Tensor.random(rng, 2, heads, tq, dim, 1);
-    Tensor k = Tensor.random(rng, 2, kvHeads, tk, dim, 1);
-    Tensor v = Tensor.random(rng, 2, kvHeads, tk, dim, 1);
+    Tensor q = Tensor.random(rng, 2, heads, tq, dim);
+    Tensor k = Tensor.random(rng, 2, kvHeads, tk, dim);
+    Tensor v = Tensor.random(rng, 2, kvHeads, tk, dim);
     // Explicit key positions, not 0..Tk-1 (no split narrowing), reversed; query 0 sees no key.
     long[] kPos = new long[tk];
     for (int j = 0; j < tk; j++) {

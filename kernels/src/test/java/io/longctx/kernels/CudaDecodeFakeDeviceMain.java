@@ -29,9 +29,9 @@ public final class CudaDecodeFakeDeviceMain {
     // Host chunk list, bf16 on the "device".
     run("chunked-bf16", () -> {
       CudaAttention.DType t = CudaAttention.DType.BF16;
-      Tensor q = GpuCheck.rounded(Tensor.random(rng, 1, 8, 3, 64, 1), t);
-      Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, 2, 300, 64, 1), t);
-      Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, 2, 300, 64, 1), t);
+      Tensor q = GpuCheck.rounded(Tensor.random(rng, 1, 8, 3, 64), t);
+      Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, 2, 300, 64), t);
+      Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, 2, 300, 64), t);
       long[] qp = DecodeTest.decodePositions(3, 300);
       int[] lens = {100, 0, 200};
       CpuAttention.DecodeResult got = cuda.decodeChunks(q, GpuDecodeCheck.chunk(k, lens), GpuDecodeCheck.chunk(v, lens),
@@ -43,9 +43,9 @@ public final class CudaDecodeFakeDeviceMain {
 
     // The AttentionBackend entry points (float32 on the device) against the CPU backend's.
     run("backend-f32", () -> {
-      Tensor q = Tensor.random(rng, 2, 4, 2, 96, 1);
-      Tensor k = Tensor.random(rng, 2, 4, 150, 96, 1);
-      Tensor v = Tensor.random(rng, 2, 4, 150, 96, 1);
+      Tensor q = Tensor.random(rng, 2, 4, 2, 96);
+      Tensor k = Tensor.random(rng, 2, 4, 150, 96);
+      Tensor v = Tensor.random(rng, 2, 4, 150, 96);
       AttentionOptions opt = causal.withSoftcap(20f);
       long[] qp = DecodeTest.decodePositions(2, 150);
       ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, opt);
@@ -59,15 +59,15 @@ public final class CudaDecodeFakeDeviceMain {
 
     // Logits out of the unified-max bounds: recomputed pairs counted as on the CPU, answer unchanged.
     run("unified-recompute", () -> {
-      Tensor q = Tensor.random(rng, 1, 8, 2, 64, 1);
+      Tensor q = Tensor.random(rng, 1, 8, 2, 64);
       for (int t = 0; t < 2; t++) {
         int at = q.offset(0, 3, t);
         for (int d = 0; d < 64; d++) {
           q.data()[at + d] *= 30;
         }
       }
-      Tensor k = Tensor.random(rng, 1, 2, 201, 64, 1);
-      Tensor v = Tensor.random(rng, 1, 2, 201, 64, 1);
+      Tensor k = Tensor.random(rng, 1, 2, 201, 64);
+      Tensor v = Tensor.random(rng, 1, 2, 201, 64);
       long[] qp = DecodeTest.decodePositions(2, 201);
       UnifiedMax um = UnifiedMax.of(0f);
       CpuAttention.DecodeResult got = backend.decodeUnifiedMax(q, k, v, qp, null, causal, 50, um);
@@ -83,9 +83,9 @@ public final class CudaDecodeFakeDeviceMain {
     // Device chunk buffers through decodeOnDevice: the same bits as the host entry point.
     run("device-chunks", () -> {
       CudaAttention.DType t = CudaAttention.DType.F16;
-      Tensor q = GpuCheck.rounded(Tensor.random(rng, 1, 4, 1, 128, 1), t);
-      Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, 1, 130, 128, 1), t);
-      Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, 1, 130, 128, 1), t);
+      Tensor q = GpuCheck.rounded(Tensor.random(rng, 1, 4, 1, 128), t);
+      Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, 1, 130, 128), t);
+      Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, 1, 130, 128), t);
       int[] lens = {33, 97};
       List<Tensor> kc = GpuDecodeCheck.chunk(k, lens), vc = GpuDecodeCheck.chunk(v, lens);
       CpuAttention.DecodeResult host = cuda.decodeChunks(q, kc, vc, null, null, AttentionOptions.DEFAULT, 64, null, t);
@@ -132,9 +132,9 @@ public final class CudaDecodeFakeDeviceMain {
     });
     // The host-array forward runs the plain float32 kernel, emulated: against the float64 reference.
     run("forward-f32", () -> {
-      Tensor q = Tensor.random(rng, 1, 4, 37, 64, 1);
-      Tensor k = Tensor.random(rng, 1, 2, 53, 64, 1);
-      Tensor v = Tensor.random(rng, 1, 2, 53, 64, 1);
+      Tensor q = Tensor.random(rng, 1, 4, 37, 64);
+      Tensor k = Tensor.random(rng, 1, 2, 53, 64);
+      Tensor v = Tensor.random(rng, 1, 2, 53, 64);
       long[] qp = GpuCheck.lastPositions(37, 53);
       AttentionOptions opt = causal.withWindow(20);
       return Tolerance.violation(cuda.forward(q, k, v, qp, null, opt), ReferenceAttention.compute(q, k, v, qp, null, opt),
@@ -147,12 +147,12 @@ public final class CudaDecodeFakeDeviceMain {
     // them; forwardArrays is its unchecked work, as the device-buffer entry points see such a score.)
     run("forward-f32-first-score-minus-inf", () -> {
       int heads = 2, tq = 5, tk = 40, dim = 64;
-      Tensor q = Tensor.random(rng, 1, heads, tq, dim, 1);
+      Tensor q = Tensor.random(rng, 1, heads, tq, dim);
       for (int i = 0; i < q.data().length; i++) {
         q.data()[i] = 0.5f + Math.abs(q.data()[i]); // positive: q.k0 = -3e38 * sum(q) overflows
       }
-      Tensor k = Tensor.random(rng, 1, 1, tk, dim, 1);
-      Tensor v = Tensor.random(rng, 1, 1, tk, dim, 1);
+      Tensor k = Tensor.random(rng, 1, 1, tk, dim);
+      Tensor v = Tensor.random(rng, 1, 1, tk, dim);
       Arrays.fill(k.data(), 0, dim, -3e38f);
       Tensor kRest = new Tensor(Arrays.copyOfRange(k.data(), dim, tk * dim), 1, 1, tk - 1, dim);
       Tensor vRest = new Tensor(Arrays.copyOfRange(v.data(), dim, tk * dim), 1, 1, tk - 1, dim);
@@ -169,9 +169,9 @@ public final class CudaDecodeFakeDeviceMain {
     // by the rounded-P rule.
     run("forward-tc-bf16", () -> {
       CudaAttention.DType t = CudaAttention.DType.BF16;
-      Tensor q = GpuCheck.rounded(Tensor.random(rng, 1, 4, 37, 64, 1), t);
-      Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, 2, 70, 64, 1), t);
-      Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, 2, 70, 64, 1), t);
+      Tensor q = GpuCheck.rounded(Tensor.random(rng, 1, 4, 37, 64), t);
+      Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, 2, 70, 64), t);
+      Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, 2, 70, 64), t);
       long[] qp = GpuCheck.lastPositions(37, 70);
       AttentionOptions opt = causal.withWindow(40);
       AttentionState got = cuda.forward(q, k, v, qp, null, opt, t);

@@ -240,9 +240,9 @@ class CudaDecodeTest {
       AttentionBackend auto = AttentionBackend.select();
       assertSame(CpuAttention.DEFAULT, auto);
       SplittableRandom rng = new SplittableRandom(Seeds.forTest());
-      Tensor q = Tensor.random(rng, 1, 8, 3, 64, 1);
-      Tensor k = Tensor.random(rng, 1, 2, 1500, 64, 1);
-      Tensor v = Tensor.random(rng, 1, 2, 1500, 64, 1);
+      Tensor q = Tensor.random(rng, 1, 8, 3, 64);
+      Tensor k = Tensor.random(rng, 1, 2, 1500, 64);
+      Tensor v = Tensor.random(rng, 1, 2, 1500, 64);
       long[] qp = DecodeTest.decodePositions(3, 1500);
       AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
       CpuAttention.DecodeResult viaBackend = auto.decode(q, k, v, qp, null, opt, 256);
@@ -268,7 +268,7 @@ class CudaDecodeTest {
   @Test
   void chunkingHelperOfTheGpuCheckKeepsEveryKey() {
     SplittableRandom rng = new SplittableRandom(Seeds.forTest());
-    Tensor k = Tensor.random(rng, 2, 3, 4097, 16, 1);
+    Tensor k = Tensor.random(rng, 2, 3, 4097, 16);
     List<Tensor> parts = GpuDecodeCheck.chunk(k, new int[] {1000, 0, 2048, 1049});
     List<Float> flat = new ArrayList<>();
     for (int b = 0; b < 2; b++) {

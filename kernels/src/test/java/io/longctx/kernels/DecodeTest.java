@@ -35,9 +35,9 @@ class DecodeTest {
   void decodeMatchesReference(int rows, int tk, int heads, int kvHeads, int dim, int split, long window) {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = Tensor.random(rng, 1, heads, rows, dim, 1);
-    Tensor k = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
-    Tensor v = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor q = Tensor.random(rng, 1, heads, rows, dim);
+    Tensor k = Tensor.random(rng, 1, kvHeads, tk, dim);
+    Tensor v = Tensor.random(rng, 1, kvHeads, tk, dim);
     long[] qp = decodePositions(rows, tk);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true).withWindow(window);
     CpuAttention.DecodeResult got = CpuAttention.DEFAULT.decode(q, k, v, qp, null, opt, split);
@@ -59,9 +59,9 @@ class DecodeTest {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int heads = 8, kvHeads = 2, rows = 2, tk = 3001, dim = 64;
-    Tensor q = Tensor.random(rng, 1, heads, rows, dim, 1);
-    Tensor k = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
-    Tensor v = Tensor.random(rng, 1, kvHeads, tk, dim, 1);
+    Tensor q = Tensor.random(rng, 1, heads, rows, dim);
+    Tensor k = Tensor.random(rng, 1, kvHeads, tk, dim);
+    Tensor v = Tensor.random(rng, 1, kvHeads, tk, dim);
     // Head 3's queries are scaled so its logits reach hundreds: far above phi = 0 + 40.
     for (int t = 0; t < rows; t++) {
       int at = q.offset(0, 3, t);
@@ -87,7 +87,7 @@ class DecodeTest {
     assertNull(Tolerance.violation(all.state(), ref, ReferenceAttention.computeFloat32(q, k, v, qp, null, opt)), "seed " + seed);
 
     // In range: nothing is recomputed.
-    Tensor calm = Tensor.random(rng, 1, heads, rows, dim, 1);
+    Tensor calm = Tensor.random(rng, 1, heads, rows, dim);
     assertEquals(0, CpuAttention.DEFAULT.decodeUnifiedMax(calm, k, v, qp, null, opt, split, UnifiedMax.of(0f)).recomputedRows());
   }
 
@@ -119,11 +119,11 @@ class DecodeTest {
   /** q [1, 4, 1, 64] of one random row for every head, k [1, 1, tk, 64] of one key, v up to 10. */
   static Tensor[] sameLogitInputs(SplittableRandom rng, int tk) {
     int heads = 4, dim = 64;
-    Tensor q = Tensor.random(rng, 1, heads, 1, dim, 1);
+    Tensor q = Tensor.random(rng, 1, heads, 1, dim);
     for (int h = 1; h < heads; h++) {
       System.arraycopy(q.data(), q.offset(0, 0, 0), q.data(), q.offset(0, h, 0), dim);
     }
-    Tensor k = Tensor.random(rng, 1, 1, tk, dim, 1);
+    Tensor k = Tensor.random(rng, 1, 1, tk, dim);
     for (int j = 1; j < tk; j++) {
       System.arraycopy(k.data(), k.offset(0, 0, 0), k.data(), k.offset(0, 0, j), dim);
     }
@@ -154,7 +154,7 @@ class DecodeTest {
       long seed = Seeds.forTest();
       SplittableRandom rng = new SplittableRandom(seed);
       int heads = 8, kvHeads = 2, rows = 2, tk = 3001, dim = 128, split = 500;
-      Tensor q = Tensor.random(rng, 1, heads, rows, dim, 1);
+      Tensor q = Tensor.random(rng, 1, heads, rows, dim);
       for (int t = 0; t < rows; t++) {
         int at = q.offset(0, 3, t);
         for (int d = 0; d < dim; d++) {
@@ -162,8 +162,8 @@ class DecodeTest {
         }
       }
       q = GpuCheck.rounded(q, CudaAttention.DType.BF16);
-      Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim, 1), CudaAttention.DType.BF16);
-      Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim, 1), CudaAttention.DType.BF16);
+      Tensor k = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim), CudaAttention.DType.BF16);
+      Tensor v = GpuCheck.rounded(Tensor.random(rng, 1, kvHeads, tk, dim), CudaAttention.DType.BF16);
       long[] qp = decodePositions(rows, tk);
       AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
       ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, qp, null, opt);
@@ -182,9 +182,9 @@ class DecodeTest {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int heads = 4, kvHeads = 2, rows = 3, tk = 2500, dim = 64;
-    Tensor q = Tensor.random(rng, 2, heads, rows, dim, 1);
-    Tensor k = Tensor.random(rng, 2, kvHeads, tk, dim, 1);
-    Tensor v = Tensor.random(rng, 2, kvHeads, tk, dim, 1);
+    Tensor q = Tensor.random(rng, 2, heads, rows, dim);
+    Tensor k = Tensor.random(rng, 2, kvHeads, tk, dim);
+    Tensor v = Tensor.random(rng, 2, kvHeads, tk, dim);
     AttentionState batched = CpuAttention.DEFAULT.decode(q, k, v, null, null, AttentionOptions.DEFAULT, 700).state();
     Tensor q0 = new Tensor(Arrays.copyOf(q.data(), q.data().length / 2), 1, heads, rows, dim);
     Tensor k0 = new Tensor(Arrays.copyOf(k.data(), k.data().length / 2), 1, kvHeads, tk, dim);

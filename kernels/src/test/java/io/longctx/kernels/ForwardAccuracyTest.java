@@ -109,9 +109,9 @@ class ForwardAccuracyTest {
   void forwardMatchesReference(Case c) {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = Tensor.random(rng, c.batch, c.heads, c.tq, c.dim, 1);
-    Tensor k = Tensor.random(rng, c.batch, c.kvHeads, c.tk, c.dim, 1);
-    Tensor v = Tensor.random(rng, c.batch, c.kvHeads, c.tk, c.dim, 1);
+    Tensor q = Tensor.random(rng, c.batch, c.heads, c.tq, c.dim);
+    Tensor k = Tensor.random(rng, c.batch, c.kvHeads, c.tk, c.dim);
+    Tensor v = Tensor.random(rng, c.batch, c.kvHeads, c.tk, c.dim);
     long[][] pos = positions(c.layout, c.tq, c.tk, rng);
     AttentionState got = CpuAttention.DEFAULT.forward(q, k, v, pos[0], pos[1], c.opt);
     String err = Tolerance.violation(got, ReferenceAttention.compute(q, k, v, pos[0], pos[1], c.opt),
@@ -123,9 +123,9 @@ class ForwardAccuracyTest {
   void rowsWithoutVisibleKeysAreEmptyStates() {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = Tensor.random(rng, 1, 2, 40, 64, 1);
-    Tensor k = Tensor.random(rng, 1, 2, 30, 64, 1);
-    Tensor v = Tensor.random(rng, 1, 2, 30, 64, 1);
+    Tensor q = Tensor.random(rng, 1, 2, 40, 64);
+    Tensor k = Tensor.random(rng, 1, 2, 30, 64);
+    Tensor v = Tensor.random(rng, 1, 2, 30, 64);
     long[] qp = new long[40];
     long[] kp = new long[30];
     for (int t = 0; t < 40; t++) {
@@ -166,7 +166,7 @@ class ForwardAccuracyTest {
     double amplitude = Math.sqrt(1e4 / Math.sqrt(d)) * 1.3;
     Tensor q = Tensor.random(rng, 1, 8, 257, d, amplitude);
     Tensor k = Tensor.random(rng, 1, 8, 300, d, amplitude);
-    Tensor v = Tensor.random(rng, 1, 8, 300, d, 1);
+    Tensor v = Tensor.random(rng, 1, 8, 300, d);
     for (AttentionOptions opt : new AttentionOptions[] {AttentionOptions.DEFAULT, AttentionOptions.DEFAULT.withCausal(true)}) {
       AttentionState got = CpuAttention.DEFAULT.forward(q, k, v, null, null, opt);
       ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, null, null, opt);
@@ -184,9 +184,9 @@ class ForwardAccuracyTest {
   void tileSizesDoNotChangeTheResultBeyondRounding() {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = Tensor.random(rng, 1, 4, 201, 80, 1);
-    Tensor k = Tensor.random(rng, 1, 1, 333, 80, 1);
-    Tensor v = Tensor.random(rng, 1, 1, 333, 80, 1);
+    Tensor q = Tensor.random(rng, 1, 4, 201, 80);
+    Tensor k = Tensor.random(rng, 1, 1, 333, 80);
+    Tensor v = Tensor.random(rng, 1, 1, 333, 80);
     AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true).withWindow(97);
     ReferenceAttention.Result ref = ReferenceAttention.compute(q, k, v, null, null, opt);
     ReferenceAttention.Result naive = ReferenceAttention.computeFloat32(q, k, v, null, null, opt);

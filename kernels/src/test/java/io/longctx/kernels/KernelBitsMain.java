@@ -14,7 +14,7 @@ public final class KernelBitsMain {
     SplittableRandom rng = new SplittableRandom(20261122);
     Tensor q = Tensor.random(rng, 1, 4, 150, 64, 1.5);
     Tensor k = Tensor.random(rng, 1, 2, 700, 64, 1.5);
-    Tensor v = Tensor.random(rng, 1, 2, 700, 64, 1);
+    Tensor v = Tensor.random(rng, 1, 2, 700, 64);
     long[] qp = new long[150];
     for (int t = 0; t < qp.length; t++) {
       qp[t] = 550 + t;
@@ -27,7 +27,7 @@ public final class KernelBitsMain {
     long[] qpFew = {690, 699};
     Tensor q1 = Tensor.random(rng, 1, 3, 1, 100, 1.5);
     Tensor k1 = Tensor.random(rng, 1, 3, 333, 100, 1.5);
-    Tensor v1 = Tensor.random(rng, 1, 3, 333, 100, 1);
+    Tensor v1 = Tensor.random(rng, 1, 3, 333, 100);
     int h = 1;
     for (AttentionState s : new AttentionState[] {
         CpuAttention.DEFAULT.forward(q, k, v, qp, null, capped),

@@ -37,7 +37,7 @@ class KeyLaneWorkerTest {
       double amp = rng.nextBoolean() ? 1 : 4;
       Tensor q = Tensor.random(rng, batch, kvHeads * group, tq, dim, amp);
       Tensor k = Tensor.random(rng, batch, kvHeads, tk, dim, amp);
-      Tensor v = Tensor.random(rng, batch, kvHeads, tk, dim, 1);
+      Tensor v = Tensor.random(rng, batch, kvHeads, tk, dim);
       // Key positions with gaps; queries after, among or before them.
       long[] kp = new long[tk];
       for (int j = 0, pos = rng.nextInt(5); j < tk; j++, pos += 1 + rng.nextInt(3)) {
@@ -73,9 +73,9 @@ class KeyLaneWorkerTest {
   void badInputIsNamedAsTheRowsInLanesWorkerNamesIt() {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = Tensor.random(rng, 1, 4, 2, 20, 1);
-    Tensor k = Tensor.random(rng, 1, 2, 300, 20, 1);
-    Tensor v = Tensor.random(rng, 1, 2, 300, 20, 1);
+    Tensor q = Tensor.random(rng, 1, 4, 2, 20);
+    Tensor k = Tensor.random(rng, 1, 2, 300, 20);
+    Tensor v = Tensor.random(rng, 1, 2, 300, 20);
     AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
     long[] qp = {250, 299};
     // q.k past float32 at one visible key (only there: with several, which split's task fails first
@@ -105,9 +105,9 @@ class KeyLaneWorkerTest {
   void aNonFiniteKeyThatEveryQueryMasksIsNotRead() {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
-    Tensor q = Tensor.random(rng, 1, 4, 1, 16, 1);
-    Tensor k = Tensor.random(rng, 1, 2, 100, 16, 1);
-    Tensor v = Tensor.random(rng, 1, 2, 100, 16, 1);
+    Tensor q = Tensor.random(rng, 1, 4, 1, 16);
+    Tensor k = Tensor.random(rng, 1, 2, 100, 16);
+    Tensor v = Tensor.random(rng, 1, 2, 100, 16);
     long[] qp = {60};
     AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
     for (float junk : new float[] {Float.NaN, Float.POSITIVE_INFINITY}) {

@@ -28,7 +28,7 @@ class SweepOrderTest {
       int b = sh[0], h = sh[1], hkv = sh[2], t = sh[3], d = sh[4];
       Tensor q = Tensor.random(rng, b, h, t, d, 1.5);
       Tensor k = Tensor.random(rng, b, hkv, t + 13, d, 1.5);
-      Tensor v = Tensor.random(rng, b, hkv, t + 13, d, 1);
+      Tensor v = Tensor.random(rng, b, hkv, t + 13, d);
       long[] qPos = new long[t];
       for (int i = 0; i < t; i++) {
         qPos[i] = 13 + i;

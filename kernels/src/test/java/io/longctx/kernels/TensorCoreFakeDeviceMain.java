@@ -77,8 +77,8 @@ public final class TensorCoreFakeDeviceMain {
    * masked. Large values whose q.k cannot overflow still run.
    */
   private static String qkOverflow(CudaAttention cuda, SplittableRandom rng) {
-    Tensor q = Tensor.random(rng, 1, 2, 3, 64, 1), k = Tensor.random(rng, 1, 1, 5, 64, 1);
-    Tensor v = Tensor.random(rng, 1, 1, 5, 64, 1);
+    Tensor q = Tensor.random(rng, 1, 2, 3, 64), k = Tensor.random(rng, 1, 1, 5, 64);
+    Tensor v = Tensor.random(rng, 1, 1, 5, 64);
     q.data()[0] = 2e19f;
     k.data()[0] = -2e19f;
     for (int path = 0; path < 2; path++) {
@@ -108,9 +108,9 @@ public final class TensorCoreFakeDeviceMain {
     String bad;
     try {
       int[] s = c.shape();
-      Tensor q = GpuCheck.rounded(Tensor.random(rng, s[0], s[1], s[3], s[5], 1), c.type());
-      Tensor k = GpuCheck.rounded(Tensor.random(rng, s[0], s[2], s[4], s[5], 1), c.type());
-      Tensor v = GpuCheck.rounded(Tensor.random(rng, s[0], s[2], s[4], s[5], 1), c.type());
+      Tensor q = GpuCheck.rounded(Tensor.random(rng, s[0], s[1], s[3], s[5]), c.type());
+      Tensor k = GpuCheck.rounded(Tensor.random(rng, s[0], s[2], s[4], s[5]), c.type());
+      Tensor v = GpuCheck.rounded(Tensor.random(rng, s[0], s[2], s[4], s[5]), c.type());
       long[] qp = GpuCheck.lastPositions(s[3], s[4]);
       if (c.qStart() != null) {
         for (int t = 0; t < qp.length; t++) {
@@ -134,8 +134,8 @@ public final class TensorCoreFakeDeviceMain {
 
   /** An fp16 overflow in the host-array forward is an error naming the element. */
   private static String fp16Overflow(CudaAttention cuda, SplittableRandom rng) {
-    Tensor q = Tensor.random(rng, 1, 2, 3, 64, 1), k = Tensor.random(rng, 1, 1, 5, 64, 1);
-    Tensor v = Tensor.random(rng, 1, 1, 5, 64, 1);
+    Tensor q = Tensor.random(rng, 1, 2, 3, 64), k = Tensor.random(rng, 1, 1, 5, 64);
+    Tensor v = Tensor.random(rng, 1, 1, 5, 64);
     k.data()[(3 * 64) + 17] = 70000f; // key position 3, dim 17
     try {
       cuda.forward(q, k, v, null, null, AttentionOptions.DEFAULT, CudaAttention.DType.F16);
