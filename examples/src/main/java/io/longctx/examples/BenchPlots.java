@@ -66,7 +66,12 @@ public final class BenchPlots {
     Path out = Path.of("docs/plots");
     String cpu = null;
     for (int i = 0; i < args.length; i++) {
-      switch (args[i]) {
+      String a = args[i];
+      if (List.of("--data", "--out", "--cpu").contains(a) && i + 1 == args.length) {
+        System.err.println("plots: " + a + " needs a value\n" + USAGE);
+        System.exit(2);
+      }
+      switch (a) {
         case "--data" -> data = Path.of(args[++i]);
         case "--out" -> out = Path.of(args[++i]);
         case "--cpu" -> cpu = args[++i];
@@ -75,10 +80,14 @@ public final class BenchPlots {
           return;
         }
         default -> {
-          System.err.println(USAGE);
+          System.err.println("plots: unknown option " + a + "\n" + USAGE);
           System.exit(2);
         }
       }
+    }
+    if (!Files.isDirectory(data)) {
+      System.err.println("plots: --data " + data + " is not a directory");
+      System.exit(2);
     }
     Files.createDirectories(out);
     // One pair of speed plots per forward-sweep*.jsonl: each file holds one CPU's runs, and lines of

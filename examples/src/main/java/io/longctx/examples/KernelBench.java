@@ -160,6 +160,14 @@ public final class KernelBench {
         System.exit(2);
       }
     }
+    if (!List.of("forward", "decode", "all").contains(op)) {
+      System.err.println("bench: --op must be forward, decode or all, got '" + op + "'");
+      System.exit(2);
+    }
+    if (only != null && !IMPL_NAMES.contains(only)) {
+      System.err.println("bench: --only must be one of " + String.join(", ", IMPL_NAMES) + ", got '" + only + "'");
+      System.exit(2);
+    }
     if ("djl-plain".equals(only)) {
       plain = true; // a --memory child asked for it by name
     }
@@ -392,6 +400,9 @@ public final class KernelBench {
       closeAll(nd);
     }
   }
+
+  /** Every implementation a bench line may name (the forward times the first four, decode all six). */
+  static final List<String> IMPL_NAMES = List.of("java", "op", "libtorch-sdpa", "djl-plain", "java-unified-max", "copy");
 
   private static List<Impl> select(List<Impl> impls, String only) {
     if (only == null) {

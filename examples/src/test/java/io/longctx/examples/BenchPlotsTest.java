@@ -59,4 +59,22 @@ class BenchPlotsTest {
       assertTrue(img != null && img.getWidth() > 600 && img.getHeight() > 300, name);
     }
   }
+
+  /** An option without its value, or data that is not there: exit 2 naming it (a child JVM: main exits). */
+  @Test
+  void badArgumentsAreExit2() throws Exception {
+    String javaBin = Path.of(System.getProperty("java.home"), "bin", "java").toString();
+    String[][] cases = {{"--data"}, {"--data", tmp.resolve("none").toString()}, {"--bogus"}};
+    String[] expect = {"--data needs a value", "none is not a directory", "unknown option --bogus"};
+    for (int c = 0; c < cases.length; c++) {
+      List<String> cmd = new java.util.ArrayList<>(List.of(javaBin, "-Djava.awt.headless=true", "-cp",
+          System.getProperty("java.class.path"), BenchPlots.class.getName(), "--out", tmp.resolve("plots").toString()));
+      cmd.addAll(List.of(cases[c]));
+      Process p = new ProcessBuilder(cmd).redirectErrorStream(true).start();
+      String out = new String(p.getInputStream().readAllBytes(), java.nio.charset.StandardCharsets.UTF_8);
+      assertTrue(p.waitFor(60, java.util.concurrent.TimeUnit.SECONDS), String.join(" ", cases[c]));
+      assertEquals(2, p.exitValue(), String.join(" ", cases[c]) + ":\n" + out);
+      assertTrue(out.contains(expect[c]) && !out.contains("\tat "), String.join(" ", cases[c]) + ":\n" + out);
+    }
+  }
 }

@@ -108,7 +108,9 @@ class ScriptsTest {
       Result help = run(Map.of(), "bin/longctx", "--help");
       assertEquals(0, help.rc(), help.out());
       assertTrue(help.out().startsWith("usage: bin/longctx"), help.out());
-      assertEquals(0, run(Map.of(), "bin/longctx").rc());
+      Result none = run(Map.of(), "bin/longctx"); // no command: a usage error
+      assertEquals(2, none.rc());
+      assertTrue(none.out().contains("usage: bin/longctx"), none.out());
       Result bad = run(Map.of(), "bin/longctx", "no-such-command");
       assertEquals(2, bad.rc(), bad.out());
       assertTrue(bad.out().contains("unknown command 'no-such-command'"), bad.out());

@@ -185,7 +185,8 @@ class GpuCheckScriptTest {
   /**
    * {@code run --sanitize} and {@code run --profile} take the sections asked for (stand-in
    * compute-sanitizer and ncu on PATH record what they were run on); {@code --sanitize sdpa} alone and
-   * {@code --profile} with {@code ab} are exit 2 before anything is written.
+   * {@code --profile} with {@code ab}, with {@code --smoke} or with {@code --sanitize} are exit 2 before anything
+   * is written.
    */
   @Test
   @Timeout(120)
@@ -233,6 +234,10 @@ class GpuCheckScriptTest {
     assertTrue(noAb.contains("ab is a plain run's section"), noAb);
     String noAbDecode = runScript(script, bundle, out, path, 2, "run", "--sanitize", "decode", "ab-decode");
     assertTrue(noAbDecode.contains("ab-decode is a plain run's section"), noAbDecode);
+    String both = runScript(script, bundle, out, path, 2, "run", "--sanitize", "--profile");
+    assertTrue(both.contains("--sanitize and --profile are two different runs"), both);
+    String smokeProfile = runScript(script, bundle, out, path, 2, "run", "--profile", "--smoke", "decode");
+    assertTrue(smokeProfile.contains("--smoke does not apply to it"), smokeProfile);
     assertEquals(before, Files.readString(out.resolve("gpu-check.txt")));
   }
 

@@ -18,8 +18,8 @@ final class Formats {
       return explicit;
     }
     String p = path == null ? "" : path.toLowerCase(Locale.ROOT).replaceAll("/+$", "");
-    return p.endsWith(".json") || p.endsWith(".jsonl") || p.endsWith(".ndjson") || p.endsWith(".json.gz")
-        || p.endsWith(".jsonl.gz") ? "json" : "parquet";
+    String bare = p.endsWith(".gz") ? p.substring(0, p.length() - 3) : p; // Spark reads gzipped JSON Lines as they are
+    return bare.endsWith(".json") || bare.endsWith(".jsonl") || bare.endsWith(".ndjson") ? "json" : "parquet";
   }
 
   /** Throws for anything but parquet or json (null: not given). */

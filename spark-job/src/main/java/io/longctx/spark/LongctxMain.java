@@ -45,7 +45,7 @@ public final class LongctxMain {
         --overwrite           replace OUT if it is a previous longctx output (its _LONGCTX marker and
                               only the files longctx writes); anything else is refused, never deleted
         --format F            parquet | json, the inputs (default: from the KEYS extension
-                              .json/.jsonl/.ndjson -> json, else parquet)
+                              .json/.jsonl/.ndjson, gzipped or not -> json, else parquet)
         --output-format F     parquet | json, OUT (default: the input format)
         --mode M              decode (default): QUERIES against documents; prefill: every KEYS token
                               is a causal query over its own document
@@ -63,7 +63,8 @@ public final class LongctxMain {
         --query-block N       decode queries of one document computed together (default 64)
         --partitions N        Spark shuffle partitions (default: spark.sql.shuffle.partitions)
         --backend B           auto (default; or -Dlongctx.backend): cuda when Spark schedules GPUs for the
-                              tasks (spark.task.resource.gpu.amount > 0), else cpu; or cpu, cuda. One
+                              tasks (spark.task.resource.gpu.amount > 0), else cpu; or cpu, cuda, or the
+                              name of a backend registered on the class path (docs/ARCHITECTURE.md). One
                               backend for the whole job: an executor that cannot run it fails the job
 
       Queries for a document that has no keys are an error (exit 2), naming the query and document.

@@ -67,8 +67,8 @@ public final class PplJob {
       tokenizer.json and its own special tokens) or tokens array<int> (scored exactly as given).
       Output rows (same format): doc_id, n_tokens long, sum_logprob double (natural log, sum over
       i = 1..n-1 of log p(t_i | t_<i); 0 for one token or none, an empty tokens array), ppl double
-      (exp(-sum_logprob/(n_tokens-1)); null below 2 tokens), bits_per_byte double (text rows:
-      -sum_logprob/ln 2/UTF-8 bytes; null below 2 tokens and for tokens rows),
+      (exp(-sum_logprob/(n_tokens-1)); null below 2 tokens), bits_per_byte double (only when the
+      input has a text column: -sum_logprob/ln 2/UTF-8 bytes; null below 2 tokens and for tokens rows),
       and with --per-token logprobs array<float> (n_tokens-1 values). Written to a hidden sibling and
       renamed to OUT at the end (as score).
 

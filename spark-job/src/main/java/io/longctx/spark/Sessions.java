@@ -128,6 +128,9 @@ public final class Sessions {
     conf.put("spark.sql.parquet.columnarReaderBatchSize", "256");
     String file = System.getProperty("longctx.conf", System.getenv("LONGCTX_CONF"));
     if (file != null && !file.isEmpty()) {
+      if (!Files.isRegularFile(Path.of(file))) { // a misspelled name would drop every setting in silence
+        throw new InputError("Spark defaults file " + file + " (LONGCTX_CONF or -Dlongctx.conf) is not a file");
+      }
       conf.putAll(readDefaults(Path.of(file)));
     }
     SparkConf already = new SparkConf(true); // spark.* system properties, e.g. from SparkSubmit
@@ -159,9 +162,6 @@ public final class Sessions {
   /** spark-defaults.conf syntax: "key value" or "key=value" per line, # comments. */
   static Map<String, String> readDefaults(Path p) {
     Map<String, String> m = new LinkedHashMap<>();
-    if (!Files.isRegularFile(p)) {
-      return m;
-    }
     try {
       for (String line : Files.readAllLines(p)) {
         String s = line.strip();

@@ -39,6 +39,30 @@ class SessionsTest {
         .get("spark.sql.parquet.columnarReaderBatchSize"));
   }
 
+  @Test
+  void aDefaultsFileThatIsNotThereIsAnError(@org.junit.jupiter.api.io.TempDir java.nio.file.Path dir) throws Exception {
+    String before = System.getProperty("longctx.conf");
+    try {
+      java.nio.file.Path file = dir.resolve("spark-defaults.conf");
+      java.nio.file.Files.writeString(file, "# a comment\nspark.sql.shuffle.partitions   7\nspark.a.b=c\n");
+      System.setProperty("longctx.conf", file.toString());
+      Map<String, String> c = Sessions.settings(null, List.of());
+      assertEquals("7", c.get("spark.sql.shuffle.partitions"));
+      assertEquals("c", c.get("spark.a.b"));
+      // A misspelled name once dropped every setting of the file in silence.
+      System.setProperty("longctx.conf", dir.resolve("spark-default.conf").toString());
+      InputError e = assertThrows(InputError.class, () -> Sessions.settings(null, List.of()));
+      assertTrue(e.getMessage().contains("spark-default.conf (LONGCTX_CONF or -Dlongctx.conf) is not a file"),
+          e.getMessage());
+    } finally {
+      if (before == null) {
+        System.clearProperty("longctx.conf");
+      } else {
+        System.setProperty("longctx.conf", before);
+      }
+    }
+  }
+
   /** The test job below: its second task says it runs, and runs until the test releases it (local[2]: this JVM). */
   static final java.util.concurrent.atomic.AtomicBoolean SECOND_STARTED = new java.util.concurrent.atomic.AtomicBoolean();
   static final java.util.concurrent.atomic.AtomicBoolean RELEASE = new java.util.concurrent.atomic.AtomicBoolean();
