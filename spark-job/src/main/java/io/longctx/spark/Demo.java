@@ -25,7 +25,7 @@ public final class Demo {
     Generator g = new Generator();
     g.docs = 3;
     g.tokens = longest;
-    g.minTokens = Math.max(1, longest / 5);
+    g.minTokens = (long) Math.max(1, longest / 5);
     g.heads = 8;
     g.kvHeads = 2;
     g.dim = 64;

@@ -25,7 +25,7 @@ public final class Generator implements Serializable {
 
   public int docs = 3;
   public long tokens = 4096;
-  public long minTokens = -1;
+  public Long minTokens; // the shortest document; null: every document --tokens long
   public int heads = 8;
   public int kvHeads = 2;
   public int dim = 64;
@@ -36,7 +36,7 @@ public final class Generator implements Serializable {
   public int partitions;
 
   public long docLength(int i) {
-    long min = minTokens < 0 ? tokens : minTokens;
+    long min = minTokens == null ? tokens : minTokens;
     return docs == 1 ? tokens : tokens - Math.multiplyExact(tokens - min, (long) i) / (docs - 1);
   }
 
@@ -48,7 +48,7 @@ public final class Generator implements Serializable {
           + "queries-per-doc >= 0 and format parquet|json; got docs " + docs + ", tokens " + tokens + ", heads " + heads
           + ", kv-heads " + kvHeads + ", dim " + dim + ", queries-per-doc " + queriesPerDoc + ", format " + format);
     }
-    if (minTokens != -1 && (minTokens < 1 || minTokens > tokens)) {
+    if (minTokens != null && (minTokens < 1 || minTokens > tokens)) {
       throw new IllegalArgumentException("--min-tokens must be 1.." + tokens + " (--tokens), got " + minTokens);
     }
     totalTokens();

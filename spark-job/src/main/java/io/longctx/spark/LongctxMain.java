@@ -216,7 +216,7 @@ public final class LongctxMain {
     Generator g = new Generator();
     g.docs = a.intValue("--docs", g.docs);
     g.tokens = a.longValue("--tokens", g.tokens);
-    g.minTokens = a.longValue("--min-tokens", -1);
+    g.minTokens = a.get("--min-tokens") == null ? null : a.longValue("--min-tokens", 0);
     g.heads = a.intValue("--heads", g.heads);
     g.kvHeads = a.intValue("--kv-heads", g.kvHeads);
     g.dim = a.intValue("--dim", g.dim);
@@ -228,9 +228,6 @@ public final class LongctxMain {
     String dir = a.get("--output");
     if (dir == null) {
       throw new IllegalArgumentException("--output DIR is required");
-    }
-    if (a.get("--min-tokens") != null && g.minTokens == -1) { // -1 is the field's "not given"
-      throw new IllegalArgumentException("--min-tokens must be 1.." + g.tokens + " (--tokens), got -1");
     }
     g.check();
     long total = g.totalTokens();

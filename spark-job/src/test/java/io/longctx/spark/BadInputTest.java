@@ -181,6 +181,9 @@ class BadInputTest {
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "10", "--min-tokens", "0",
         "--output", g}, System.out, e));
     assertTrue(err.toString().contains("--min-tokens must be 1..10"), err.toString());
+    assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "10", "--min-tokens", "-1",
+        "--output", g}, System.out, e));
+    assertTrue(err.toString().contains("--min-tokens must be 1..10 (--tokens), got -1"), err.toString());
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "3", "--tokens", "4611686018427387904",
         "--output", g}, System.out, e));
     assertTrue(err.toString().contains("more tokens than a long counts"), err.toString());
