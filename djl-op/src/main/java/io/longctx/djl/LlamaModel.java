@@ -343,7 +343,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     LlamaConfig c = m.cfg;
     Layer w = layer(m, l);
     try (NDManager cm = m.manager.newSubManager()) {
-      NDArray h = rmsNorm(hidden(cm, c, x, len), w.inNorm(), c.rmsNormEps);
+      NDArray h = rmsNorm(hidden(cm, c, x, len), w.inNorm(), c.rmsNormEps, start, "layer " + l + ": the input norm");
       NDArray[] rope = ropeTables(cm, m.invFreq, positions(start, len));
       NDArray k = rotate(linear(h, w.kT(), w.kB()).reshape(len, c.kvHeads, c.headDim), rope[0], rope[1]);
       NDArray v = linear(h, w.vT(), w.vB()).reshape(len, c.kvHeads, c.headDim);
@@ -369,7 +369,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     Layer w = layer(m, l);
     try (NDManager cm = m.manager.newSubManager()) {
       NDArray xa = hidden(cm, c, x, len);
-      NDArray h = rmsNorm(xa, w.inNorm(), c.rmsNormEps);
+      NDArray h = rmsNorm(xa, w.inNorm(), c.rmsNormEps, start, "layer " + l + ": the input norm");
       long[] pos = positions(start, len);
       NDArray[] rope = ropeTables(cm, m.invFreq, pos);
       NDArray q = rotate(linear(h, w.qT(), w.qB()).reshape(len, c.heads, c.headDim), rope[0], rope[1]);
@@ -405,7 +405,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       }
       NDArray o = cm.create(st.o(), new Shape(len, (long) c.heads * c.headDim));
       xa = xa.add(linear(o, w.oT(), w.oB()));
-      NDArray g = rmsNorm(xa, w.postNorm(), c.rmsNormEps);
+      NDArray g = rmsNorm(xa, w.postNorm(), c.rmsNormEps, start, "layer " + l + ": the post-attention norm");
       NDArray gate = g.matMul(w.gateT());
       NDArray act = gate.mul(Activation.sigmoid(gate)).mul(g.matMul(w.upT())); // silu(gate) * up
       float[] out = xa.add(act.matMul(w.downT())).toFloatArray();
@@ -425,7 +425,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     LlamaConfig c = m.cfg;
     int len = targets.length;
     try (NDManager cm = m.manager.newSubManager()) {
-      NDArray hn = rmsNorm(hidden(cm, c, x, len), m.finalNorm, c.rmsNormEps);
+      NDArray hn = rmsNorm(hidden(cm, c, x, len), m.finalNorm, c.rmsNormEps, start, "the final norm");
       double[] lse = new double[len];
       Arrays.fill(lse, Double.NEGATIVE_INFINITY);
       for (NDArray shardT : m.headShardsT) {
@@ -487,9 +487,21 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     return b == null ? y : y.add(b);
   }
 
-  /** RMSNorm in float32: x / sqrt(mean(x^2) + eps) * w. */
-  private static NDArray rmsNorm(NDArray x, NDArray w, double eps) {
+  /**
+   * RMSNorm in float32: x / sqrt(mean(x^2) + eps) * w, rows at positions start, start + 1, ... A row
+   * whose sum of squares passes float32 (3.4e38: values from about 1e19 up, fewer the wider the row) is
+   * an error naming {@code what} and the position: the division would make the row 0, and the
+   * document's score that of a model that knows nothing, silently.
+   */
+  private static NDArray rmsNorm(NDArray x, NDArray w, double eps, long start, String what) {
     NDArray var = x.square().mean(new int[] {1}, true);
+    float[] ms = var.toFloatArray();
+    for (int i = 0; i < ms.length; i++) {
+      if (!Float.isFinite(ms[i])) {
+        throw new NumericOverflowException(what + " at position " + (start + i) + ": the mean square of the hidden "
+            + "state is " + ms[i] + PAST_FLOAT32);
+      }
+    }
     return x.div(var.add((float) eps).sqrt()).mul(w);
   }
 

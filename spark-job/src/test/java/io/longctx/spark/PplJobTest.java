@@ -397,6 +397,16 @@ class PplJobTest {
     }
     fails(in, scaledCopy("huge-attention", "model.layers.0.input_layernorm.weight", 3e37f), "doc 'loud'", "layer 0",
         "past float32", "position");
+    // Hidden values whose squares pass float32 while the values do not: the norm divided them to 0 and
+    // every token scored ln(1 / vocab), exit 0 (found 2026-11-28 with gen-model --init-std 1e6).
+    Path loudEmbeddings = scaledCopy("huge-embeddings", "model.embed_tokens.weight", 1e20f);
+    fails(in, loudEmbeddings, "doc 'loud'", "layer 0: the input norm at position 0", "mean square", "past float32");
+    Path out = tmp.resolve("out");
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    assertEquals(2, run(err, "ppl", "--model", loudEmbeddings.toString(), "--input", in.toString(), "--output",
+        out.toString(), "--split-above", "0"), err.toString());
+    assertTrue(err.toString().contains("layer 0: the input norm at position 0"), err.toString());
+    assertFalse(Files.exists(out));
   }
 
   /** A copy of the test model with every value of one tensor replaced by {@code value}. */
