@@ -27,7 +27,7 @@ final class Args {
         if (inline != null) {
           throw new IllegalArgumentException(name + " takes no value");
         }
-        a.values.put(name, "true");
+        a.putOnce(name, "true");
       } else if (valued.contains(name) || name.equals("--conf") || name.equals("--master")) {
         String v = inline;
         if (v == null) {
@@ -42,13 +42,21 @@ final class Args {
           }
           a.confs.add(v);
         } else {
-          a.values.put(name, v);
+          a.putOnce(name, v);
         }
       } else {
         throw new IllegalArgumentException("unknown option " + s + " (see --help)");
       }
     }
     return a;
+  }
+
+  /** Only --conf repeats: a second --output (or any other) would win over the first in silence. */
+  private void putOnce(String name, String v) {
+    if (values.containsKey(name)) {
+      throw new IllegalArgumentException(name + " is given twice (" + values.get(name) + ", then " + v + ")");
+    }
+    values.put(name, v);
   }
 
   String get(String name) {
@@ -67,7 +75,8 @@ final class Args {
     try {
       return Integer.parseInt(v.trim());
     } catch (NumberFormatException e) {
-      throw new IllegalArgumentException(name + " needs an integer, got " + v);
+      throw new IllegalArgumentException(name + " needs an integer" + (isLong(v) ? " of at most " + Integer.MAX_VALUE
+          : "") + ", got " + v);
     }
   }
 
@@ -81,6 +90,15 @@ final class Args {
       throw new IllegalArgumentException(name + " must be >= 1, got " + values.get(name) + " (leave it out for the default)");
     }
     return v;
+  }
+
+  private static boolean isLong(String v) {
+    try {
+      Long.parseLong(v.trim());
+      return true;
+    } catch (NumberFormatException e) {
+      return false;
+    }
   }
 
   long longValue(String name, long dflt) {

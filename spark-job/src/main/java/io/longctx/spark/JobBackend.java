@@ -22,7 +22,7 @@ final class JobBackend implements Serializable {
 
   final String name;
 
-  private JobBackend(String name) {
+  JobBackend(String name) { // package-private for the test of a task that cannot open it
     this.name = name;
   }
 
@@ -37,11 +37,20 @@ final class JobBackend implements Serializable {
       double gpus = spark.sparkContext().getConf().getDouble("spark.task.resource." + GPU + ".amount", 0);
       c = gpus > 0 ? "cuda" : "cpu";
     }
+    io.longctx.kernels.AttentionBackendProvider p;
     try {
-      return new JobBackend(AttentionBackends.provider(c).name());
+      p = AttentionBackends.provider(c);
     } catch (IllegalArgumentException e) {
       throw new InputError("--backend: " + e.getMessage());
     }
+    // With a local master every executor runs on this machine: a backend this JVM cannot run, none can.
+    // Said here, before any work, instead of by the first task's failure.
+    String why = Sessions.isLocal(spark.sparkContext().master()) ? p.unavailableReason() : null;
+    if (why != null) {
+      throw new InputError("--backend " + p.name() + ": not usable on this machine, where the local master's executors"
+          + " run: " + why);
+    }
+    return new JobBackend(p.name());
   }
 
   /** The backend in this task: on the task's assigned GPU address where Spark gave one, else device 0. */

@@ -62,6 +62,11 @@ class BackendSelectionTest {
     }
   }
 
+  /**
+   * An unknown backend is bad input; so is one this machine cannot run under a local master (every
+   * executor is here). On a cluster the driver cannot tell: a task that cannot open it fails the job
+   * with the reason (the executor side, without a session here).
+   */
   @Test
   void anUnknownBackendIsBadInputAndAnUnusableOneFailsTheJob() throws Exception {
     TestData d = new TestData(4, 2, 1, 8).doc("a", 20, 0, 1).query("q", "a", 10L);
@@ -77,10 +82,14 @@ class BackendSelectionTest {
     assumeFalse(CudaProbe.status().available(), "a GPU is present: cuda would run");
     args[args.length - 1] = "cuda";
     err.reset();
-    assertEquals(1, LongctxMain.run(args, System.out, new PrintStream(err, true)), err.toString());
-    assertTrue(err.toString().contains("this job runs on the 'cuda' backend (chosen on the driver), which executor"),
-        err.toString());
+    assertEquals(2, LongctxMain.run(args, System.out, new PrintStream(err, true)), err.toString());
+    assertTrue(err.toString().contains("--backend cuda: not usable on this machine, where the local master's executors"
+        + " run: " + CudaProbe.status().reason()), err.toString());
     assertTrue(!Files.exists(tmp.resolve("o")), "no output");
+    IllegalStateException e = org.junit.jupiter.api.Assertions.assertThrows(IllegalStateException.class,
+        () -> new JobBackend("cuda").open());
+    assertTrue(e.getMessage().contains("this job runs on the 'cuda' backend (chosen on the driver), which ")
+        && e.getMessage().contains(" cannot run: "), e.getMessage());
   }
 
   /** conf/gpu-discovery.sh prints Spark's resource JSON from nvidia-smi (a stand-in here). */

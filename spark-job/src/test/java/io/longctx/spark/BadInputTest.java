@@ -187,6 +187,14 @@ class BadInputTest {
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "3", "--tokens", "4611686018427387904",
         "--output", g}, System.out, e));
     assertTrue(err.toString().contains("more tokens than a long counts"), err.toString());
+    // An option given twice: the last won in silence. A count past int named no limit.
+    assertEquals(2, LongctxMain.run(new String[] {"score", "--keys", "k", "--queries", "q", "--output", "o1",
+        "--output", "o2"}, System.out, e));
+    assertTrue(err.toString().contains("--output is given twice (o1, then o2)"), err.toString());
+    assertEquals(2, LongctxMain.run(new String[] {"score", "--keys", "k", "--queries", "q", "--output", "o",
+        "--chunk-len", "4611686018427387904"}, System.out, e));
+    assertTrue(err.toString().contains("--chunk-len needs an integer of at most 2147483647, got 4611686018427387904"),
+        err.toString());
     // A softcap below float32's range was read as 0: no cap.
     assertEquals(2, LongctxMain.run(new String[] {"score", "--keys", "k", "--queries", "q", "--output", "o",
         "--softcap", "1e-50"}, System.out, e));
