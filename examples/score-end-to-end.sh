@@ -8,7 +8,8 @@
 # 2. scores the queries causally with a 1,024-token sliding window (decode mode);
 # 3. scores every token of every document as a causal query over its own document (prefill mode,
 #    Parquet, on a smaller corpus);
-# 4. shows a few output rows. Any extra arguments go to both score runs (e.g. --master URL).
+# 4. shows a few output rows. Any extra arguments go to both score runs (e.g. --master URL; one the
+#    script already gives, such as --chunk-len, is refused as given twice).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 work="${1:-$(mktemp -d -t longctx-example-XXXXXX)}"
