@@ -164,8 +164,15 @@ public final class KernelBench {
       System.err.println("bench: --op must be forward, decode or all, got '" + op + "'");
       System.exit(2);
     }
-    if (only != null && !IMPL_NAMES.contains(only)) {
-      System.err.println("bench: --only must be one of " + String.join(", ", IMPL_NAMES) + ", got '" + only + "'");
+    // The forward times the first four; decode all six: --only names one every chosen op has.
+    List<String> names = op.equals("decode") ? IMPL_NAMES : IMPL_NAMES.subList(0, 4);
+    if (only != null && !names.contains(only)) {
+      System.err.println("bench: --only with --op " + op + " must be one of " + String.join(", ", names) + ", got '"
+          + only + "'");
+      System.exit(2);
+    }
+    if ("libtorch-sdpa".equals(only) && !anchor) {
+      System.err.println("bench: --only libtorch-sdpa times the anchor: leave out --no-anchor");
       System.exit(2);
     }
     if ("djl-plain".equals(only)) {
@@ -401,7 +408,7 @@ public final class KernelBench {
     }
   }
 
-  /** Every implementation a bench line may name (the forward times the first four, decode all six). */
+  /** Every implementation a bench line may name: the forward times the first four, decode all six. */
   static final List<String> IMPL_NAMES = List.of("java", "op", "libtorch-sdpa", "djl-plain", "java-unified-max", "copy");
 
   private static List<Impl> select(List<Impl> impls, String only) {
@@ -599,6 +606,9 @@ public final class KernelBench {
         names.retainAll(wanted);
       } else if (!plain) {
         names.remove("djl-plain");
+      }
+      if (Arrays.asList(args).contains("--no-anchor")) {
+        names.remove("libtorch-sdpa"); // its child would be refused
       }
       for (boolean c : o.equals("forward") && causal == null ? new boolean[] {false, true} : new boolean[] {true}) {
         for (String name : names) {

@@ -27,7 +27,10 @@ final class Args {
         if (inline != null) {
           throw new IllegalArgumentException(name + " takes no value");
         }
-        a.putOnce(name, "true");
+        if (a.values.containsKey(name)) {
+          throw new IllegalArgumentException(name + " is given twice");
+        }
+        a.values.put(name, "true");
       } else if (valued.contains(name) || name.equals("--conf") || name.equals("--master")) {
         String v = inline;
         if (v == null) {
@@ -75,8 +78,8 @@ final class Args {
     try {
       return Integer.parseInt(v.trim());
     } catch (NumberFormatException e) {
-      throw new IllegalArgumentException(name + " needs an integer" + (isLong(v) ? " of at most " + Integer.MAX_VALUE
-          : "") + ", got " + v);
+      throw new IllegalArgumentException(name + " needs an integer" + (isLong(v) ? " between " + Integer.MIN_VALUE
+          + " and " + Integer.MAX_VALUE : "") + ", got " + v);
     }
   }
 

@@ -33,7 +33,9 @@ final class JobBackend implements Serializable {
    */
   static JobBackend resolve(SparkSession spark, String choice) {
     String c = choice != null ? choice : AttentionBackends.choice();
+    String source = choice != null ? "--backend" : "-D" + AttentionBackends.PROPERTY;
     if (c.equals("auto")) {
+      source = "auto, as spark.task.resource.gpu.amount > 0,";
       double gpus = spark.sparkContext().getConf().getDouble("spark.task.resource." + GPU + ".amount", 0);
       c = gpus > 0 ? "cuda" : "cpu";
     }
@@ -43,11 +45,13 @@ final class JobBackend implements Serializable {
     } catch (IllegalArgumentException e) {
       throw new InputError("--backend: " + e.getMessage());
     }
-    // With a local master every executor runs on this machine: a backend this JVM cannot run, none can.
-    // Said here, before any work, instead of by the first task's failure.
-    String why = Sessions.isLocal(spark.sparkContext().master()) ? p.unavailableReason() : null;
+    // With local or local[N] the tasks run in this JVM: a backend it cannot run, no task can. Said here,
+    // before any work, instead of by the first task's failure. (local-cluster's executors are other JVMs,
+    // with their own class path and environment: their tasks decide, as on a cluster.)
+    String master = spark.sparkContext().master();
+    String why = master.equals("local") || master.startsWith("local[") ? p.unavailableReason() : null;
     if (why != null) {
-      throw new InputError("--backend " + p.name() + ": not usable on this machine, where the local master's executors"
+      throw new InputError(source + " (" + p.name() + "): not usable in this JVM, where the tasks of master " + master
           + " run: " + why);
     }
     return new JobBackend(p.name());

@@ -128,8 +128,10 @@ public final class Sessions {
     conf.put("spark.sql.parquet.columnarReaderBatchSize", "256");
     String file = System.getProperty("longctx.conf", System.getenv("LONGCTX_CONF"));
     if (file != null && !file.isEmpty()) {
-      if (!Files.isRegularFile(Path.of(file))) { // a misspelled name would drop every setting in silence
-        throw new InputError("Spark defaults file " + file + " (LONGCTX_CONF or -Dlongctx.conf) is not a file");
+      Path p = Path.of(file); // a misspelled name would drop every setting in silence (/dev/null: none, on purpose)
+      if (!Files.exists(p) || Files.isDirectory(p)) {
+        throw new InputError("Spark defaults file " + file + " (LONGCTX_CONF or -Dlongctx.conf) "
+            + (Files.isDirectory(p) ? "is a directory" : "does not exist"));
       }
       conf.putAll(readDefaults(Path.of(file)));
     }

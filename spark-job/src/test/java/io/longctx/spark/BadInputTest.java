@@ -193,7 +193,8 @@ class BadInputTest {
     assertTrue(err.toString().contains("--output is given twice (o1, then o2)"), err.toString());
     assertEquals(2, LongctxMain.run(new String[] {"score", "--keys", "k", "--queries", "q", "--output", "o",
         "--chunk-len", "4611686018427387904"}, System.out, e));
-    assertTrue(err.toString().contains("--chunk-len needs an integer of at most 2147483647, got 4611686018427387904"),
+    assertTrue(err.toString().contains("--chunk-len needs an integer between -2147483648 and 2147483647, got "
+        + "4611686018427387904"),
         err.toString());
     // A softcap below float32's range was read as 0: no cap.
     assertEquals(2, LongctxMain.run(new String[] {"score", "--keys", "k", "--queries", "q", "--output", "o",

@@ -52,8 +52,10 @@ class SessionsTest {
       // A misspelled name once dropped every setting of the file in silence.
       System.setProperty("longctx.conf", dir.resolve("spark-default.conf").toString());
       InputError e = assertThrows(InputError.class, () -> Sessions.settings(null, List.of()));
-      assertTrue(e.getMessage().contains("spark-default.conf (LONGCTX_CONF or -Dlongctx.conf) is not a file"),
+      assertTrue(e.getMessage().contains("spark-default.conf (LONGCTX_CONF or -Dlongctx.conf) does not exist"),
           e.getMessage());
+      System.setProperty("longctx.conf", "/dev/null"); // no defaults file, on purpose
+      assertEquals(null, Sessions.settings(null, List.of()).get("spark.sql.shuffle.partitions"));
     } finally {
       if (before == null) {
         System.clearProperty("longctx.conf");
