@@ -164,8 +164,8 @@ public final class KernelBench {
       System.err.println("bench: --op must be forward, decode or all, got '" + op + "'");
       System.exit(2);
     }
-    // The forward times the first four; decode all six: --only names one every chosen op has.
-    List<String> names = op.equals("decode") ? IMPL_NAMES : IMPL_NAMES.subList(0, 4);
+    // --only names one that every chosen op times.
+    List<String> names = op.equals("decode") ? DECODE_IMPLS : FORWARD_IMPLS;
     if (only != null && !names.contains(only)) {
       System.err.println("bench: --only with --op " + op + " must be one of " + String.join(", ", names) + ", got '"
           + only + "'");
@@ -408,8 +408,9 @@ public final class KernelBench {
     }
   }
 
-  /** Every implementation a bench line may name: the forward times the first four, decode all six. */
-  static final List<String> IMPL_NAMES = List.of("java", "op", "libtorch-sdpa", "djl-plain", "java-unified-max", "copy");
+  /** The implementations the forward times (djl-plain only with --plain); decode adds its two own. */
+  static final List<String> FORWARD_IMPLS = List.of("java", "op", "libtorch-sdpa", "djl-plain");
+  static final List<String> DECODE_IMPLS = List.of("java", "op", "libtorch-sdpa", "djl-plain", "java-unified-max", "copy");
 
   private static List<Impl> select(List<Impl> impls, String only) {
     if (only == null) {
@@ -597,7 +598,7 @@ public final class KernelBench {
     }
     List<String> ops = op.equals("all") ? List.of("forward", "decode") : List.of(op);
     for (String o : ops) {
-      List<String> names = new ArrayList<>(List.of("java", "op", "libtorch-sdpa", "djl-plain"));
+      List<String> names = new ArrayList<>(FORWARD_IMPLS);
       if (o.equals("decode")) {
         names.add(1, "java-unified-max");
       }

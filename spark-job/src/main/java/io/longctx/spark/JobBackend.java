@@ -48,11 +48,10 @@ final class JobBackend implements Serializable {
     // With local or local[N] the tasks run in this JVM: a backend it cannot run, no task can. Said here,
     // before any work, instead of by the first task's failure. (local-cluster's executors are other JVMs,
     // with their own class path and environment: their tasks decide, as on a cluster.)
-    String master = spark.sparkContext().master();
-    String why = master.equals("local") || master.startsWith("local[") ? p.unavailableReason() : null;
+    String why = spark.sparkContext().isLocal() ? p.unavailableReason() : null; // local, local[N]: not local-cluster
     if (why != null) {
-      throw new InputError(source + " (" + p.name() + "): not usable in this JVM, where the tasks of master " + master
-          + " run: " + why);
+      throw new InputError(source + " (" + p.name() + "): not usable in this JVM, where the tasks of master "
+          + spark.sparkContext().master() + " run: " + why);
     }
     return new JobBackend(p.name());
   }

@@ -133,7 +133,7 @@ public final class Sessions {
         throw new InputError("Spark defaults file " + file + " (LONGCTX_CONF or -Dlongctx.conf) "
             + (Files.isDirectory(p) ? "is a directory" : "does not exist"));
       }
-      conf.putAll(readDefaults(Path.of(file)));
+      conf.putAll(readDefaults(p));
     }
     SparkConf already = new SparkConf(true); // spark.* system properties, e.g. from SparkSubmit
     for (scala.Tuple2<String, String> kv : already.getAll()) {
