@@ -150,13 +150,23 @@ public final class Generator implements Serializable {
     OutputCommit keysOut = OutputCommit.prepare(hconf, dir + "/" + keysName(), overwrite, "gen", Map.of());
     OutputCommit queriesOut = queriesPerDoc > 0
         ? OutputCommit.prepare(hconf, dir + "/" + queriesName(), overwrite, "gen", Map.of()) : null;
-    keysOut.write(spark, Formats.output(keyRows.write(), format));
-    if (queriesOut != null) {
+    // Both are staged, then committed as one: a run that fails or dies part-way never leaves new keys
+    // beside the old queries (they would score as a corpus nobody generated).
+    keysOut.stage(spark, Formats.output(keyRows.write(), format));
+    if (queriesOut == null) {
+      keysOut.commit();
+      return;
+    }
+    try {
       int q = queriesPerDoc;
       Dataset<Row> queries = spark.range(0, (long) docs * q, 1, Math.max(1, Math.min(parts, docs)))
           .map((MapFunction<Long, Token>) id -> g.query((int) (id / q), (int) (id % q)), Encoders.bean(Token.class))
           .select(col("queryId").as("query_id"), col("docId").as("doc_id"), col("q"), col("pos"));
-      queriesOut.write(spark, Formats.output(queries.write(), format));
+      queriesOut.stage(spark, Formats.output(queries.write(), format));
+    } catch (Throwable e) {
+      keysOut.abort();
+      throw e;
     }
+    OutputCommit.commitAll(java.util.List.of(keysOut, queriesOut));
   }
 }

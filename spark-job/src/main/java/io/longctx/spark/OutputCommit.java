@@ -29,14 +29,21 @@ import org.apache.spark.sql.SparkSession;
  * longctx output: a directory holding the {@value #MARKER} marker and nothing but the files a
  * Spark write and this class make. Anything else is refused (exit 2) and left untouched.
  *
+ * OUT may not be a symbolic link, nor lie under a file.
+ *
  * <p>The job writes into a hidden sibling {@code .OUT-tmp-UUID} ({@link #staging()}). {@link
- * #commit()} adds the marker, then: OUT absent: rename staging to OUT; OUT present: rename OUT
- * aside to {@code .OUT-old-UUID}, rename staging to OUT, delete the old. Every rename refuses an
- * existing target (a plain rename onto a directory would move into it). A failed step is an error
- * (exit 1) that leaves OUT either the old output or the new one, complete: a failed move-in puts
- * the old back. Only a process death between the two renames leaves no OUT; both complete
- * directories are then beside it, named in RELIABILITY.md. Atomic where renames are (local file
- * systems, HDFS); on object stores a rename is a copy and a delete, and none of this holds.
+ * #commit()} first checks that no input file changed since {@link #prepare} (a file replaced or
+ * grown while Spark read it gives rows of two versions, or a row cut off: exit 2), then adds the
+ * marker (written under a hidden name and renamed, so a marker is never partial), then: OUT absent:
+ * rename staging to OUT; OUT present: rename OUT aside to {@code .OUT-old-UUID}, rename staging to
+ * OUT, delete the old. Every rename refuses an existing target (a plain rename onto a directory
+ * would move into it). A failed step is an error (exit 1) that leaves OUT either the old output or
+ * the new one, complete: a failed move-in puts the old back. Only a process death between the two
+ * renames leaves no OUT; both complete directories are then beside it, named in RELIABILITY.md.
+ * {@link #commitAll} commits several outputs as one (gen's keys and queries): every OUT is moved
+ * aside before any new one moves in, so a death part-way leaves outputs missing, never an old one
+ * beside a new one. Atomic where renames are (local file systems, HDFS); on object stores a rename
+ * is a copy and a delete, and none of this holds.
  */
 public final class OutputCommit {
 
@@ -54,7 +61,8 @@ public final class OutputCommit {
    * TEST-ONLY: a JVM system property (never a Spark --conf) naming a failure to inject in {@link
    * #commit()}: {@code fail-after-aside} (the move-in fails after OUT was moved aside),
    * {@code fail-restore} (the move-in and the move back both fail), {@code halt-after-aside} (the
-   * JVM halts there, as a killed driver would).
+   * JVM halts there, as a killed driver would), {@code fail-marker} (writing the marker fails, as on
+   * a full disk).
    */
   static final String FAULT_PROPERTY = "longctx.test.commitFault";
 
@@ -64,15 +72,26 @@ public final class OutputCommit {
   private final Path staging;
   private final String command;
   private final boolean overwrite;
+  private final Configuration conf;
+  private final Map<String, String> inputs;
+  /** Every input file's length and modification time at {@link #prepare}, checked again at commit. */
+  private final Map<Path, InputFile> inputFiles;
 
-  private OutputCommit(FileSystem fs, FileContext fc, Path out, String command, boolean overwrite) {
+  private OutputCommit(FileSystem fs, FileContext fc, Path out, String command, boolean overwrite, Configuration conf,
+      Map<String, String> inputs) throws IOException {
     this.fs = fs;
     this.fc = fc;
     this.out = out;
     this.command = command;
     this.overwrite = overwrite;
+    this.conf = conf;
+    this.inputs = inputs;
+    this.inputFiles = listInputs(conf, inputs);
     this.staging = new Path(out.getParent(), "." + out.getName() + "-tmp-" + UUID.randomUUID());
   }
+
+  /** An input file as listed: its input's label ("KEYS"), length and modification time. */
+  record InputFile(String label, long length, long modified) {}
 
   /**
    * Checks OUT against the rules above before any work is done; {@code inputs} maps a label
@@ -102,9 +121,106 @@ public final class OutputCommit {
             ? " contains " : " is inside ") + in.getKey() + " " + in.getValue() + ": choose an output directory apart from the inputs");
       }
     }
-    OutputCommit c = new OutputCommit(fs, FileContext.getFileContext(out.toUri(), conf), out, command, overwrite);
+    if ("file".equals(out.toUri().getScheme())) {
+      java.nio.file.Path local = java.nio.file.Path.of(out.toUri());
+      if (Files.isSymbolicLink(local)) { // a rename would replace the link, not what it points to
+        throw new InputError("output " + out + " is a symbolic link (to " + Files.readSymbolicLink(local) + "): longctx "
+            + "neither writes through nor replaces a link; give the path it points to, or another");
+      }
+    }
+    for (Path a = out.getParent(); a != null; a = a.getParent()) { // the nearest existing ancestor
+      FileStatus st;
+      try {
+        st = fs.getFileStatus(a);
+      } catch (FileNotFoundException e) {
+        continue;
+      }
+      if (!st.isDirectory()) {
+        throw new InputError("output " + out + " lies under " + a + ", which is a file: give a path in a directory");
+      }
+      break;
+    }
+    OutputCommit c = new OutputCommit(fs, FileContext.getFileContext(out.toUri(), conf), out, command, overwrite, conf,
+        inputs);
     c.checkReplaceable();
     return c;
+  }
+
+  /**
+   * The files each input names (a file, a directory read recursively, or a glob), as Spark reads
+   * them: names starting with '.' or '_' are skipped, as Spark skips them. An input absent now is
+   * left to the reader to report.
+   */
+  private static Map<Path, InputFile> listInputs(Configuration conf, Map<String, String> inputs) throws IOException {
+    Map<Path, InputFile> files = new java.util.LinkedHashMap<>();
+    for (Map.Entry<String, String> in : inputs.entrySet()) {
+      if (in.getValue() == null) {
+        continue;
+      }
+      Path p = new Path(in.getValue());
+      FileSystem fs = p.getFileSystem(conf);
+      FileStatus[] matches = fs.globStatus(p);
+      if (matches == null) {
+        continue;
+      }
+      for (FileStatus m : matches) {
+        if (m.isDirectory()) {
+          org.apache.hadoop.fs.RemoteIterator<org.apache.hadoop.fs.LocatedFileStatus> it = fs.listFiles(m.getPath(), true);
+          while (it.hasNext()) {
+            FileStatus f = it.next();
+            if (!hiddenBelow(m.getPath(), f.getPath())) {
+              files.put(f.getPath(), new InputFile(in.getKey(), f.getLen(), f.getModificationTime()));
+            }
+          }
+        } else {
+          files.put(m.getPath(), new InputFile(in.getKey(), m.getLen(), m.getModificationTime()));
+        }
+      }
+    }
+    return files;
+  }
+
+  /** Whether a name on the path from top down to f starts with '.' or '_' (Spark reads none of those). */
+  private static boolean hiddenBelow(Path top, Path f) {
+    for (Path p = f; p != null && !p.equals(top); p = p.getParent()) {
+      if (p.getName().startsWith(".") || p.getName().startsWith("_")) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  /**
+   * Throws {@link InputError} naming the first input file that appeared, disappeared, or changed in
+   * length or modification time since {@link #prepare}: the job may have read parts of two versions.
+   */
+  private void checkInputsUnchanged() throws IOException {
+    Map<Path, InputFile> now = listInputs(conf, inputs);
+    if (now.equals(inputFiles)) {
+      return;
+    }
+    String what = null;
+    for (Map.Entry<Path, InputFile> e : inputFiles.entrySet()) {
+      InputFile later = now.get(e.getKey());
+      InputFile was = e.getValue();
+      if (later == null) {
+        what = was.label() + " file " + e.getKey() + " disappeared";
+      } else if (!later.equals(was)) {
+        what = was.label() + " file " + e.getKey() + " changed (" + was.length() + " bytes, modified "
+            + Instant.ofEpochMilli(was.modified()) + ", then " + later.length() + " bytes, modified "
+            + Instant.ofEpochMilli(later.modified()) + ")";
+      }
+      if (what != null) {
+        break;
+      }
+    }
+    if (what == null) {
+      Map.Entry<Path, InputFile> added = now.entrySet().stream().filter(e -> !inputFiles.containsKey(e.getKey()))
+          .findFirst().orElseThrow();
+      what = added.getValue().label() + " file " + added.getKey() + " appeared";
+    }
+    throw new InputError(what + " while the job ran: the result could mix two versions of the input, so nothing was "
+        + "written" + (fs.exists(out) ? " (" + out + " is unchanged)" : "") + "; run again once the input is stable");
   }
 
   /**
@@ -113,6 +229,12 @@ public final class OutputCommit {
    * asynchronously and may still create files), then the staging directory is deleted.
    */
   public void write(SparkSession spark, DataFrameWriter<Row> writer) throws IOException {
+    stage(spark, writer);
+    commit();
+  }
+
+  /** The first half of {@link #write}: the result written into the staging directory, not yet committed. */
+  public void stage(SparkSession spark, DataFrameWriter<Row> writer) throws IOException {
     try {
       writer.save(staging.toString());
     } catch (Throwable e) { // also Spark's SparkException, checked to Java but undeclared by Scala
@@ -128,7 +250,6 @@ public final class OutputCommit {
       abort();
       throw e;
     }
-    commit();
   }
 
   /**
@@ -180,62 +301,136 @@ public final class OutputCommit {
    * step, having deleted the staging directory unless it is the only complete copy of the result.
    */
   public void commit() throws IOException {
-    try (OutputStream m = fs.create(new Path(staging, MARKER), false)) {
-      m.write(("longctx " + command + " output\nwritten " + Instant.now() + "\n").getBytes(StandardCharsets.UTF_8));
-    }
-    if (!fs.exists(out)) {
-      try {
-        moveNoReplace(staging, out, "could not move the result " + staging + " to " + out);
-      } catch (IOException e) {
-        abort(); // OUT (if it appeared meanwhile) is not ours to touch
-        throw e;
-      }
-      return;
-    }
-    Path aside = new Path(out.getParent(), "." + out.getName() + "-old-" + UUID.randomUUID());
+    commitAll(List.of(this));
+  }
+
+  /**
+   * Commits staged outputs as one: each is checked and marked; then every OUT that exists is moved
+   * aside; then every staged result moved in; then the old outputs deleted. A failed step moves
+   * back what it had moved (exit 1, the old outputs in place); a process death part-way leaves some
+   * OUTs missing and their complete old and new copies beside them, never an old output with a new one.
+   */
+  public static void commitAll(List<OutputCommit> outs) throws IOException {
     try {
-      checkReplaceable(); // again: OUT may have changed while the job ran
-      moveNoReplace(out, aside, "could not move the previous output " + out + " aside to " + aside
-          + "; it is unchanged");
+      for (OutputCommit o : outs) {
+        o.checkInputsUnchanged();
+        o.writeMarker();
+      }
     } catch (IOException | RuntimeException e) {
-      abort();
+      outs.forEach(OutputCommit::abort);
       throw e;
     }
     String fault = System.getProperty(FAULT_PROPERTY, "");
+    Map<OutputCommit, Path> asides = new java.util.LinkedHashMap<>();
+    try {
+      for (OutputCommit o : outs) {
+        if (o.fs.exists(o.out)) {
+          o.checkReplaceable(); // again: OUT may have changed while the job ran
+          Path aside = new Path(o.out.getParent(), "." + o.out.getName() + "-old-" + UUID.randomUUID());
+          o.moveNoReplace(o.out, aside, "could not move the previous output " + o.out + " aside to " + aside
+              + "; it is unchanged");
+          asides.put(o, aside);
+        }
+      }
+    } catch (IOException | RuntimeException e) {
+      try {
+        for (Map.Entry<OutputCommit, Path> a : asides.entrySet()) {
+          a.getKey().moveNoReplace(a.getValue(), a.getKey().out, "restore");
+        }
+      } catch (IOException restore) {
+        e.addSuppressed(restore);
+        throw new IOException(e.getMessage() + "; and an output moved aside could not be put back: "
+            + whereEach(outs, asides), e);
+      }
+      outs.forEach(OutputCommit::abort);
+      throw e;
+    }
     if (fault.equals("halt-after-aside")) {
       Runtime.getRuntime().halt(137);
     }
+    List<OutputCommit> movedIn = new ArrayList<>();
     try {
-      if (!fault.isEmpty()) {
-        throw new IOException("injected test failure (" + FAULT_PROPERTY + "=" + fault + ") moving " + staging + " to "
-            + out);
+      for (OutputCommit o : outs) {
+        if (!asides.isEmpty() && (fault.equals("fail-after-aside") || fault.equals("fail-restore"))) {
+          throw new IOException("injected test failure (" + FAULT_PROPERTY + "=" + fault + ") moving " + o.staging
+              + " to " + o.out);
+        }
+        o.moveNoReplace(o.staging, o.out, "could not move the result " + o.staging + " to " + o.out);
+        movedIn.add(o);
       }
-      moveNoReplace(staging, out, "could not move the result " + staging + " to " + out);
     } catch (IOException moveIn) {
       try {
-        if (fault.equals("fail-restore")) {
-          throw new IOException("injected test failure (" + FAULT_PROPERTY + "=" + fault + ") restoring " + out);
+        for (int k = movedIn.size() - 1; k >= 0; k--) {
+          movedIn.get(k).moveNoReplace(movedIn.get(k).out, movedIn.get(k).staging, "take back");
         }
-        moveNoReplace(aside, out, "restore");
+        if (fault.equals("fail-restore")) {
+          throw new IOException("injected test failure (" + FAULT_PROPERTY + "=" + fault + ") restoring "
+              + asides.keySet().iterator().next().out);
+        }
+        for (Map.Entry<OutputCommit, Path> a : asides.entrySet()) {
+          a.getKey().moveNoReplace(a.getValue(), a.getKey().out, "restore");
+        }
       } catch (IOException restore) {
-        IOException e = new IOException("could not replace " + out + " (" + moveIn.getMessage() + ") nor restore it ("
-            + restore.getMessage() + "): the previous output is complete in " + aside + ", the new result complete in "
-            + staging + "; move one of them to " + out, moveIn);
+        IOException e = new IOException("could not replace " + String.join(", ", outs.stream().map(o -> o.out.toString())
+            .toList()) + " (" + moveIn.getMessage() + ") nor restore " + (outs.size() == 1 ? "it" : "them") + " ("
+            + restore.getMessage() + "): " + whereEach(outs, asides), moveIn);
         e.addSuppressed(restore);
         throw e;
       }
-      abort();
-      throw new IOException(moveIn.getMessage() + "; the previous output is back in " + out, moveIn);
+      outs.forEach(OutputCommit::abort);
+      throw new IOException(moveIn.getMessage() + (asides.isEmpty() ? ""
+          : "; the previous output is back in " + String.join(", ", asides.keySet().stream().map(o -> o.out.toString())
+              .toList())), moveIn);
     }
-    boolean deleted;
-    try {
-      deleted = fs.delete(aside, true);
-    } catch (IOException e) {
-      deleted = false;
+    List<Path> stuck = new ArrayList<>();
+    for (Map.Entry<OutputCommit, Path> a : asides.entrySet()) {
+      boolean deleted;
+      try {
+        deleted = a.getKey().fs.delete(a.getValue(), true);
+      } catch (IOException e) {
+        deleted = false;
+      }
+      if (!deleted && a.getKey().fs.exists(a.getValue())) {
+        stuck.add(a.getValue());
+      }
     }
-    if (!deleted && fs.exists(aside)) {
-      throw new IOException(out + " holds the new result, complete, but the previous output moved aside to " + aside
+    if (!stuck.isEmpty()) {
+      throw new IOException(outs.stream().map(o -> o.out.toString()).toList() + " hold" + (outs.size() == 1 ? "s" : "")
+          + " the new result, complete, but the previous output moved aside to " + stuck
           + " could not be deleted: delete it yourself");
+    }
+  }
+
+  /** For a commit stuck half-way: where each output's complete previous and new copies are now. */
+  private static String whereEach(List<OutputCommit> outs, Map<OutputCommit, Path> asides) throws IOException {
+    List<String> r = new ArrayList<>();
+    for (OutputCommit o : outs) {
+      Path old = asides.get(o);
+      String oldAt = old != null && o.fs.exists(old) ? old.toString() : null;
+      String newAt = o.fs.exists(o.staging) ? o.staging.toString() : o.out.toString();
+      r.add((oldAt != null ? "the previous output of " + o.out + " is complete in " + oldAt + ", " : "")
+          + "the new result complete in " + newAt);
+    }
+    return String.join("; ", r) + "; move one of each to its OUT";
+  }
+
+  /** The marker, written under a hidden name and renamed: a full disk or a death leaves no partial marker. */
+  private void writeMarker() throws IOException {
+    Path writing = new Path(staging, "." + MARKER + "-writing");
+    try {
+      try (OutputStream m = fs.create(writing, false)) {
+        if (System.getProperty(FAULT_PROPERTY, "").equals("fail-marker")) {
+          throw new IOException("injected test failure (" + FAULT_PROPERTY + "=fail-marker)");
+        }
+        m.write(("longctx " + command + " output\nwritten " + Instant.now() + "\n").getBytes(StandardCharsets.UTF_8));
+      }
+      if (!fs.rename(writing, new Path(staging, MARKER))) {
+        throw new IOException("renaming " + writing + " failed");
+      }
+    } catch (IOException e) {
+      abort();
+      throw new IOException("could not write the marker " + MARKER + " of " + out + " (" + e.getMessage()
+          + "): the result is deleted" + (fs.exists(out) ? " and " + out + " is unchanged" : ""), e);
     }
   }
 

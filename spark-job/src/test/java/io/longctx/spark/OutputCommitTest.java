@@ -243,4 +243,83 @@ class OutputCommitTest {
     assertEquals(30, spark.read().parquet(fresh.resolve("keys.parquet").toString()).count());
     assertTrue(new File(fresh.resolve("queries.parquet").toString(), OutputCommit.MARKER).exists());
   }
+
+  /** A file of the input replaced or grown while the job ran: refused at commit (a run mixed two versions before). */
+  @Test
+  void anInputThatChangesDuringTheJobIsRefusedAtCommit() throws Exception {
+    org.apache.hadoop.conf.Configuration conf = spark.sparkContext().hadoopConfiguration();
+    Path in = Files.createDirectories(tmp.resolve("in"));
+    Path part = Files.writeString(in.resolve("part-0.jsonl"), "{}\n");
+    Path out = tmp.resolve("out");
+    for (String change : List.of("grown", "touched", "appeared", "disappeared", "hidden file added")) {
+      OutputCommit c = OutputCommit.prepare(conf, out.toString(), false, "score", Map.of("KEYS", in.toString()));
+      Path staged = Files.createDirectories(Path.of(c.staging().toUri()));
+      Files.writeString(staged.resolve("_SUCCESS"), "");
+      switch (change) {
+        case "grown" -> Files.writeString(part, "{}\n{}\n");
+        case "touched" -> Files.setLastModifiedTime(part, java.nio.file.attribute.FileTime.fromMillis(
+            Files.getLastModifiedTime(part).toMillis() + 10_000));
+        case "appeared" -> Files.writeString(in.resolve("part-1.jsonl"), "{}\n");
+        case "disappeared" -> Files.delete(in.resolve("part-1.jsonl"));
+        default -> Files.writeString(in.resolve("_SUCCESS"), ""); // Spark reads no '_' or '.' file: no change
+      }
+      if (change.equals("hidden file added")) {
+        c.commit();
+        assertTrue(Files.exists(out.resolve(OutputCommit.MARKER)), "committed");
+        continue;
+      }
+      InputError e = org.junit.jupiter.api.Assertions.assertThrows(InputError.class, c::commit, change);
+      assertTrue(e.getMessage().contains("KEYS file") && e.getMessage().contains(change.equals("touched") ? "changed"
+          : change.equals("grown") ? "changed (3 bytes" : change) && e.getMessage().contains("nothing was written"),
+          e.getMessage());
+      assertFalse(Files.exists(out), change);
+      assertEquals(List.of(), hidden(), "the staged result is deleted: " + change);
+    }
+  }
+
+  @Test
+  void aLinkOrAPathUnderAFileIsRefusedBeforeAnyWork() throws Exception {
+    Path dangling = Files.createSymbolicLink(tmp.resolve("dangling"), tmp.resolve("nowhere/out"));
+    assertRefused(run(args(dangling, false)), keys, snapshot(keys), "is a symbolic link", "nowhere");
+    assertFalse(Files.exists(tmp.resolve("nowhere")), "nothing made through the link");
+    Path out = tmp.resolve("out");
+    assertEquals(0, run(args(out, false)).rc());
+    Map<String, String> before = snapshot(out);
+    Path link = Files.createSymbolicLink(tmp.resolve("link"), out);
+    assertRefused(run(args(link, true)), out, before, "is a symbolic link", "give the path it points to");
+    assertTrue(Files.isSymbolicLink(link), "the link is left as it was");
+    Path file = Files.writeString(tmp.resolve("a-file"), "x");
+    assertRefused(run(args(file.resolve("sub/out"), false)), file, Map.of("", "x"), "which is a file");
+  }
+
+  @Test
+  void aMarkerThatCannotBeWrittenLeavesTheOldOutputAndNothingElse() throws Exception {
+    Path out = tmp.resolve("out");
+    assertEquals(0, run(args(out, false)).rc());
+    Map<String, String> old = snapshot(out);
+    Outcome o = runWithCommitFault("fail-marker", args(out, true, "--window", "4"));
+    assertEquals(1, o.rc(), o.err());
+    assertTrue(o.err().contains("could not write the marker") && o.err().contains("is unchanged"), o.err());
+    assertEquals(old, snapshot(out));
+    assertEquals(List.of(), hidden(), "no staging directory (with or without a marker) left behind");
+  }
+
+  /** gen's keys and queries are committed as one: a failed swap puts both old ones back. */
+  @Test
+  void genReplacesKeysAndQueriesTogetherOrNeither() throws Exception {
+    Path dir = tmp.resolve("corpus");
+    String[] gen = {"gen", "--docs", "1", "--tokens", "20", "--output", dir.toString()};
+    assertEquals(0, run(gen).rc());
+    Map<String, String> old = snapshot(dir);
+    String[] again = {"gen", "--docs", "1", "--tokens", "30", "--seed", "7", "--output", dir.toString(), "--overwrite"};
+    Outcome o = runWithCommitFault("fail-after-aside", again);
+    assertEquals(1, o.rc(), o.err());
+    assertTrue(o.err().contains("keys.parquet") && o.err().contains("queries.parquet"), "both named: " + o.err());
+    assertEquals(old, snapshot(dir), "both old outputs back, unchanged");
+    try (Stream<Path> s = Files.list(dir)) {
+      assertEquals(List.of("keys.parquet", "queries.parquet"), s.map(p -> p.getFileName().toString()).sorted().toList());
+    }
+    assertEquals(0, run(again).rc());
+    assertEquals(30, spark.read().parquet(dir.resolve("keys.parquet").toString()).count());
+  }
 }
