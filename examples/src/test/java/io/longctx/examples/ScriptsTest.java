@@ -126,7 +126,9 @@ class ScriptsTest {
   static Path helloJar(Path dir) throws IOException {
     Path src = Files.createDirectories(dir.resolve("src")).resolve("Hello.java");
     Files.writeString(src, "public class Hello { public static void main(String[] a) {"
-        + " System.out.println(\"hello\"); if (a.length > 0 && !a[0].startsWith(\"-\")) System.exit(Integer.parseInt(a[0])); } }");
+        + " System.out.println(\"hello\"); if (a.length > 0 && a[0].equals(\"sleep\")) try { Thread.sleep(120_000); }"
+        + " catch (InterruptedException e) { } else if (a.length > 0 && !a[0].startsWith(\"-\"))"
+        + " System.exit(Integer.parseInt(a[0])); } }");
     assertEquals(0, ToolProvider.getSystemJavaCompiler().run(null, null, null, "-d", dir.toString(), src.toString()));
     Path jar = dir.resolve("hello.jar");
     try (JarOutputStream out = new JarOutputStream(Files.newOutputStream(jar))) {
@@ -186,7 +188,7 @@ class ScriptsTest {
     assertTrue(first.out().contains("writes a class archive") && first.out().contains("hello"), first.out());
     List<String> written = archives(dir);
     assertEquals(1, written.size(), written.toString());
-    assertTrue(written.get(0).matches("hello-[0-9]+\\.jsa"), written.toString());
+    assertTrue(written.get(0).matches("hello-[0-9]+-[0-9]+\\.jsa"), written.toString());
     for (int i = 0; i < 2; i++) {
       Result again = run(Map.of(), hello);
       assertEquals(0, again.rc(), again.out());
@@ -203,6 +205,37 @@ class ScriptsTest {
     assertEquals(1, renewed.size(), renewed.toString());
     assertTrue(!renewed.equals(written), "the rebuilt jar's archive replaces the old one: " + renewed);
     assertTrue(run(Map.of(), hello).out().contains("Hello source: shared objects file (top)"));
+  }
+
+  /**
+   * A TERM sent to bin/lib/java-cds alone (as a supervisor or timeout(1) sends it) while its first run
+   * writes the archive: the JVM is stopped and waited for, and no archive, whole or partial, is left.
+   */
+  @Test
+  void aSignalToTheArchivingRunStopsItsJvm() throws Exception {
+    Path jar = helloJar(Files.createDirectory(tmp.resolve("cds-signal-src")));
+    Path dir = tmp.resolve("cds-signal");
+    String java = Path.of(System.getProperty("java.home"), "bin", "java").toString();
+    ProcessBuilder pb = new ProcessBuilder("bin/lib/java-cds", dir.toString(), "hello", java, "-cp", jar.toString(),
+        "Hello", "sleep").directory(root.toFile()).redirectErrorStream(true)
+        .redirectOutput(Files.createTempFile(tmp, "out", ".txt").toFile());
+    Process p = pb.start();
+    try {
+      ProcessHandle jvm = null;
+      for (long end = System.nanoTime() + 30_000_000_000L; jvm == null && System.nanoTime() < end; Thread.sleep(100)) {
+        jvm = p.descendants().filter(h -> h.info().command().orElse("").endsWith("java")).findFirst().orElse(null);
+      }
+      assertTrue(jvm != null, "the JVM started");
+      Thread.sleep(1000); // past the JVM's start, into main's sleep
+      p.destroy(); // SIGTERM to the script alone
+      assertTrue(p.waitFor(30, TimeUnit.SECONDS), "the script ended");
+      assertEquals(143, p.exitValue());
+      assertTrue(jvm.onExit().get(30, TimeUnit.SECONDS) != null && !jvm.isAlive(), "the JVM ended with it");
+      assertEquals(List.of(), Files.exists(dir) ? archives(dir) : List.of(), "no archive, whole or partial");
+    } finally {
+      p.descendants().forEach(ProcessHandle::destroyForcibly);
+      p.destroyForcibly();
+    }
   }
 
   static String[] concat(String[] a, String b) {
