@@ -15,6 +15,7 @@ import java.util.Locale;
 import java.util.Map;
 import java.util.SplittableRandom;
 import java.util.TreeMap;
+import java.util.UUID;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
@@ -143,8 +144,11 @@ public final class ModelGenerator {
   }
 
   /**
-   * Writes the checkpoint into {@code dir}, which must not exist or be an empty directory (we never
-   * write into a directory we did not make and that holds something).
+   * Writes the checkpoint as {@code dir}, which must not exist or be an empty directory (we never
+   * write into a directory we did not make and that holds something). The files are written into a
+   * hidden sibling {@code .NAME-tmp-UUID}, renamed to {@code dir} once complete (an empty {@code dir}
+   * is replaced): a failed run leaves nothing, a killed one only that hidden directory, never a
+   * partial checkpoint under the name asked for.
    */
   public static void generate(Spec s, Path dir) throws IOException {
     if (Files.exists(dir)) {
@@ -166,7 +170,40 @@ public final class ModelGenerator {
     Tokenizer tok = Tokenizer.train(s.vocab, SAMPLE_TEXT);
     String configJson = configJson(s);
     LlamaConfig cfg = LlamaConfig.parse(configJson, "generated config.json"); // the config must be one we read
-    Files.createDirectories(dir);
+    Path parent = dir.toAbsolutePath().normalize().getParent();
+    if (parent == null) {
+      throw new IllegalArgumentException(dir + " is a file system root: give a directory to create");
+    }
+    Files.createDirectories(parent);
+    Path staging = parent.resolve("." + dir.getFileName() + "-tmp-" + UUID.randomUUID());
+    try {
+      Files.createDirectory(staging);
+      writeFiles(s, staging, configJson, tok, cfg);
+      if (Files.isDirectory(dir)) {
+        Files.delete(dir); // empty, as checked above (one that filled meanwhile fails here, untouched)
+      }
+      Files.move(staging, dir); // fails, rather than replaces, should dir have appeared meanwhile
+    } catch (IOException | RuntimeException e) {
+      deleteRecursively(staging);
+      throw e;
+    }
+  }
+
+  private static void deleteRecursively(Path p) {
+    if (!Files.exists(p)) {
+      return;
+    }
+    try (var all = Files.walk(p)) {
+      for (Path f : all.sorted(java.util.Comparator.reverseOrder()).toList()) {
+        Files.deleteIfExists(f);
+      }
+    } catch (IOException e) {
+      // best effort: a hidden .NAME-tmp-UUID directory is safe to delete by hand
+    }
+  }
+
+  private static void writeFiles(Spec s, Path dir, String configJson, Tokenizer tok, LlamaConfig cfg)
+      throws IOException {
     Files.writeString(dir.resolve("config.json"), configJson, StandardCharsets.UTF_8);
     Files.writeString(dir.resolve("tokenizer.json"), tok.toJson(), StandardCharsets.UTF_8);
     Map<String, Safetensors.Tensor> tensors = weights(s, cfg);
