@@ -152,6 +152,11 @@ public final class LongctxMain {
         err.println("longctx " + cmd + ": error: " + ie.getMessage());
         return 2;
       }
+      if (Sessions.shuttingDown()) { // Spark's errors then are about its stopped context, not the cause
+        err.println("longctx " + cmd + ": interrupted: the JVM is shutting down (a signal); an output is "
+            + "written whole or not at all (docs/RELIABILITY.md)");
+        return 130;
+      }
       err.println("longctx " + cmd + ": failed: " + e);
       e.printStackTrace(err);
       return 1;

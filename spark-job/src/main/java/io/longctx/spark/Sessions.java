@@ -63,6 +63,21 @@ public final class Sessions {
    * error is printed first): waits up to {@link #DRAIN_MILLIS} for its tasks still running, then
    * stops it. Nothing to do after a command that succeeded or ran on a session it did not make.
    */
+  /**
+   * Whether the JVM is shutting down (a signal, or System.exit elsewhere): a job failing then failed
+   * because its SparkContext was stopped under it, not for a reason of its own.
+   */
+  static boolean shuttingDown() {
+    Thread probe = new Thread(() -> {});
+    try {
+      Runtime.getRuntime().addShutdownHook(probe);
+      Runtime.getRuntime().removeShutdownHook(probe);
+      return false;
+    } catch (IllegalStateException e) {
+      return true;
+    }
+  }
+
   public static void stopFailed() {
     Runnable stop = FAILED.getAndSet(null);
     if (stop != null) {
@@ -78,7 +93,11 @@ public final class Sessions {
    */
   static int drainTasks(SparkSession spark, long maxMillis) {
     org.apache.spark.SparkContext sc = spark.sparkContext();
-    sc.cancelAllJobs();
+    try {
+      sc.cancelAllJobs();
+    } catch (IllegalStateException stopped) { // stopped meanwhile (a signal's shutdown): nothing runs
+      return 0;
+    }
     long end = System.nanoTime() + maxMillis * 1_000_000L;
     int running = runningTasks(sc);
     while (running > 0 && System.nanoTime() < end) {
