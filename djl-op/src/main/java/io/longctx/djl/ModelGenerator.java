@@ -146,9 +146,9 @@ public final class ModelGenerator {
   /**
    * Writes the checkpoint as {@code dir}, which must not exist or be an empty directory (we never
    * write into a directory we did not make and that holds something). The files are written into a
-   * hidden sibling {@code .NAME-tmp-UUID}, renamed to {@code dir} once complete (an empty {@code dir}
-   * is replaced): a failed run leaves nothing, a killed one only that hidden directory, never a
-   * partial checkpoint under the name asked for.
+   * hidden sibling {@code .NAME-tmp-UUID}, renamed to {@code dir} once complete (into an existing
+   * empty {@code dir} the files are moved one by one): a failed run leaves nothing, a killed one only
+   * that hidden directory, never a partial checkpoint under a new name asked for.
    */
   public static void generate(Spec s, Path dir) throws IOException {
     if (Files.exists(dir)) {
@@ -179,10 +179,16 @@ public final class ModelGenerator {
     try {
       Files.createDirectory(staging);
       writeFiles(s, staging, configJson, tok, cfg);
-      if (Files.isDirectory(dir)) {
-        Files.delete(dir); // empty, as checked above (one that filled meanwhile fails here, untouched)
+      if (Files.isDirectory(dir)) { // the user's empty directory (a mount point, say): kept, the files moved in
+        try (var files = Files.list(staging)) {
+          for (Path f : files.toList()) {
+            Files.move(f, dir.resolve(f.getFileName().toString())); // fails, rather than replaces, a file there
+          }
+        }
+        Files.delete(staging);
+      } else {
+        Files.move(staging, dir); // fails, rather than replaces, should dir have appeared meanwhile
       }
-      Files.move(staging, dir); // fails, rather than replaces, should dir have appeared meanwhile
     } catch (IOException | RuntimeException e) {
       deleteRecursively(staging);
       throw e;

@@ -35,7 +35,7 @@ class ModelGeneratorTest {
 
     Path empty = Files.createDirectory(tmp.resolve("empty"));
     ModelGenerator.generate(s, empty);
-    assertTrue(Files.exists(empty.resolve("config.json")), "an empty directory is replaced by the checkpoint");
+    assertTrue(Files.exists(empty.resolve("config.json")), "an empty directory receives the checkpoint");
 
     Path mine = Files.createDirectory(tmp.resolve("mine"));
     Files.writeString(mine.resolve("notes.txt"), "precious");

@@ -154,8 +154,8 @@ public final class LongctxMain {
       }
       if (Sessions.shuttingDown()) { // Spark's errors then are about its stopped context, not the cause
         err.println("longctx " + cmd + ": interrupted: the JVM is shutting down (a signal); an output is "
-            + "written whole or not at all (docs/RELIABILITY.md)");
-        return 130;
+            + "written whole or not at all (docs/RELIABILITY.md): " + e.getMessage());
+        return 130; // the JVM's own status (130, 143) wins: System.exit waits on the shutdown
       }
       err.println("longctx " + cmd + ": failed: " + e);
       e.printStackTrace(err);

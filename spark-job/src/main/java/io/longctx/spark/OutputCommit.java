@@ -75,10 +75,10 @@ public final class OutputCommit {
   private final Configuration conf;
   private final Map<String, String> inputs;
   /** Every input file's length and modification time at {@link #prepare}, checked again at commit. */
-  private final Map<Path, InputFile> inputFiles;
+  private Map<Path, InputFile> inputFiles = Map.of();
 
   private OutputCommit(FileSystem fs, FileContext fc, Path out, String command, boolean overwrite, Configuration conf,
-      Map<String, String> inputs) throws IOException {
+      Map<String, String> inputs) {
     this.fs = fs;
     this.fc = fc;
     this.out = out;
@@ -86,7 +86,6 @@ public final class OutputCommit {
     this.overwrite = overwrite;
     this.conf = conf;
     this.inputs = inputs;
-    this.inputFiles = listInputs(conf, inputs);
     this.staging = new Path(out.getParent(), "." + out.getName() + "-tmp-" + UUID.randomUUID());
   }
 
@@ -143,13 +142,14 @@ public final class OutputCommit {
     OutputCommit c = new OutputCommit(fs, FileContext.getFileContext(out.toUri(), conf), out, command, overwrite, conf,
         inputs);
     c.checkReplaceable();
+    c.inputFiles = listInputs(conf, inputs); // after the cheap refusals: a listing can take long
     return c;
   }
 
   /**
    * The files each input names (a file, a directory read recursively, or a glob), as Spark reads
-   * them: names starting with '.' or '_' are skipped, as Spark skips them. An input absent now is
-   * left to the reader to report.
+   * them: the names Spark does not read are skipped by Spark's own rule. An input absent now is left
+   * to the reader to report.
    */
   private static Map<Path, InputFile> listInputs(Configuration conf, Map<String, String> inputs) throws IOException {
     Map<Path, InputFile> files = new java.util.LinkedHashMap<>();
@@ -163,7 +163,11 @@ public final class OutputCommit {
       if (matches == null) {
         continue;
       }
+      boolean glob = InputError.isGlob(in.getValue());
       for (FileStatus m : matches) {
+        if (glob && org.apache.spark.util.HadoopFSUtils.shouldFilterOutPathName(m.getPath().getName())) {
+          continue; // Spark reads no such match of a glob either
+        }
         if (m.isDirectory()) {
           org.apache.hadoop.fs.RemoteIterator<org.apache.hadoop.fs.LocatedFileStatus> it = fs.listFiles(m.getPath(), true);
           while (it.hasNext()) {
@@ -180,10 +184,10 @@ public final class OutputCommit {
     return files;
   }
 
-  /** Whether a name on the path from top down to f starts with '.' or '_' (Spark reads none of those). */
+  /** Whether a name on the path below top down to f is one Spark does not read (hidden, _temporary, ._COPYING_). */
   private static boolean hiddenBelow(Path top, Path f) {
     for (Path p = f; p != null && !p.equals(top); p = p.getParent()) {
-      if (p.getName().startsWith(".") || p.getName().startsWith("_")) {
+      if (org.apache.spark.util.HadoopFSUtils.shouldFilterOutPathName(p.getName())) {
         return true;
       }
     }
@@ -191,14 +195,13 @@ public final class OutputCommit {
   }
 
   /**
-   * Throws {@link InputError} naming the first input file that appeared, disappeared, or changed in
-   * length or modification time since {@link #prepare}: the job may have read parts of two versions.
+   * Throws {@link InputError} naming the first input file listed at {@link #prepare} that disappeared
+   * or changed in length or modification time since: the job may have read parts of two versions. A
+   * file that appeared is not a change (Spark lists an input once per read, before reading it: a
+   * directory that keeps receiving files is read as it was then).
    */
   private void checkInputsUnchanged() throws IOException {
     Map<Path, InputFile> now = listInputs(conf, inputs);
-    if (now.equals(inputFiles)) {
-      return;
-    }
     String what = null;
     for (Map.Entry<Path, InputFile> e : inputFiles.entrySet()) {
       InputFile later = now.get(e.getKey());
@@ -215,9 +218,7 @@ public final class OutputCommit {
       }
     }
     if (what == null) {
-      Map.Entry<Path, InputFile> added = now.entrySet().stream().filter(e -> !inputFiles.containsKey(e.getKey()))
-          .findFirst().orElseThrow();
-      what = added.getValue().label() + " file " + added.getKey() + " appeared";
+      return;
     }
     throw new InputError(what + " while the job ran: the result could mix two versions of the input, so nothing was "
         + "written" + (fs.exists(out) ? " (" + out + " is unchanged)" : "") + "; run again once the input is stable");
@@ -358,7 +359,8 @@ public final class OutputCommit {
         o.moveNoReplace(o.staging, o.out, "could not move the result " + o.staging + " to " + o.out);
         movedIn.add(o);
       }
-    } catch (IOException moveIn) {
+    } catch (IOException | RuntimeException failed) {
+      IOException moveIn = failed instanceof IOException io ? io : new IOException(failed.toString(), failed);
       try {
         for (int k = movedIn.size() - 1; k >= 0; k--) {
           movedIn.get(k).moveNoReplace(movedIn.get(k).out, movedIn.get(k).staging, "take back");

@@ -273,6 +273,12 @@ public final class PplJob {
       throw new InputError("--checkpoint-dir " + opt.checkpointDir + " is inside OUT " + opt.output
           + ": the output replaces OUT as a whole, so give a checkpoint directory outside it");
     }
+    for (Map.Entry<String, String> in : inputs.entrySet()) { // its files would read as the input changing
+      if (opt.checkpointDir != null && OutputCommit.within(hconf, opt.checkpointDir, in.getValue())) {
+        throw new InputError("--checkpoint-dir " + opt.checkpointDir + " is inside " + in.getKey() + " "
+            + in.getValue() + ": give a checkpoint directory apart from the inputs");
+      }
+    }
     OutputCommit commit = OutputCommit.prepare(hconf, opt.output, opt.overwrite, "ppl", inputs);
 
     String fmt = opt.resolvedFormat();

@@ -59,11 +59,6 @@ public final class Sessions {
       new java.util.concurrent.atomic.AtomicReference<>();
 
   /**
-   * Stops the session of a command that failed ({@link #run} leaves it to this, so that the command's
-   * error is printed first): waits up to {@link #DRAIN_MILLIS} for its tasks still running, then
-   * stops it. Nothing to do after a command that succeeded or ran on a session it did not make.
-   */
-  /**
    * Whether the JVM is shutting down (a signal, or System.exit elsewhere): a job failing then failed
    * because its SparkContext was stopped under it, not for a reason of its own.
    */
@@ -78,6 +73,11 @@ public final class Sessions {
     }
   }
 
+  /**
+   * Stops the session of a command that failed ({@link #run} leaves it to this, so that the command's
+   * error is printed first): waits up to {@link #DRAIN_MILLIS} for its tasks still running, then
+   * stops it. Nothing to do after a command that succeeded or ran on a session it did not make.
+   */
   public static void stopFailed() {
     Runnable stop = FAILED.getAndSet(null);
     if (stop != null) {
@@ -121,6 +121,9 @@ public final class Sessions {
    * up to its limit).
    */
   static int runningTasks(org.apache.spark.SparkContext sc) {
+    if (sc.isStopped()) { // by a signal's shutdown, say: nothing runs
+      return 0;
+    }
     int n = 0;
     for (org.apache.spark.SparkExecutorInfo e : sc.statusTracker().getExecutorInfos()) {
       n += e.numRunningTasks();

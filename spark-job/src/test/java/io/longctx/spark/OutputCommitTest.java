@@ -244,14 +244,15 @@ class OutputCommitTest {
     assertTrue(new File(fresh.resolve("queries.parquet").toString(), OutputCommit.MARKER).exists());
   }
 
-  /** A file of the input replaced or grown while the job ran: refused at commit (a run mixed two versions before). */
+  /** A file of the input replaced, grown or removed while the job ran: refused at commit (a run mixed two versions before). */
   @Test
   void anInputThatChangesDuringTheJobIsRefusedAtCommit() throws Exception {
     org.apache.hadoop.conf.Configuration conf = spark.sparkContext().hadoopConfiguration();
     Path in = Files.createDirectories(tmp.resolve("in"));
     Path part = Files.writeString(in.resolve("part-0.jsonl"), "{}\n");
+    Files.writeString(in.resolve("part-1.jsonl"), "{}\n");
     Path out = tmp.resolve("out");
-    for (String change : List.of("grown", "touched", "appeared", "disappeared", "hidden file added")) {
+    for (String change : List.of("grown", "touched", "disappeared", "files added")) {
       OutputCommit c = OutputCommit.prepare(conf, out.toString(), false, "score", Map.of("KEYS", in.toString()));
       Path staged = Files.createDirectories(Path.of(c.staging().toUri()));
       Files.writeString(staged.resolve("_SUCCESS"), "");
@@ -259,11 +260,14 @@ class OutputCommitTest {
         case "grown" -> Files.writeString(part, "{}\n{}\n");
         case "touched" -> Files.setLastModifiedTime(part, java.nio.file.attribute.FileTime.fromMillis(
             Files.getLastModifiedTime(part).toMillis() + 10_000));
-        case "appeared" -> Files.writeString(in.resolve("part-1.jsonl"), "{}\n");
         case "disappeared" -> Files.delete(in.resolve("part-1.jsonl"));
-        default -> Files.writeString(in.resolve("_SUCCESS"), ""); // Spark reads no '_' or '.' file: no change
+        default -> { // Spark lists an input before reading it (a new file is not read) and skips these names
+          Files.writeString(in.resolve("part-2.jsonl"), "{}\n");
+          Files.writeString(in.resolve("_SUCCESS"), "");
+          Files.writeString(part.resolveSibling("part-0.jsonl._COPYING_"), "{}\n");
+        }
       }
-      if (change.equals("hidden file added")) {
+      if (change.equals("files added")) {
         c.commit();
         assertTrue(Files.exists(out.resolve(OutputCommit.MARKER)), "committed");
         continue;

@@ -329,6 +329,17 @@ class PplJobTest {
       assertTrue(msg.contains("--checkpoint-dir " + tmp.resolve(cp) + " is inside OUT " + out), msg);
       assertFalse(Files.exists(out), "nothing made: " + msg);
     }
+    // Inside an input: its checkpoint files would read as the input changing at commit, after the whole run.
+    Path inDir = Files.createDirectories(tmp.resolve("in-dir"));
+    Files.copy(in, inDir.resolve("cp.jsonl"));
+    for (String[] where : List.of(new String[] {"INPUT", inDir.resolve("cp").toString()},
+        new String[] {"MODEL", model.resolve("cp").toString()})) {
+      ByteArrayOutputStream err = new ByteArrayOutputStream();
+      int rc = run(err, "ppl", "--model", model.toString(), "--input", inDir.toString(), "--output",
+          tmp.resolve("out").toString(), "--checkpoint-dir", where[1]);
+      assertEquals(2, rc, err.toString());
+      assertTrue(err.toString().contains("--checkpoint-dir " + where[1] + " is inside " + where[0]), err.toString());
+    }
     // A file where the directory should be, or on its way: refused up front (it failed the first layer's job).
     Path file = Files.writeString(tmp.resolve("a-file"), "mine");
     for (Path cp : List.of(file, file.resolve("below"))) {
