@@ -335,9 +335,7 @@ public final class OutputCommit {
       }
     } catch (IOException | RuntimeException e) {
       try {
-        for (Map.Entry<OutputCommit, Path> a : asides.entrySet()) {
-          a.getKey().moveNoReplace(a.getValue(), a.getKey().out, "restore");
-        }
+        restore(asides);
       } catch (IOException restore) {
         e.addSuppressed(restore);
         throw new IOException(e.getMessage() + "; and an output moved aside could not be put back: "
@@ -369,9 +367,7 @@ public final class OutputCommit {
           throw new IOException("injected test failure (" + FAULT_PROPERTY + "=" + fault + ") restoring "
               + asides.keySet().iterator().next().out);
         }
-        for (Map.Entry<OutputCommit, Path> a : asides.entrySet()) {
-          a.getKey().moveNoReplace(a.getValue(), a.getKey().out, "restore");
-        }
+        restore(asides);
       } catch (IOException restore) {
         IOException e = new IOException("could not replace " + String.join(", ", outs.stream().map(o -> o.out.toString())
             .toList()) + " (" + moveIn.getMessage() + ") nor restore " + (outs.size() == 1 ? "it" : "them") + " ("
@@ -400,6 +396,13 @@ public final class OutputCommit {
       throw new IOException(outs.stream().map(o -> o.out.toString()).toList() + " hold" + (outs.size() == 1 ? "s" : "")
           + " the new result, complete, but the previous output moved aside to " + stuck
           + " could not be deleted: delete it yourself");
+    }
+  }
+
+  /** Moves each output set aside back to its OUT. */
+  private static void restore(Map<OutputCommit, Path> asides) throws IOException {
+    for (Map.Entry<OutputCommit, Path> a : asides.entrySet()) {
+      a.getKey().moveNoReplace(a.getValue(), a.getKey().out, "restore");
     }
   }
 

@@ -161,14 +161,21 @@ class OutputCommitTest {
 
   @Test
   void aFailedMoveInPutsTheOldOutputBack() throws Exception {
+    assertFailedCommitKeepsTheOldOutput("fail-after-aside", "the previous output is back in");
+  }
+
+  /** An --overwrite run whose commit fails (the fault given): exit 1 with the message, the old OUT as it was, nothing beside it. */
+  void assertFailedCommitKeepsTheOldOutput(String fault, String... fragments) throws Exception {
     Path out = tmp.resolve("out");
     assertEquals(0, run(args(out, false)).rc());
     Map<String, String> old = snapshot(out);
-    Outcome o = runWithCommitFault("fail-after-aside", args(out, true, "--window", "4"));
+    Outcome o = runWithCommitFault(fault, args(out, true, "--window", "4"));
     assertEquals(1, o.rc(), o.err());
-    assertTrue(o.err().contains("the previous output is back in"), o.err());
+    for (String f : fragments) {
+      assertTrue(o.err().contains(f), "message should contain '" + f + "': " + o.err());
+    }
     assertEquals(old, snapshot(out), "the old OUT, complete and unchanged");
-    assertEquals(List.of(), hidden(), "the new result's staging directory is deleted");
+    assertEquals(List.of(), hidden(), "no staging directory (with or without a marker) left behind");
   }
 
   @Test
@@ -298,14 +305,7 @@ class OutputCommitTest {
 
   @Test
   void aMarkerThatCannotBeWrittenLeavesTheOldOutputAndNothingElse() throws Exception {
-    Path out = tmp.resolve("out");
-    assertEquals(0, run(args(out, false)).rc());
-    Map<String, String> old = snapshot(out);
-    Outcome o = runWithCommitFault("fail-marker", args(out, true, "--window", "4"));
-    assertEquals(1, o.rc(), o.err());
-    assertTrue(o.err().contains("could not write the marker") && o.err().contains("is unchanged"), o.err());
-    assertEquals(old, snapshot(out));
-    assertEquals(List.of(), hidden(), "no staging directory (with or without a marker) left behind");
+    assertFailedCommitKeepsTheOldOutput("fail-marker", "could not write the marker", "is unchanged");
   }
 
   /** gen's keys and queries are committed as one: a failed swap puts both old ones back. */
