@@ -520,6 +520,7 @@ __device__ void decode_partial(const DecodeArgs& a) {
 // (below that their absolute error, 2^-25 x 2^(e - 14), is far below float32's on the row sum).
 // Rescaling acc when e grows multiplies by a power of two: exact. o = acc x 2^(e - kPShift) / l.
 constexpr int kPShift = 14;
+constexpr float kLog2eDecode = 1.4426950408889634f;  // the tensor-core partials take e^x as 2^(x log2 e)
 constexpr int kTcDim = 128;  // largest head dim of the tensor-core kernels (O: 64 registers)
 constexpr int kTcKeySplit = 2;  // warps per m16 block, each over its share of a tile's keys
 
@@ -595,9 +596,14 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
 
     // S = Q K^T: s[nb] holds keys kbase + 8 nb .. + 7; element i is row g + 8 (i / 2), key
     // kbase + 8 nb + 2 t4 + i % 2.
-    float s[kKeys / 8][4];
+    // Even and odd k16 steps in separate accumulators, added at the end: four chains of dependent
+    // mma of four each instead of two of eight (a warp has no other independent mma to issue here).
+    float s[kKeys / 8][4], s_odd[kKeys / 8][4];
     #pragma unroll
-    for (int nb = 0; nb < kKeys / 8; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+    for (int nb = 0; nb < kKeys / 8; nb++) {
+      s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+      s_odd[nb][0] = s_odd[nb][1] = s_odd[nb][2] = s_odd[nb][3] = 0.f;
+    }
     #pragma unroll
     for (int kc = 0; kc < kTcDim / 16; kc++) {
       if (kc < kc_n) {
@@ -605,10 +611,16 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
         for (int nb = 0; nb < kKeys / 16; nb++) {
           uint32_t kf[4];
           ldmatrix_x4(kf, &ks[(kbase + nb * 16 + lane / 16 * 8 + lane % 8) * sm.stride + kc * 16 + (lane / 8) % 2 * 8]);
-          mma<T>(s[2 * nb], qf[kc], kf[0], kf[1]);
-          mma<T>(s[2 * nb + 1], qf[kc], kf[2], kf[3]);
+          float (&acc_s)[kKeys / 8][4] = kc % 2 == 0 ? s : s_odd;
+          mma<T>(acc_s[2 * nb], qf[kc], kf[0], kf[1]);
+          mma<T>(acc_s[2 * nb + 1], qf[kc], kf[2], kf[3]);
         }
       }
+    }
+    #pragma unroll
+    for (int nb = 0; nb < kKeys / 8; nb++) {
+      #pragma unroll
+      for (int i = 0; i < 4; i++) s[nb][i] += s_odd[nb][i];
     }
 
     // Logits; masked keys and keys past hi become -inf. A tile every row of the CTA sees whole (the
@@ -645,7 +657,9 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
             const float x = s[nb][2 * r + c];
             const bool vis = x != -CUDART_INF_F;
             if (vis && !(x - a.phi > a.lower && x - a.phi < a.upper)) bad |= 1u << r;
-            const float p = vis ? expf(x - a.phi) : 0.f;
+            // e^(x - phi) as one FADD, FMUL and MUFU (expf is about ten instructions); a visible p is
+            // above e^lower, far from float's subnormals, and a masked x = -inf gives 0.
+            const float p = exp2_ftz((x - a.phi) * kLog2eDecode);
             s[nb][2 * r + c] = p;
             sum += p;
             pmax = fmaxf(pmax, p);
@@ -676,17 +690,20 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
         #pragma unroll
         for (int nb = 0; nb < kKeys / 8; nb++) mx = fmaxf(mx, fmaxf(s[nb][2 * r], s[nb][2 * r + 1]));
         const float m_new = fmaxf(m[r], quad_max(mx));
+        // e^(x - m) as 2^((x - m) log2 e): one FADD, FMUL and MUFU and no branch, where expf is
+        // about ten instructions behind a test for -inf. A masked x = -inf gives 0; with no key
+        // seen yet (m = -inf) 0 is subtracted instead, never -inf - -inf.
+        const float m_use = m_new == -CUDART_INF_F ? 0.f : m_new;
         #pragma unroll
         for (int nb = 0; nb < kKeys / 8; nb++) {
           #pragma unroll
           for (int c = 0; c < 2; c++) {
-            const float x = s[nb][2 * r + c];
-            const float p = x == -CUDART_INF_F ? 0.f : expf(x - m_new);
+            const float p = exp2_ftz((s[nb][2 * r + c] - m_use) * kLog2eDecode);
             s[nb][2 * r + c] = p;
             sum += p;
           }
         }
-        const float alpha = m[r] == m_new ? 1.f : expf(m[r] - m_new);  // m = -inf first: 0
+        const float alpha = m[r] == m_new ? 1.f : exp2_ftz((m[r] - m_use) * kLog2eDecode);  // m = -inf first: 0
         l[r] = fmaf(l[r], alpha, sum);
         if (alpha != 1.f) {  // quad-uniform
           #pragma unroll
