@@ -196,13 +196,8 @@ public final class ModelGenerator {
   }
 
   private static void deleteRecursively(Path p) {
-    if (!Files.exists(p)) {
-      return;
-    }
-    try (var all = Files.walk(p)) {
-      for (Path f : all.sorted(java.util.Comparator.reverseOrder()).toList()) {
-        Files.deleteIfExists(f);
-      }
+    try {
+      MadeFolders.delete(p);
     } catch (IOException e) {
       // best effort: a hidden .NAME-tmp-UUID directory is safe to delete by hand
     }

@@ -211,9 +211,7 @@ public final class PplBench {
           loadavg(), (System.nanoTime() - t0) / 1e9);
     } finally {
       if (tmp != null) {
-        try (var walk = Files.walk(tmp)) {
-          walk.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
-        }
+        io.longctx.djl.MadeFolders.delete(tmp);
       }
     }
   }

@@ -271,15 +271,8 @@ public final class LongctxMain {
       });
     } finally {
       if (temp) { // the generated corpus is ~200 MB: do not leave it in /tmp
-        deleteMadeFolder(dir);
+        io.longctx.djl.MadeFolders.delete(dir);
       }
-    }
-  }
-
-  /** Deletes a temporary folder a command made, with everything in it (never one the caller named). */
-  static void deleteMadeFolder(Path dir) throws java.io.IOException {
-    try (var walk = Files.walk(dir)) {
-      walk.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
     }
   }
 

@@ -58,7 +58,7 @@ final class OverheadBench {
       return measure(a, g, chunkLen, runs, dir, out);
     } finally {
       if (ownDir) {
-        LongctxMain.deleteMadeFolder(dir);
+        io.longctx.djl.MadeFolders.delete(dir);
       }
     }
   }

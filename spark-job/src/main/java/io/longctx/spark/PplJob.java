@@ -264,7 +264,8 @@ public final class PplJob {
     int vocab = cfg.vocabSize;
     Map<String, String> inputs = new LinkedHashMap<>();
     inputs.put("INPUT", opt.input);
-    inputs.put("MODEL", opt.model);
+    // The model is read from the local file system (by every executor), whatever fs.defaultFS says.
+    inputs.put("MODEL", "file://" + java.nio.file.Path.of(opt.model).toAbsolutePath().normalize());
     if (opt.checkpointDir != null) {
       requireDirectoryOrAbsent(hconf, opt.checkpointDir);
     }

@@ -1,0 +1,28 @@
+package io.longctx.djl;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Comparator;
+import java.util.List;
+import java.util.stream.Stream;
+
+/** The one place that deletes a whole folder: only ever one a command made itself (a temporary corpus, a staging folder). */
+public final class MadeFolders {
+
+  /** Deletes {@code dir} and everything in it, deepest first; a missing dir is nothing to do. */
+  public static void delete(Path dir) throws IOException {
+    if (!Files.exists(dir, java.nio.file.LinkOption.NOFOLLOW_LINKS)) {
+      return;
+    }
+    List<Path> all;
+    try (Stream<Path> walk = Files.walk(dir)) { // does not follow links: a link is deleted, never its target
+      all = walk.sorted(Comparator.reverseOrder()).toList();
+    }
+    for (Path p : all) {
+      Files.deleteIfExists(p);
+    }
+  }
+
+  private MadeFolders() {}
+}
