@@ -24,5 +24,18 @@ public final class MadeFolders {
     }
   }
 
+  /**
+   * {@link #delete} for clean-up after work that may itself have failed: a folder that cannot be
+   * deleted is a warning on stderr naming it, never an exception that would hide the work's own.
+   */
+  public static void deleteOrWarn(Path dir) {
+    try {
+      delete(dir);
+    } catch (IOException | RuntimeException e) {
+      System.err.println("longctx: could not delete the temporary folder " + dir + " (" + e
+          + "); it holds only what longctx made: delete it by hand");
+    }
+  }
+
   private MadeFolders() {}
 }

@@ -190,16 +190,8 @@ public final class ModelGenerator {
         Files.move(staging, dir); // fails, rather than replaces, should dir have appeared meanwhile
       }
     } catch (IOException | RuntimeException e) {
-      deleteRecursively(staging);
+      MadeFolders.deleteOrWarn(staging); // a hidden .NAME-tmp-UUID folder
       throw e;
-    }
-  }
-
-  private static void deleteRecursively(Path p) {
-    try {
-      MadeFolders.delete(p);
-    } catch (IOException e) {
-      // best effort: a hidden .NAME-tmp-UUID directory is safe to delete by hand
     }
   }
 

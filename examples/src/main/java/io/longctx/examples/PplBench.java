@@ -211,7 +211,7 @@ public final class PplBench {
           loadavg(), (System.nanoTime() - t0) / 1e9);
     } finally {
       if (tmp != null) {
-        io.longctx.djl.MadeFolders.delete(tmp);
+        io.longctx.djl.MadeFolders.deleteOrWarn(tmp);
       }
     }
   }

@@ -166,7 +166,7 @@ public final class Demo {
     try {
       return runPpl(spark, dir, work, tokens, out);
     } finally {
-      io.longctx.djl.MadeFolders.delete(work);
+      io.longctx.djl.MadeFolders.deleteOrWarn(work);
     }
   }
 

@@ -271,7 +271,7 @@ public final class LongctxMain {
       });
     } finally {
       if (temp) { // the generated corpus is ~200 MB: do not leave it in /tmp
-        io.longctx.djl.MadeFolders.delete(dir);
+        io.longctx.djl.MadeFolders.deleteOrWarn(dir);
       }
     }
   }

@@ -58,7 +58,7 @@ final class OverheadBench {
       return measure(a, g, chunkLen, runs, dir, out);
     } finally {
       if (ownDir) {
-        io.longctx.djl.MadeFolders.delete(dir);
+        io.longctx.djl.MadeFolders.deleteOrWarn(dir);
       }
     }
   }
