@@ -520,7 +520,6 @@ __device__ void decode_partial(const DecodeArgs& a) {
 // (below that their absolute error, 2^-25 x 2^(e - 14), is far below float32's on the row sum).
 // Rescaling acc when e grows multiplies by a power of two: exact. o = acc x 2^(e - kPShift) / l.
 constexpr int kPShift = 14;
-constexpr float kLog2eDecode = 1.4426950408889634f;  // the tensor-core partials take e^x as 2^(x log2 e)
 constexpr int kTcDim = 128;  // largest head dim of the tensor-core kernels (O: 64 registers)
 constexpr int kTcKeySplit = 2;  // warps per m16 block, each over its share of a tile's keys
 
@@ -659,7 +658,7 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
             if (vis && !(x - a.phi > a.lower && x - a.phi < a.upper)) bad |= 1u << r;
             // e^(x - phi) as one FADD, FMUL and MUFU (expf is about ten instructions); a visible p is
             // above e^lower, far from float's subnormals, and a masked x = -inf gives 0.
-            const float p = exp2_ftz((x - a.phi) * kLog2eDecode);
+            const float p = exp2_ftz((x - a.phi) * kLog2e);
             s[nb][2 * r + c] = p;
             sum += p;
             pmax = fmaxf(pmax, p);
@@ -698,12 +697,12 @@ __device__ void decode_partial_tc(const DecodeArgs& a) {
         for (int nb = 0; nb < kKeys / 8; nb++) {
           #pragma unroll
           for (int c = 0; c < 2; c++) {
-            const float p = exp2_ftz((s[nb][2 * r + c] - m_use) * kLog2eDecode);
+            const float p = exp2_ftz((s[nb][2 * r + c] - m_use) * kLog2e);
             s[nb][2 * r + c] = p;
             sum += p;
           }
         }
-        const float alpha = m[r] == m_new ? 1.f : exp2_ftz((m[r] - m_use) * kLog2eDecode);  // m = -inf first: 0
+        const float alpha = m[r] == m_new ? 1.f : exp2_ftz((m[r] - m_use) * kLog2e);  // m = -inf first: 0
         l[r] = fmaf(l[r], alpha, sum);
         if (alpha != 1.f) {  // quad-uniform
           #pragma unroll

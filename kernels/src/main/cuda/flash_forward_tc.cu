@@ -38,7 +38,6 @@ constexpr int kRowBlocks = 2;     // m16 row blocks per warp: 32 query rows
 constexpr int kRows = 128;        // query rows per block
 constexpr int kKeys = 64;         // keys per tile
 constexpr int kScanTiles = 4;     // key tiles whose positions one step of find_tile loads at once
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kRows == kThreads / 32 * 16 * kRowBlocks, "warps x rows per warp = kRows");
 

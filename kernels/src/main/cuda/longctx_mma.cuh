@@ -8,6 +8,9 @@
 
 #include "longctx_device.cuh"
 
+// log2 e: the tensor-core kernels take e^x as exp2_ftz(x log2 e).
+constexpr float kLog2e = 1.4426950408889634f;
+
 #ifndef LONGCTX_HOST_EMULATION
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
