@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Forward-kernel sweep behind docs/BENCHMARKS.md's T-scaling tables and docs/plots/ (not run in CI).
 #
-#   examples/bench-sweep.sh [OUTDIR]        (default docs/bench-data)
+#   examples/bench-sweep.sh [OUTDIR]        (default examples/target/bench-data, not tracked by git)
 #
 # For T = 1024 .. 16384 (H = Hkv = 8, D = 128, fp32), causal and not:
 #   OUTDIR/forward-sweep.jsonl   bin/longctx bench --op forward --t T [--causal]: java, op, libtorch-sdpa,
@@ -12,10 +12,12 @@
 # Set TS="1024 2048" to run fewer lengths, SKIP_MEMORY=1 or SKIP_TIME=1 to run one half, SKIP_PLAIN=1
 # to leave djl-plain out (it takes most of the sweep's time and is never the anchor); the plain
 # (materialized) path needs 2 x H x T^2 x 4 B (16 GiB at T = 16384): skipped unless MemAvailable allows.
-# Takes ~25 minutes on 2 cores. Then: bin/longctx plots.
+# Takes ~25 minutes on 2 cores. Then: bin/longctx plots (reads the default OUTDIR). Lines are appended,
+# never overwritten. To keep figures, copy the file into docs/bench-data/ under a name that says the
+# CPU (forward-sweep-CPU-DATE.jsonl: plots draws each file apart, so CPUs never share a plot).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-out="${1:-$root/docs/bench-data}"
+out="${1:-$root/examples/target/bench-data}"
 mkdir -p "$out"
 ts="${TS:-1024 2048 4096 8192 16384}"
 longctx="${LONGCTX:-$root/bin/longctx}" # LONGCTX: another launcher (the script test's stub)
@@ -79,3 +81,4 @@ if [ -z "${SKIP_MEMORY:-}" ]; then
       | tee -a "$out/memory-sweep.jsonl"
   done
 fi
+echo "appended to $out/ (bin/longctx plots --data $out draws it)" >&2

@@ -23,7 +23,8 @@
 #
 # Environment: DATA (default examples/target/scale-data: ignored by git, gone with mvn clean; 7.7 GB of Parquet for decode, 1.6 GB for
 # prefill, plus Spark's shuffle, spill and cache files under DATA/tmp: ~33 GB at the decode's peak), HEAP (default 2g: -Xmx of every JVM, driver
-# and executor), OUT (default docs/bench-data/scale-runs.jsonl), TOKENS / PREFILL_TOKENS /
+# and executor), OUT (default examples/target/bench-data/scale-runs.jsonl,
+# not tracked by git; docs/bench-data/scale-runs.jsonl holds the recorded runs), TOKENS / PREFILL_TOKENS /
 # PPL_TOKENS / PPL_LAYERS to run smaller sizes.
 #
 # Each run appends one JSON line to OUT: wall time, the job's own summary (tokens, chunks, pairs,
@@ -35,10 +36,26 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 data="${DATA:-$root/examples/target/scale-data}" # inside the clone, never a fixed path elsewhere
 heap="${HEAP:-2g}"
-out="${OUT:-$root/docs/bench-data/scale-runs.jsonl}"
+out="${OUT:-$root/examples/target/bench-data/scale-runs.jsonl}"
 longctx="$root/bin/longctx"
 events="${EVENTS:-$data/events}"
+# DATA is deleted by `clean` and written into by every run: only a folder this script made (its marker
+# inside) or the default one, never a user's folder named by mistake.
+case "${1:-}" in
+  decode|ppl-balance|ppl-window|ppl-causal|ppl-overhead|cluster-decode|prefill|gen-prefill|scaling|all|clean) ;;
+  *) sed -n '2,34p' "$0"; exit 2 ;;
+esac
+marker="$data/.made-by-scale-runs"
+if [ "$data" != "$root/examples/target/scale-data" ] && [ -n "$(ls -A "$data" 2>/dev/null)" ] && [ ! -e "$marker" ]; then
+  echo "scale-runs: DATA $data holds files this script did not make (no $(basename "$marker")): name a new folder" >&2
+  exit 2
+fi
+if [ "${1:-}" = clean ]; then
+  if [ -d "$data" ]; then rm -rf "$data"; echo "deleted $data" >&2; fi
+  exit 0
+fi
 mkdir -p "$data/tmp" "$events" "$(dirname "$out")"
+touch "$marker"
 
 # Every Spark JVM: heap capped, scratch under DATA, event log on. In local mode the driver IS the
 # executor: spark.driver.memory cannot change a running JVM's heap, so -Xmx does it (the property is
@@ -237,6 +254,4 @@ case "${1:-}" in
   gen-prefill) gen_prefill ;;
   scaling) scaling ;;
   all) decode; prefill; scaling ;;
-  clean) rm -rf "$data" ;;
-  *) sed -n '2,32p' "$0"; exit 2 ;;
 esac

@@ -48,8 +48,12 @@ import org.knowm.xchart.style.markers.SeriesMarkers;
  * <p>Where a shape was measured more than once, the median of the runs is plotted.
  *
  * <pre>
- *   BenchPlots [--data docs/bench-data] [--out docs/plots] [--cpu LABEL]
+ *   BenchPlots [--data examples/target/bench-data] [--out examples/target/plots] [--cpu LABEL]
  * </pre>
+ *
+ * <p>The defaults are bench-sweep.sh's own untracked output and an untracked folder beside it: a
+ * plain run never rewrites the committed docs/plots. Those are redrawn with {@code --data
+ * docs/bench-data --out docs/plots} (docs/BENCHMARKS.md, "Plots", gives the --cpu label).
  */
 public final class BenchPlots {
   private BenchPlots() {}
@@ -58,12 +62,13 @@ public final class BenchPlots {
   static final Color[] COLORS = {new Color(0x1f77b4), new Color(0x2ca02c), new Color(0xd62728), new Color(0x7f7f7f)};
   static final String[] LABELS = {"java", "op", "libtorch-sdpa (anchor)", "djl-plain (materialized)"};
 
-  private static final String USAGE = "usage: longctx plots [--data DIR (default docs/bench-data)] [--out DIR "
-      + "(default docs/plots)] [--cpu LABEL (for lines without a cpu field)]";
+  private static final String USAGE = "usage: longctx plots [--data DIR (default examples/target/bench-data, where"
+      + " examples/bench-sweep.sh writes)] [--out DIR (default examples/target/plots)] [--cpu LABEL (for lines"
+      + " without a cpu field)]\n  The committed figures: --data docs/bench-data --out docs/plots";
 
   public static void main(String[] args) throws IOException {
-    Path data = Path.of("docs/bench-data");
-    Path out = Path.of("docs/plots");
+    Path data = Path.of("examples/target/bench-data");
+    Path out = Path.of("examples/target/plots");
     String cpu = null;
     for (int i = 0; i < args.length; i++) {
       String a = args[i];
@@ -86,16 +91,23 @@ public final class BenchPlots {
       }
     }
     if (!Files.isDirectory(data)) {
-      System.err.println("plots: --data " + data + " is not a directory");
+      System.err.println("plots: --data " + data + " is not a directory (examples/bench-sweep.sh writes"
+          + " examples/target/bench-data; the recorded figures are in docs/bench-data)");
       System.exit(2);
     }
-    Files.createDirectories(out);
     // One pair of speed plots per forward-sweep*.jsonl: each file holds one CPU's runs, and lines of
     // different CPUs in one plot would compare machines, not kernels.
     List<Path> sweeps;
     try (var files = Files.list(data)) {
       sweeps = files.filter(f -> f.getFileName().toString().matches("forward-sweep.*\\.jsonl")).sorted().toList();
     }
+    Path memoryFile = data.resolve("memory-sweep.jsonl");
+    if (sweeps.isEmpty() && !Files.isRegularFile(memoryFile)) {
+      System.err.println("plots: no forward-sweep*.jsonl or memory-sweep.jsonl in " + data + ": nothing to draw");
+      System.exit(2);
+    }
+    List<Map<String, String>> memory = Files.isRegularFile(memoryFile) ? read(memoryFile) : List.of();
+    Files.createDirectories(out);
     for (Path sweep : sweeps) {
       String suffix = sweep.getFileName().toString().replaceFirst("^forward-sweep", "").replaceFirst("\\.jsonl$", "");
       List<Map<String, String>> speed = read(sweep);
@@ -112,7 +124,10 @@ public final class BenchPlots {
           speedNote + "."), "png", rp.toFile());
       System.out.println("wrote " + rp);
     }
-    List<Map<String, String>> memory = read(data.resolve("memory-sweep.jsonl"));
+    if (memory.isEmpty()) {
+      System.out.println("no memory plot: " + data.resolve("memory-sweep.jsonl") + " is absent or empty");
+      return;
+    }
     Path cappedFile = data.resolve("memory-capped-heap.jsonl"); // optional: java under a capped heap
     List<Map<String, String>> capped = Files.isRegularFile(cappedFile) ? read(cappedFile) : List.of();
     Path mp = out.resolve("memory-vs-t.png");

@@ -58,14 +58,21 @@ class BenchPlotsTest {
       BufferedImage img = ImageIO.read(out.resolve(name).toFile());
       assertTrue(img != null && img.getWidth() > 600 && img.getHeight() > 300, name);
     }
+    // a sweep without memory lines draws the speed plots and no empty memory plot
+    Files.delete(data.resolve("memory-sweep.jsonl"));
+    Path speedOnly = tmp.resolve("speed-only");
+    BenchPlots.main(new String[] {"--data", data.toString(), "--out", speedOnly.toString()});
+    assertTrue(Files.isRegularFile(speedOnly.resolve("ratio-vs-t.png")));
+    assertTrue(!Files.exists(speedOnly.resolve("memory-vs-t.png")));
   }
 
   /** An option without its value, or data that is not there: exit 2 naming it (a child JVM: main exits). */
   @Test
   void badArgumentsAreExit2() throws Exception {
     String javaBin = Path.of(System.getProperty("java.home"), "bin", "java").toString();
-    String[][] cases = {{"--data"}, {"--data", tmp.resolve("none").toString()}, {"--bogus"}};
-    String[] expect = {"--data needs a value", "none is not a directory", "unknown option --bogus"};
+    Path empty = Files.createDirectories(tmp.resolve("empty"));
+    String[][] cases = {{"--data"}, {"--data", tmp.resolve("none").toString()}, {"--bogus"}, {"--data", empty.toString()}};
+    String[] expect = {"--data needs a value", "none is not a directory", "unknown option --bogus", "nothing to draw"};
     for (int c = 0; c < cases.length; c++) {
       List<String> cmd = new java.util.ArrayList<>(List.of(javaBin, "-Djava.awt.headless=true", "-cp",
           System.getProperty("java.class.path"), BenchPlots.class.getName(), "--out", tmp.resolve("plots").toString()));

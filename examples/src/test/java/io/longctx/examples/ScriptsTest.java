@@ -119,7 +119,29 @@ class ScriptsTest {
       Result scale = run(scaleEnv, "examples/scale-runs.sh", "--help");
       assertEquals(2, scale.rc(), scale.out()); // usage, no run
       assertTrue(scale.out().contains("examples/scale-runs.sh decode"), scale.out());
+      assertTrue(!Files.exists(data), "usage made " + data);
     }
+  }
+
+  /** scale-runs.sh deletes (clean) and writes only into a DATA folder it made, never a user's. */
+  @Test
+  void scaleRunsLeavesAForeignDataFolderAlone() throws Exception {
+    Path foreign = Files.createDirectory(tmp.resolve("users-folder"));
+    Files.writeString(foreign.resolve("keep.txt"), "mine");
+    for (String cmd : List.of("clean", "decode")) {
+      Result r = run(Map.of("DATA", foreign.toString(), "OUT", tmp.resolve("scale.jsonl").toString()),
+          "examples/scale-runs.sh", cmd);
+      assertEquals(2, r.rc(), cmd + ":\n" + r.out());
+      assertTrue(r.out().contains("did not make"), r.out());
+      assertEquals(List.of(foreign.resolve("keep.txt")), Files.list(foreign).toList(), cmd);
+    }
+    // a folder it made (marker inside) is its to delete
+    Path made = tmp.resolve("made-data");
+    Files.createDirectories(made.resolve("tmp"));
+    Files.writeString(made.resolve(".made-by-scale-runs"), "");
+    Result r = run(Map.of("DATA", made.toString()), "examples/scale-runs.sh", "clean");
+    assertEquals(0, r.rc(), r.out());
+    assertTrue(!Files.exists(made), r.out());
   }
 
   /** A jar holding class Hello, whose main prints "hello" and exits with its first argument, if any. */
