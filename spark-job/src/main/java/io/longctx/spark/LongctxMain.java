@@ -44,9 +44,9 @@ public final class LongctxMain {
         --output PATH         output directory (required; must not exist unless --overwrite)
         --overwrite           replace OUT if it is a previous longctx output (its _LONGCTX marker and
                               only the files longctx writes); anything else is refused, never deleted
-        --format F            parquet | json, the inputs (default: from the KEYS extension
+        --format F            parquet | json, both inputs (default: each from its own extension,
                               .json/.jsonl/.ndjson, gzipped or not -> json, else parquet)
-        --output-format F     parquet | json, OUT (default: the input format)
+        --output-format F     parquet | json, OUT (default: the format of KEYS)
         --mode M              decode (default): QUERIES against documents; prefill: every KEYS token
                               is a causal query over its own document
         --heads H             query heads    } give at least one of these three; the others are

@@ -125,7 +125,6 @@ public final class ScoreJob {
 
   private static Summary runChecked(SparkSession spark, ScoreOptions opt, long t0) throws IOException {
     boolean prefill = opt.mode == ScoreOptions.Mode.PREFILL;
-    String fmt = opt.resolvedFormat();
     if (opt.partitions > 0) {
       spark.conf().set("spark.sql.shuffle.partitions", opt.partitions);
     }
@@ -144,8 +143,8 @@ public final class ScoreJob {
     inputs.put("QUERIES", opt.queries);
     OutputCommit commit = OutputCommit.prepare(hconf, opt.output, opt.overwrite, "score", inputs);
 
-    Dataset<Token> keyRows = read(spark, fmt, opt.keys, true, prefill);
-    Dataset<Token> queryRows = prefill ? null : read(spark, fmt, opt.queries, false, true);
+    Dataset<Token> keyRows = read(spark, opt.resolvedFormat(), opt.keys, true, prefill);
+    Dataset<Token> queryRows = prefill ? null : read(spark, opt.queriesFormat(), opt.queries, false, true);
     Shape shape = resolveShape(opt, keyRows, queryRows, prefill);
 
     final String keysPath = opt.keys;

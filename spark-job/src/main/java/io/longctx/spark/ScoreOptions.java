@@ -12,7 +12,7 @@ public final class ScoreOptions implements Serializable {
   public String keys;
   public String queries;
   public String output;
-  /** parquet or json; null: from the KEYS path's extension, else parquet. */
+  /** parquet or json, both inputs; null: from each input path's own extension, else parquet. */
   public String format;
   /** parquet or json; null: the input format. */
   public String outputFormat;
@@ -36,12 +36,17 @@ public final class ScoreOptions implements Serializable {
     return new AttentionOptions(scale, softcap, causal, window);
   }
 
-  /** The format inputs are read in. */
+  /** The format KEYS is read in. */
   public String resolvedFormat() {
     return Formats.resolve(format, keys);
   }
 
-  /** The format OUT is written in: --output-format, else the input format. */
+  /** The format QUERIES is read in: its own name's, not KEYS' (a Parquet corpus, JSON queries). */
+  public String queriesFormat() {
+    return Formats.resolve(format, queries);
+  }
+
+  /** The format OUT is written in: --output-format, else KEYS' format. */
   public String resolvedOutputFormat() {
     return outputFormat != null ? outputFormat : resolvedFormat();
   }

@@ -301,6 +301,31 @@ class EndToEndTest {
     }
   }
 
+  /** Each input's format comes from its own name: Parquet KEYS beside JSON Lines QUERIES, OUT as KEYS. */
+  @Test
+  void parquetKeysWithJsonQueriesGiveTheSameResults() throws Exception {
+    TestData data = new TestData(11, 2, 2, 16).doc("d", 40, 3, 1).randomQueries(2);
+    Path mixed = Files.createDirectory(tmp.resolve("mixed"));
+    Path jsonOnly = Files.createDirectory(tmp.resolve("json-only"));
+    Path pq = data.writeKeys(spark, mixed, "parquet", false);
+    Path jq = data.writeQueries(spark, mixed, "json");
+    Path jk = data.writeKeys(spark, jsonOnly, "json", false);
+    java.io.ByteArrayOutputStream err = new java.io.ByteArrayOutputStream();
+    for (Path[] in : new Path[][] {{pq, jq, mixed}, {jk, jq, jsonOnly}}) {
+      String[] args = {"score", "--keys", in[0].toString(), "--queries", in[1].toString(), "--output",
+          in[2].resolve("out").toString(), "--kv-heads", "2", "--causal", "--chunk-len", "16"};
+      assertEquals(0, LongctxMain.run(args, System.out, new java.io.PrintStream(err, true)), err.toString());
+    }
+    Map<String, Outputs.Result> a = Outputs.read(spark, mixed.resolve("out"), "parquet", false);
+    Map<String, Outputs.Result> b = Outputs.read(spark, jsonOnly.resolve("out"), "json", false);
+    assertEquals(4, a.size());
+    assertEquals(b.keySet(), a.keySet());
+    for (String k : a.keySet()) {
+      assertTrue(java.util.Arrays.equals(a.get(k).o(), b.get(k).o()), k);
+      assertTrue(java.util.Arrays.equals(a.get(k).lse(), b.get(k).lse()), k);
+    }
+  }
+
   /**
    * Runs the job with Spark's partition coalescing off, so --partitions N really means N reduce tasks
    * (with it on, 1 and 7 would most likely run as one); returns the number of part files written.
