@@ -113,27 +113,20 @@ public final class ModelGenerator {
         System.out.print(HELP);
         return;
       }
+      if (!VALUE_OPTIONS.contains(a)) {
+        throw new IllegalArgumentException("unknown option " + a + " (--help lists them)");
+      }
       if (i + 1 >= args.length) {
         throw new IllegalArgumentException(a + " needs a value");
       }
       String v = args[++i];
-      switch (a) {
-        case "--output" -> out = Path.of(v);
-        case "--layers" -> s.layers = Integer.parseInt(v);
-        case "--hidden" -> s.hidden = Integer.parseInt(v);
-        case "--heads" -> s.heads = Integer.parseInt(v);
-        case "--kv-heads" -> s.kvHeads = Integer.parseInt(v);
-        case "--ffn" -> s.ffn = Integer.parseInt(v);
-        case "--vocab" -> s.vocab = Integer.parseInt(v);
-        case "--seed" -> s.seed = Long.parseLong(v);
-        case "--dtype" -> s.dtype = v.toUpperCase(Locale.ROOT);
-        case "--model-type" -> s.modelType = v;
-        case "--sliding-window" -> s.slidingWindow = Long.parseLong(v);
-        case "--rope-theta" -> s.ropeTheta = Double.parseDouble(v);
-        case "--rope-scaling" -> s.ropeScaling = v;
-        case "--shards" -> s.shards = Integer.parseInt(v);
-        case "--init-std" -> s.initStd = Double.parseDouble(v);
-        default -> throw new IllegalArgumentException("unknown option " + a + " (--help lists them)");
+      try {
+        setOption(s, a, v);
+      } catch (NumberFormatException e) {
+        throw new IllegalArgumentException(a + " needs a number, got '" + v + "'");
+      }
+      if (a.equals("--output")) {
+        out = Path.of(v);
       }
     }
     if (out == null) {
@@ -141,6 +134,31 @@ public final class ModelGenerator {
     }
     generate(s, out);
     System.out.println("wrote " + out + ": " + LlamaConfig.read(out));
+  }
+
+  private static final java.util.Set<String> VALUE_OPTIONS = java.util.Set.of("--output", "--layers", "--hidden",
+      "--heads", "--kv-heads", "--ffn", "--vocab", "--seed", "--dtype", "--model-type", "--sliding-window",
+      "--rope-theta", "--rope-scaling", "--shards", "--init-std");
+
+  private static void setOption(Spec s, String a, String v) {
+    switch (a) {
+      case "--output" -> { } // run() keeps it
+      case "--layers" -> s.layers = Integer.parseInt(v);
+      case "--hidden" -> s.hidden = Integer.parseInt(v);
+      case "--heads" -> s.heads = Integer.parseInt(v);
+      case "--kv-heads" -> s.kvHeads = Integer.parseInt(v);
+      case "--ffn" -> s.ffn = Integer.parseInt(v);
+      case "--vocab" -> s.vocab = Integer.parseInt(v);
+      case "--seed" -> s.seed = Long.parseLong(v);
+      case "--dtype" -> s.dtype = v.toUpperCase(Locale.ROOT);
+      case "--model-type" -> s.modelType = v;
+      case "--sliding-window" -> s.slidingWindow = Long.parseLong(v);
+      case "--rope-theta" -> s.ropeTheta = Double.parseDouble(v);
+      case "--rope-scaling" -> s.ropeScaling = v;
+      case "--shards" -> s.shards = Integer.parseInt(v);
+      case "--init-std" -> s.initStd = Double.parseDouble(v);
+      default -> throw new IllegalStateException("option " + a + " is in VALUE_OPTIONS but not set here");
+    }
   }
 
   /**

@@ -44,4 +44,18 @@ class ModelGeneratorTest {
     assertEquals(List.of("notes.txt"), names(mine));
     assertEquals(List.of("empty", "fresh", "mine"), names(tmp), "no staging directory left beside them");
   }
+
+  /** Bad usage names the option: an unknown one as unknown (also as the last word), a bad number as such. */
+  @Test
+  void badOptionsSayWhatIsWrong() {
+    String[][] cases = {{"--bogus"}, {"--bogus", "1"}, {"--layers"}, {"--layers", "two", "--output", "x"}};
+    String[] expect = {"unknown option --bogus", "unknown option --bogus", "--layers needs a value",
+        "--layers needs a number, got 'two'"};
+    for (int c = 0; c < cases.length; c++) {
+      String[] args = cases[c];
+      IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> ModelGenerator.run(args));
+      assertTrue(e.getMessage().contains(expect[c]), String.join(" ", args) + ": " + e.getMessage());
+    }
+    assertTrue(!Files.exists(Path.of("x")), "nothing written on bad usage");
+  }
 }

@@ -45,9 +45,9 @@ public final class PplBench {
   private PplBench() {}
 
   static final String USAGE = String.join("\n",
-      "usage: bench-ppl [--t 2048,8192,32768] [--layers 4] [--hidden 512] [--heads 8] [--kv-heads 2]",
-      "                 [--vocab 32000] [--dtype bf16] [--model DIR] [--chunk-len 512] [--iters N]",
-      "                 [--paths ours,dense] [--rounds R] [--child-timeout S] [--seed S]",
+      "usage: longctx bench-ppl [--t 2048,8192,32768] [--layers 4] [--hidden 512] [--heads 8] [--kv-heads 2]",
+      "                         [--vocab 32000] [--dtype bf16] [--model DIR] [--chunk-len 512] [--iters N]",
+      "                         [--paths ours,dense] [--rounds R] [--child-timeout S] [--seed S]",
       "  Tokens/s and peak memory of LlamaModel.score (ours) against the same model run densely in one",
       "  libtorch forward through DJL (dense), each (path, T) alone in a fresh JVM. --model uses an",
       "  existing checkpoint instead of generating one (ModelGenerator) into a temp directory.",
@@ -87,12 +87,19 @@ public final class PplBench {
     return s;
   }
 
+  private static final java.util.Set<String> VALUE_OPTIONS = java.util.Set.of("--t", "--layers", "--hidden", "--heads",
+      "--kv-heads", "--vocab", "--dtype", "--model", "--chunk-len", "--iters", "--rounds", "--paths", "--child-timeout",
+      "--seed", "--child", "--child-t");
+
   static Options parse(String[] args) {
     Options o = new Options();
     for (int i = 0; i < args.length; i++) {
       String a = args[i];
       if (a.equals("--help") || a.equals("-h")) {
         return null;
+      }
+      if (!VALUE_OPTIONS.contains(a)) {
+        throw new IllegalArgumentException("unknown option " + a + "\n" + USAGE);
       }
       if (i + 1 >= args.length) {
         throw new IllegalArgumentException(a + " needs a value");
@@ -116,7 +123,7 @@ public final class PplBench {
           case "--seed" -> o.seed = Long.parseLong(v);
           case "--child" -> o.child = v;
           case "--child-t" -> o.t = Integer.parseInt(v);
-          default -> throw new IllegalArgumentException("unknown option " + a + "\n" + USAGE);
+          default -> throw new IllegalStateException("option " + a + " is in VALUE_OPTIONS but not parsed here");
         }
       } catch (NumberFormatException e) {
         throw new IllegalArgumentException(a + " needs a number, got '" + v + "'");

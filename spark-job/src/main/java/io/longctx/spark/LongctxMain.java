@@ -153,8 +153,9 @@ public final class LongctxMain {
         return 2;
       }
       if (Sessions.shuttingDown()) { // Spark's errors then are about its stopped context, not the cause
+        // Not e's message: Spark's error for its stopped context reads "[INTERNAL_ERROR] ... report this bug".
         err.println("longctx " + cmd + ": interrupted: the JVM is shutting down (a signal); an output is "
-            + "written whole or not at all (docs/RELIABILITY.md): " + e.getMessage());
+            + "written whole or not at all (docs/RELIABILITY.md)");
         return 130; // the JVM's own status (130, 143) wins: System.exit waits on the shutdown
       }
       err.println("longctx " + cmd + ": failed: " + e);
