@@ -1,5 +1,6 @@
 package io.longctx.spark;
 
+import static org.apache.spark.sql.functions.col;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -9,6 +10,7 @@ import io.longctx.kernels.ReferenceAttention;
 import io.longctx.kernels.Seeds;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.List;
 import java.util.Map;
 import org.apache.spark.sql.SparkSession;
 import org.junit.jupiter.api.Test;
@@ -323,6 +325,38 @@ class EndToEndTest {
     for (String k : a.keySet()) {
       assertTrue(java.util.Arrays.equals(a.get(k).o(), b.get(k).o()), k);
       assertTrue(java.util.Arrays.equals(a.get(k).lse(), b.get(k).lse()), k);
+    }
+  }
+
+  /** Parquet inputs with integer ids and pos and double vectors read as strings, long and float32 (README). */
+  @Test
+  void integerIdsAndDoubleVectorsAreRead() throws Exception {
+    TestData data = new TestData(13, 2, 2, 16).doc("7", 30, 3, 1).randomQueries(2);
+    Path typed = Files.createDirectory(tmp.resolve("typed"));
+    Path wide = Files.createDirectory(tmp.resolve("wide"));
+    Path k = data.writeKeys(spark, typed, "parquet", false);
+    Path q = data.writeQueries(spark, typed, "parquet");
+    Path kw = wide.resolve("keys.parquet");
+    Path qw = wide.resolve("queries.parquet");
+    spark.read().parquet(k.toString()).select(col("doc_id").cast("int").as("doc_id"), col("pos").cast("int").as("pos"),
+        col("k").cast("array<double>").as("k"), col("v").cast("array<double>").as("v")).write().parquet(kw.toString());
+    spark.read().parquet(q.toString()).withColumn("doc_id", col("doc_id").cast("long"))
+        .withColumn("q", col("q").cast("array<double>")).write().parquet(qw.toString());
+    java.io.ByteArrayOutputStream err = new java.io.ByteArrayOutputStream();
+    for (Path[] in : new Path[][] {{k, q, typed}, {kw, qw, wide}}) {
+      String[] args = {"score", "--keys", in[0].toString(), "--queries", in[1].toString(), "--output",
+          in[2].resolve("out").toString(), "--kv-heads", "2", "--chunk-len", "8"};
+      assertEquals(0, LongctxMain.run(args, System.out, new java.io.PrintStream(err, true)), err.toString());
+    }
+    Map<String, Outputs.Result> a = Outputs.read(spark, typed.resolve("out"), "parquet", false);
+    Map<String, Outputs.Result> b = Outputs.read(spark, wide.resolve("out"), "parquet", false);
+    assertEquals(4, a.size());
+    assertEquals(a.keySet(), b.keySet());
+    assertEquals(List.of("7"), spark.read().parquet(wide.resolve("out").toString()).select("doc_id").distinct()
+        .as(org.apache.spark.sql.Encoders.STRING()).collectAsList());
+    for (String key : a.keySet()) { // float -> double -> float is exact: the same bits
+      assertTrue(java.util.Arrays.equals(a.get(key).o(), b.get(key).o()), key);
+      assertTrue(java.util.Arrays.equals(a.get(key).lse(), b.get(key).lse()), key);
     }
   }
 
