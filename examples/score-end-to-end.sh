@@ -12,7 +12,8 @@
 #    script already gives, such as --chunk-len, is refused as given twice).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-work="${1:-$(mktemp -d -t longctx-example-XXXXXX)}"
+made_work=""
+if [ -n "${1:-}" ]; then work="$1"; else work="$(mktemp -d -t longctx-example-XXXXXX)"; made_work=1; fi
 shift || true
 # LONGCTX names another launcher (the script test uses a stub that writes outputs at once)
 longctx="${LONGCTX:-$root/bin/longctx}"
@@ -47,3 +48,4 @@ for line in itertools.islice(lines(), 6):
 PY
 echo
 echo "outputs: $work/scores.jsonl (JSON Lines), $work/prefill-scores.parquet (Parquet)"
+echo "inputs and outputs take $(du -sh "$work" | cut -f1) in $work${made_work:+ (a temp folder made for this run: rm -r $work when done)}"

@@ -681,10 +681,13 @@ public final class KernelBench {
     for (int i = 0; i < warmup; i++) {
       long t0 = System.nanoTime();
       impls.forEach(Supplier::get);
-      if (report && i == 0) {
-        double s = (System.nanoTime() - t0) / 1e9; // the first round is the slowest (JIT): an upper bound
-        progress("  first round %.1f s; about %.0f s more for %d rounds", s, s * (warmup + iters - 1),
-            warmup + iters - 1);
+      // The first round compiles (often 2-3x a later one): the estimate comes from the second where
+      // there is one; timed rounds also pause SETTLE_MS before each implementation.
+      if (report && (i == 1 || (i == 0 && warmup == 1))) {
+        double s = (System.nanoTime() - t0) / 1e9;
+        int left = warmup + iters - 1 - i;
+        progress("  round %d took %.1f s; about %.0f s more for %d rounds", i + 1, s,
+            left * s + iters * impls.size() * SETTLE_MS / 1e3, left);
       }
     }
     int n = impls.size();

@@ -57,7 +57,7 @@ class KernelBenchTest {
     assertTrue(lines.stream().noneMatch(l -> l.contains("djl-plain")), "djl-plain is opt-in:\n" + r.out());
     assertTrue(r.err().contains("bench: decode: 1 query row(s), 4 heads over 2 kv heads, 300 keys"), r.err());
     assertTrue(r.err().contains("djl-plain skipped (--plain to include it)"), r.err());
-    assertTrue(r.err().contains("first round"), r.err());
+    assertTrue(r.err().contains("round 1 took"), r.err());
     // the forward's Java kernel is warmed before the rounds, so that --only java is not timed cold
     assertTrue(r.err().contains("bench: Java kernel's JIT warm-up: "), r.err());
     // its 30 s budget can run out on a loaded machine: then it says so, and the count falls short

@@ -38,12 +38,14 @@ final class Formats {
    * time writing 65,536 rows of 512 floats, and {@code gen} 1.7x faster (docs/BENCHMARKS.md, "Parquet
    * output", "Prefill in runs"). Spark reads both forms as the same array columns. Parquet files are
    * written by {@link BulkParquetFormat} (a page of a column at a time; Spark's writer for other
-   * schemas). JSON ignores the options.
+   * schemas). JSON ignores them, and writes a null as {@code null} where Spark would leave the field out:
+   * every line has every column the help lists.
    */
   static <T> org.apache.spark.sql.DataFrameWriter<T> output(org.apache.spark.sql.DataFrameWriter<T> w, String format) {
     return w.format(format.equals("parquet") ? BulkParquetFormat.class.getName() : format)
         .option("parquet.enable.dictionary", "false")
-        .option("spark.sql.parquet.writeLegacyFormat", "true");
+        .option("spark.sql.parquet.writeLegacyFormat", "true")
+        .option("ignoreNullFields", "false");
   }
 
   /**

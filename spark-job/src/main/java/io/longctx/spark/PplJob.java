@@ -324,8 +324,8 @@ public final class PplJob {
     LongAccumulator docsDone = spark.sparkContext().longAccumulator("longctx ppl documents");
     LongAccumulator tokensDone = spark.sparkContext().longAccumulator("longctx ppl tokens");
     if (progress != null) {
-      progress.printf(Locale.ROOT, "longctx ppl: scoring %d documents in %d tasks (model %s, chunk %d tokens)%n", n,
-          parts, opt.model, opt.chunkLen);
+      progress.printf(Locale.ROOT, "longctx ppl: scoring %d document%s in %d task%s (model %s, chunk %d tokens)%n", n,
+          n == 1 ? "" : "s", parts, parts == 1 ? "" : "s", opt.model, opt.chunkLen);
       progress.flush();
     }
     Thread poller = progress == null ? null : progressPoller(progress, n, docsDone, tokensDone, System.nanoTime(),
@@ -358,8 +358,9 @@ public final class PplJob {
             ? new Path(opt.checkpointDir, "longctx-ppl-checkpoint-" + java.util.UUID.randomUUID())
             : commit.scratch("checkpoint");
         if (progress != null) {
-          progress.printf(Locale.ROOT, "longctx ppl: %d documents longer than %d tokens run layer by layer over %d "
-              + "tasks (checkpoints in %s)%n", longDocs.size(), splitAbove, splitParts, checkpoints);
+          progress.printf(Locale.ROOT, "longctx ppl: %d document%s longer than %d tokens run%s layer by layer over %d "
+              + "task%s (checkpoints in %s)%n", longDocs.size(), longDocs.size() == 1 ? "" : "s", splitAbove,
+              longDocs.size() == 1 ? "s" : "", splitParts, splitParts == 1 ? "" : "s", checkpoints);
           progress.flush();
         }
         Map<Long, String> docIds = new HashMap<>();
@@ -380,7 +381,8 @@ public final class PplJob {
       long tokens = totals.isNullAt(1) ? 0 : totals.getLong(1);
       commit.write(spark, Formats.output(result.write(), opt.resolvedOutputFormat()));
       double wall = (System.nanoTime() - t0) / 1e9;
-      return new Summary(docCount, tokens, wall, opt.model, opt.output, splitAbove, split == null ? null : split.stats);
+      return new Summary(docCount, tokens, wall, opt.model, commit.output().toString(), splitAbove,
+          split == null ? null : split.stats);
     } finally {
       if (poller != null) {
         poller.interrupt();

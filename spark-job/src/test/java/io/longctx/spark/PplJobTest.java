@@ -232,6 +232,14 @@ class PplJobTest {
     assertEquals(1L, ((Number) one.getAs("n_tokens")).longValue());
     assertEquals(0.0, (double) one.getAs("sum_logprob"));
     assertTrue(one.isNullAt(one.fieldIndex("ppl")));
+    // a null is written as null, not left out: every line has every column
+    String lines;
+    try (var parts = Files.list(out)) {
+      lines = parts.filter(f -> f.getFileName().toString().startsWith("part-"))
+          .map(f -> { try { return Files.readString(f); } catch (java.io.IOException e) { throw new java.io.UncheckedIOException(e); } })
+          .collect(java.util.stream.Collectors.joining());
+    }
+    assertTrue(lines.contains("\"doc_id\":\"one\",\"n_tokens\":1,\"sum_logprob\":0.0,\"ppl\":null"), lines);
   }
 
   @Test
