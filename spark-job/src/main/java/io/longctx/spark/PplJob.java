@@ -241,6 +241,8 @@ public final class PplJob {
       throw InputError.surfaced(e);
     } catch (IOException e) {
       throw new java.io.UncheckedIOException(e);
+    } finally {
+      Sessions.label(spark, null);
     }
   }
 
@@ -283,6 +285,7 @@ public final class PplJob {
     OutputCommit commit = OutputCommit.prepare(hconf, opt.output, opt.overwrite, "ppl", inputs);
 
     String fmt = opt.resolvedFormat();
+    Sessions.label(spark, "longctx ppl: input schema");
     Dataset<Row> df = read(spark, fmt, opt.input);
     boolean hasText = Arrays.asList(df.columns()).contains("text");
     boolean hasTokens = Arrays.asList(df.columns()).contains("tokens");
@@ -304,6 +307,7 @@ public final class PplJob {
     cols.add(functions.input_file_name().as("file"));
     Dataset<Row> docs = df.select(cols.toArray(new Column[0]));
 
+    Sessions.label(spark, "longctx ppl: count documents");
     long n = docs.count();
     if (n == 0) {
       throw new InputError("INPUT " + opt.input + ": no documents");
@@ -314,6 +318,7 @@ public final class PplJob {
     final boolean bpb = hasText;
     // One document per task: index the rows and place document i in partition i % parts; tokenize and
     // check there (bad input fails here, naming the document), kept for the scoring that follows.
+    Sessions.label(spark, "longctx ppl: tokenize, find long documents");
     JavaRDD<SplitPpl.Doc> tokenized = docs.javaRDD().zipWithIndex().mapToPair(t -> new Tuple2<>(t._2(), t._1()))
         .partitionBy(new ByIndex(parts)).map(t -> tokenize(t._1(), t._2(), o, vocab));
     tokenized.persist(StorageLevel.MEMORY_AND_DISK_SER());
@@ -334,6 +339,7 @@ public final class PplJob {
     SplitPpl.Result split = null;
     Dataset<Row> result = null;
     try {
+      Sessions.label(spark, "longctx ppl: score documents");
       JavaRDD<Row> rows = tokenized.filter(d -> !splits(d, splitAbove)).map(d -> {
         DocumentScore sc;
         try {
@@ -376,9 +382,11 @@ public final class PplJob {
       }
       result = spark.createDataFrame(rows, outputSchema(hasText, opt.perToken)).cache();
       // Score once (cached), then write: the summary's token count comes from the same rows.
+      Sessions.label(spark, "longctx ppl: score documents");
       Row totals = result.agg(functions.count(functions.lit(1)), functions.sum("n_tokens")).first();
       long docCount = totals.getLong(0);
       long tokens = totals.isNullAt(1) ? 0 : totals.getLong(1);
+      Sessions.label(spark, "longctx ppl: write");
       commit.write(spark, Formats.output(result.write(), opt.resolvedOutputFormat()));
       double wall = (System.nanoTime() - t0) / 1e9;
       return new Summary(docCount, tokens, wall, opt.model, commit.output().toString(), splitAbove,

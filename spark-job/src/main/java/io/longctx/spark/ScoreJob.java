@@ -120,6 +120,8 @@ public final class ScoreJob {
       throw InputError.surfaced(e);
     } catch (IOException e) {
       throw new java.io.UncheckedIOException(e);
+    } finally {
+      Sessions.label(spark, null);
     }
   }
 
@@ -143,8 +145,10 @@ public final class ScoreJob {
     inputs.put("QUERIES", opt.queries);
     OutputCommit commit = OutputCommit.prepare(hconf, opt.output, opt.overwrite, "score", inputs);
 
+    Sessions.label(spark, "longctx score: input schemas");
     Dataset<Token> keyRows = read(spark, opt.resolvedFormat(), opt.keys, true, prefill);
     Dataset<Token> queryRows = prefill ? null : read(spark, opt.queriesFormat(), opt.queries, false, true);
+    Sessions.label(spark, "longctx score: first rows (shape)");
     Shape shape = resolveShape(opt, keyRows, queryRows, prefill);
 
     final String keysPath = opt.keys;
@@ -165,7 +169,9 @@ public final class ScoreJob {
     }
 
     try {
+      Sessions.label(spark, "longctx score: chunk ranges");
       List<RangeMeta> chunkMeta = chunkRanges(keyRows, chunkLen);
+      Sessions.label(spark, "longctx score: query blocks");
       List<RangeMeta> blockMeta = prefill ? chunkMeta // a prefill block is its chunk's tokens
           : blocks.map((MapFunction<QueryBlock, RangeMeta>) ScoreJob::blockMeta, Encoders.bean(RangeMeta.class))
               .collectAsList();
@@ -252,6 +258,8 @@ public final class ScoreJob {
         result = result.union(unseen);
       }
 
+      Sessions.label(spark, "longctx score: " + (prefill ? "route keys, attention" : "chunks, attention, lse_merge")
+          + ", write");
       commit.write(spark, Formats.output(result.write(), opt.resolvedOutputFormat()));
       double wall = (System.nanoTime() - t0) / 1e9;
       java.util.TreeSet<String> ran = new java.util.TreeSet<>(used.value());

@@ -52,6 +52,20 @@ public final class Sessions {
     }
   }
 
+  /**
+   * Names the jobs this thread starts from now on (until the next label, or null to clear): Spark's stage
+   * names, its UI and event log show LABEL instead of the call site, which for Dataset actions is an
+   * internal lambda ("$anonfun$withThreadLocalCaptured$1 at CompletableFuture.java").
+   */
+  static void label(SparkSession spark, String label) {
+    if (label == null) {
+      spark.sparkContext().clearCallSite();
+    } else {
+      spark.sparkContext().setCallSite(label);
+    }
+    spark.sparkContext().setJobDescription(label);
+  }
+
   /** How long a failed command waits for the tasks still running before it stops the session. */
   static final long DRAIN_MILLIS = 10_000;
 

@@ -112,10 +112,10 @@ final class SplitPpl {
     }
 
     String describe() {
-      return String.format(Locale.ROOT, "%d documents split into %d chunks over %d tasks per layer, %d layers; "
+      return String.format(Locale.ROOT, "%d document%s split into %d chunks over %d task%s per layer, %d layer%s; "
           + "shuffle %.0f bytes/token/layer; planned work of the busiest task %.2fx the mean; per layer the "
-          + "slowest task takes %.3f s, %.2fx the mean task (medians over layers)", documents, chunks, partitions,
-          layers, shuffleBytesPerTokenLayer(), plannedSpread, slowestTaskSeconds(), taskSpread());
+          + "slowest task takes %.3f s, %.2fx the mean task (medians over layers)", documents,
+          documents == 1 ? "" : "s", chunks, partitions, partitions == 1 ? "" : "s", layers, layers == 1 ? "" : "s", shuffleBytesPerTokenLayer(), plannedSpread, slowestTaskSeconds(), taskSpread());
     }
   }
 
@@ -169,6 +169,7 @@ final class SplitPpl {
     long t0 = System.nanoTime();
     final int len = chunkLen;
     // Chunks of tokens to their blocks' tasks, sorted by (document, block): the order of every layer.
+    Sessions.label(spark, "longctx ppl: long documents, chunks and embeddings");
     JavaPairRDD<BlockKey, Hidden> hidden = docs.flatMapToPair(d -> chunks(d, len).iterator())
         .repartitionAndSortWithinPartitions(plan, BLOCK_ORDER)
         .mapPartitionsToPair(it -> embedded(model, it), true);
@@ -176,6 +177,7 @@ final class SplitPpl {
     try {
       for (int l = 0; l < cfg.layers; l++) {
         final int layer = l;
+        Sessions.label(spark, "longctx ppl: long documents, layer " + (l + 1) + "/" + cfg.layers);
         JavaPairRDD<RouteKey, Kv> routed = hidden.flatMapToPair(h -> named(ids, h._2().doc(),
                 () -> route(model, layer, h._2(), plan)).iterator())
             .repartitionAndSortWithinPartitions(plan, ROUTE_ORDER);
@@ -191,8 +193,8 @@ final class SplitPpl {
         hidden = next;
         if (progress != null) {
           double sec = (System.nanoTime() - t0) / 1e9;
-          progress.printf(Locale.ROOT, "longctx ppl: layer %d/%d done for %d long documents (%d tokens), %.0f s%n",
-              l + 1, cfg.layers, plan.documents, plan.tokens, sec);
+          progress.printf(Locale.ROOT, "longctx ppl: layer %d/%d done for %d long document%s (%d tokens), %.0f s%n",
+              l + 1, cfg.layers, plan.documents, plan.documents == 1 ? "" : "s", plan.tokens, sec);
           progress.flush();
         }
       }
@@ -207,6 +209,7 @@ final class SplitPpl {
     } finally {
       spark.sparkContext().removeSparkListener(shuffle);
     }
+    Sessions.label(spark, "longctx ppl: long documents, log-probabilities");
     JavaRDD<Scored> scored = hidden.mapToPair(h -> {
       Hidden c = h._2();
       double[] lp = named(ids, c.doc(), () -> PplJob.Loaded.get(model).model.logprobs(floats(c.x()), c.start(),

@@ -88,6 +88,11 @@ class ScoreJobTest {
     List<String> jobs = jobsDuring(() -> ScoreJob.run(spark, o));
     assertEquals(6, jobs.size(), "Spark jobs of one prefill score run (schema 1, sample 1, ranges 2, write 2): a "
         + "change here changes the fixed cost every run pays; update this figure only on purpose: " + jobs);
+    // each stage named by its phase (Sessions.label), not by an internal call site
+    assertEquals(List.of("[longctx score: input schemas]", "[longctx score: first rows (shape)]",
+        "[longctx score: chunk ranges]", "[longctx score: chunk ranges, longctx score: chunk ranges]",
+        "[longctx score: route keys, attention, write]",
+        "[longctx score: route keys, attention, write, longctx score: route keys, attention, write]"), jobs);
   }
 
   @Test

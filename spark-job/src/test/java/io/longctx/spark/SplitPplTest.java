@@ -125,7 +125,7 @@ class SplitPplTest {
       Result fiveTasks = ppl(model, "--chunk-len", "16", "--split-above", "40", "--split-partitions", "5",
           "--balance", "contiguous");
       // The runs were really cut differently (RDD shuffles with our partitioner: no coalescing).
-      assertTrue(split.log().contains("over 3 tasks per layer") && oneTask.log().contains("over 1 tasks per layer")
+      assertTrue(split.log().contains("over 3 tasks per layer") && oneTask.log().contains("over 1 task per layer")
           && fiveTasks.log().contains("3 documents split into") && fiveTasks.log().contains("over 5 tasks per layer"),
           split.log() + oneTask.log() + fiveTasks.log());
       assertSameBits(split, oneTask, model.getFileName() + ": 1 task");
