@@ -1,5 +1,6 @@
 package io.longctx.spark;
 
+import java.io.IOException;
 import java.util.Locale;
 
 /** Input and output formats of the Spark commands: parquet or json (JSON Lines), one rule for all. */
@@ -77,7 +78,47 @@ final class Formats {
     if (record.startsWith(PARQUET_MAGIC)) {
       return PARQUET_READ_AS_JSON;
     }
-    return "malformed JSON record (not JSON, or a value of the wrong type): "
-        + record.substring(0, Math.min(300, record.length()));
+    return MALFORMED_JSON + record.substring(0, Math.min(300, record.length()));
+  }
+
+  static final String MALFORMED_JSON = "malformed JSON record (not JSON, or a value of the wrong type): ";
+
+  /** How far into a file {@link #lineOf} looks: past that the message names the file alone. */
+  static final long LINE_SEARCH_BYTES = 1L << 30;
+
+  /**
+   * ", line N" of the first line of FILE that starts with the record a malformed-JSON PROBLEM quotes
+   * (Spark's reader gives the text, not its line), or "" when it is not found (in the first GiB, or
+   * the file cannot be read here). Runs only on the way to an error, in the task that found it.
+   */
+  static String lineOf(String file, String problem) {
+    if (file == null || problem == null || !problem.startsWith(MALFORMED_JSON)) {
+      return "";
+    }
+    String record = problem.substring(MALFORMED_JSON.length());
+    org.apache.hadoop.fs.Path path = new org.apache.hadoop.fs.Path(java.net.URI.create(file));
+    org.apache.hadoop.conf.Configuration conf = new org.apache.hadoop.conf.Configuration();
+    try {
+      org.apache.hadoop.fs.FileSystem fs = path.getFileSystem(conf);
+      org.apache.hadoop.io.compress.CompressionCodec codec =
+          new org.apache.hadoop.io.compress.CompressionCodecFactory(conf).getCodec(path);
+      org.apache.hadoop.fs.FSDataInputStream raw = fs.open(path);
+      try (java.io.InputStream in = codec == null ? raw : codec.createInputStream(raw);
+          java.io.BufferedReader r = new java.io.BufferedReader(
+              new java.io.InputStreamReader(in, java.nio.charset.StandardCharsets.UTF_8), 1 << 16)) {
+        long n = 0;
+        long read = 0;
+        for (String line; (line = r.readLine()) != null && read < LINE_SEARCH_BYTES; ) {
+          n++;
+          read += line.length() + 1;
+          if (line.startsWith(record)) {
+            return ", line " + n;
+          }
+        }
+      }
+    } catch (IOException | RuntimeException e) {
+      // best effort: the message still names the file and quotes the record
+    }
+    return "";
   }
 }

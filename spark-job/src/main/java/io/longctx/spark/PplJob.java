@@ -600,7 +600,8 @@ public final class PplJob {
         throw new InputError(where + (r.isNullAt(0) ? "" : ", doc '" + r.getString(0) + "'") + ": text is a JSON "
             + c.substring(TEXT_NOT_A_STRING.length()).toLowerCase(Locale.ROOT) + " value, expected a string");
       }
-      throw new InputError(where + ": " + Formats.malformedJson(c));
+      String problem = Formats.malformedJson(c);
+      throw new InputError(where + Formats.lineOf(file, problem) + ": " + problem);
     }
     if (r.isNullAt(0)) {
       throw new InputError(where + ": a row has no doc_id");

@@ -324,8 +324,8 @@ public final class ScoreJob {
     // a malformed JSON line, else the first vector holding a null or NaN element (the bean encoder would fail on a
     // null with a message that names neither the file nor the row), kept whole in suspectVec for readProblem.
     Column bad = json ? functions.when(col(CORRUPT).startsWith(Formats.PARQUET_MAGIC), lit(Formats.PARQUET_READ_AS_JSON))
-        .when(col(CORRUPT).isNotNull(), functions.concat(lit("malformed JSON record (not JSON, or a value of the wrong "
-        + "type): "), functions.substring(col(CORRUPT), 1, 300))) : lit(null);
+        .when(col(CORRUPT).isNotNull(), functions.concat(lit(Formats.MALFORMED_JSON), functions.substring(col(CORRUPT),
+        1, 300))) : lit(null);
     Column floats = lit(null).cast(DataTypes.createArrayType(DataTypes.FloatType));
     Column suspectVec = floats;
     Map<String, Column> vec = new HashMap<>();
@@ -504,8 +504,8 @@ public final class ScoreJob {
     String file = t.getFile();
     String bad = readProblem(t);
     if (bad != null) {
-      throw new InputError("KEYS file " + file + (unreadableRow(bad) ? "" : ", doc '" + t.getDocId()
-          + "', pos " + t.getPos()) + ": " + bad);
+      throw new InputError("KEYS file " + file + (unreadableRow(bad) ? Formats.lineOf(file, bad) : ", doc '"
+          + t.getDocId() + "', pos " + t.getPos()) + ": " + bad);
     }
     if (t.getDocId() == null) {
       throw new InputError("KEYS file " + file + ": a row has no doc_id (pos " + t.getPos() + ")");
@@ -534,7 +534,8 @@ public final class ScoreJob {
         + (t.getPos() == null ? "(none)" : t.getPos());
     String bad = readProblem(t);
     if (bad != null) {
-      throw new InputError((unreadableRow(bad) ? "QUERIES file " + file : where) + ": " + bad);
+      throw new InputError((unreadableRow(bad) ? "QUERIES file " + file + Formats.lineOf(file, bad) : where) + ": "
+          + bad);
     }
     if (t.getQueryId() == null) {
       throw new InputError(where + ": column 'query_id' is missing or null");

@@ -362,7 +362,8 @@ class BadInputTest {
     Files.createDirectories(qj);
     Files.writeString(qj.resolve("part-0.json"), "{\"query_id\":\"q1\",\"doc_id\":\"alpha\",\"q\":" + floats(16)
         + ",\"pos\":3}\n{\"query_id\":\"q2\",\"doc_id\":\"alpha\",\"q\":" + floats(16) + ",\"pos\":\"late\"}\n");
-    fails(kj, qj, "QUERIES file", "queries-bad-line.jsonl/part-0.json", "malformed JSON record", "\"pos\":\"late\"");
+    fails(kj, qj, "QUERIES file", "queries-bad-line.jsonl/part-0.json, line 2", "malformed JSON record",
+        "\"pos\":\"late\"");
   }
 
   @Test

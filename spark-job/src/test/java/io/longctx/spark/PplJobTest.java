@@ -285,7 +285,15 @@ class PplJobTest {
     fails(jsonl("e.jsonl", "{\"doc_id\": \"neg\", \"tokens\": [-1]}"), model, "doc 'neg'", "-1");
     fails(jsonl("e2.jsonl", "{\"doc_id\": \"hole\", \"tokens\": [1, null, 3]}"), model, "doc 'hole'",
         "the token id at position 1 is null");
-    fails(jsonl("f.jsonl", "not json"), model, "malformed JSON");
+    fails(jsonl("f.jsonl", "{\"doc_id\": \"a\", \"tokens\": [1, 2]}", "not json"), model, "f.jsonl, line 2",
+        "malformed JSON", "not json");
+    // gzipped JSON Lines: the line is found in the decompressed text
+    Path gz = tmp.resolve("f2.jsonl.gz");
+    try (var out = new java.util.zip.GZIPOutputStream(Files.newOutputStream(gz))) {
+      out.write("{\"doc_id\": \"a\", \"tokens\": [1]}\n{\"doc_id\": \"b\", \"tokens\": [2]}\n{oops\n"
+          .getBytes(StandardCharsets.UTF_8));
+    }
+    fails(gz, model, "f2.jsonl.gz, line 3", "malformed JSON", "{oops");
     fails(tmp.resolve("missing.jsonl"), model, "no such file");
     fails(jsonl("g.jsonl", "{\"doc_id\": \"twice\", \"tokens\": [1, 2]}", "{\"doc_id\": \"once\", \"tokens\": [3]}",
         "{\"doc_id\": \"twice\", \"tokens\": [4]}"), model, "doc_id 'twice' appears 2 times", "g.jsonl",
