@@ -102,8 +102,8 @@ final class Formats {
       org.apache.hadoop.fs.FileSystem fs = path.getFileSystem(conf);
       org.apache.hadoop.io.compress.CompressionCodec codec =
           new org.apache.hadoop.io.compress.CompressionCodecFactory(conf).getCodec(path);
-      org.apache.hadoop.fs.FSDataInputStream raw = fs.open(path);
-      try (java.io.InputStream in = codec == null ? raw : codec.createInputStream(raw);
+      try (org.apache.hadoop.fs.FSDataInputStream raw = fs.open(path);
+          java.io.InputStream in = codec == null ? raw : codec.createInputStream(raw);
           java.io.BufferedReader r = new java.io.BufferedReader(
               new java.io.InputStreamReader(in, java.nio.charset.StandardCharsets.UTF_8), 1 << 16)) {
         long n = 0;
