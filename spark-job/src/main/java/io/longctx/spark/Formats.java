@@ -62,8 +62,9 @@ final class Formats {
       // parquet-mr's "FILE is not a Parquet file ..."
       String why = fmt.equals("parquet") ? InputError.causeLine(e, "is not a Parquet file") : null;
       if (why != null) {
-        throw new InputError(what + " " + path + ": " + why
-            + " (for JSON Lines give --format json, or name the file with a .jsonl extension)");
+        throw new InputError(what + " " + path + ": " + why + (resolve(null, path).equals("json")
+            ? " (--format parquet applies to every input: leave it out, and each input's format comes from its name)"
+            : " (for JSON Lines give --format json, or name the file with a .jsonl extension)"));
       }
       if (InputError.causeLine(e, "UNABLE_TO_INFER_SCHEMA") != null) { // Parquet: no data file to take it from
         throw new InputError(what + " " + path + ": no data files to read (an empty directory, or only _SUCCESS and "

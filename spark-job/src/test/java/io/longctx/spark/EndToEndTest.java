@@ -318,6 +318,13 @@ class EndToEndTest {
           in[2].resolve("out").toString(), "--kv-heads", "2", "--causal", "--chunk-len", "16"};
       assertEquals(0, LongctxMain.run(args, System.out, new java.io.PrintStream(err, true)), err.toString());
     }
+    // --format names one format for both: JSON Lines QUERIES read as Parquet is exit 2, and says why
+    err.reset();
+    String[] forced = {"score", "--keys", pq.toString(), "--queries", jq.toString(), "--output",
+        mixed.resolve("forced").toString(), "--kv-heads", "2", "--format", "parquet"};
+    assertEquals(2, LongctxMain.run(forced, System.out, new java.io.PrintStream(err, true)), err.toString());
+    assertTrue(err.toString().contains("QUERIES " + jq) && err.toString().contains("applies to every input"),
+        err.toString());
     Map<String, Outputs.Result> a = Outputs.read(spark, mixed.resolve("out"), "parquet", false);
     Map<String, Outputs.Result> b = Outputs.read(spark, jsonOnly.resolve("out"), "json", false);
     assertEquals(4, a.size());
