@@ -46,12 +46,19 @@ case "${1:-}" in
   *) sed -n '2,34p' "$0"; exit 2 ;;
 esac
 marker="$data/.made-by-scale-runs"
-if [ "$data" != "$root/examples/target/scale-data" ] && [ -n "$(ls -A "$data" 2>/dev/null)" ] && [ ! -e "$marker" ]; then
-  echo "scale-runs: DATA $data holds files this script did not make (no $(basename "$marker")): name a new folder" >&2
+ours() { [ "$data" = "$root/examples/target/scale-data" ] || [ -e "$marker" ]; }
+if [ -e "$data" ] && [ ! -d "$data" ]; then
+  echo "scale-runs: DATA $data is not a folder" >&2
+  exit 2
+fi
+if [ -n "$(ls -A "$data" 2>/dev/null)" ] && ! ours; then
+  echo "scale-runs: DATA $data holds files this script did not make (no $(basename "$marker") in it): name a new" \
+    "folder, or, if it is an earlier run's data, adopt it with: touch $marker" >&2
   exit 2
 fi
 if [ "${1:-}" = clean ]; then
-  if [ -d "$data" ]; then rm -rf "$data"; echo "deleted $data" >&2; fi
+  if [ -d "$data" ] && ours; then rm -rf "$data"; echo "deleted $data" >&2
+  elif [ -d "$data" ]; then echo "scale-runs: not deleting $data: this script did not make it" >&2; exit 2; fi
   exit 0
 fi
 mkdir -p "$data/tmp" "$events" "$(dirname "$out")"

@@ -53,7 +53,7 @@ import org.knowm.xchart.style.markers.SeriesMarkers;
  *
  * <p>The defaults are bench-sweep.sh's own untracked output and an untracked folder beside it: a
  * plain run never rewrites the committed docs/plots. Those are redrawn with {@code --data
- * docs/bench-data --out docs/plots} (docs/BENCHMARKS.md, "Plots", gives the --cpu label).
+ * docs/bench-data --out docs/plots}.
  */
 public final class BenchPlots {
   private BenchPlots() {}

@@ -135,6 +135,11 @@ class ScriptsTest {
       assertTrue(r.out().contains("did not make"), r.out());
       assertEquals(List.of(foreign.resolve("keep.txt")), Files.list(foreign).toList(), cmd);
     }
+    // nor an empty folder of the user's
+    Path empty = Files.createDirectory(tmp.resolve("users-empty"));
+    Result e = run(Map.of("DATA", empty.toString()), "examples/scale-runs.sh", "clean");
+    assertEquals(2, e.rc(), e.out());
+    assertTrue(Files.isDirectory(empty), e.out());
     // a folder it made (marker inside) is its to delete
     Path made = tmp.resolve("made-data");
     Files.createDirectories(made.resolve("tmp"));

@@ -11,7 +11,8 @@ final class Formats {
   static final String PARQUET_MAGIC = "PAR1";
 
   static final String PARQUET_READ_AS_JSON = "this is a Parquet file read as JSON (it starts with PAR1): "
-      + "give --format parquet, or name the file with a .parquet extension";
+      + "name it with a .parquet extension and leave out --format json (it applies to every input), or give "
+      + "--format parquet if every input is Parquet";
 
   /** The explicit format, else json for .json/.jsonl/.ndjson(.gz) paths, else parquet. */
   static String resolve(String explicit, String path) {
@@ -88,8 +89,9 @@ final class Formats {
   static final long LINE_SEARCH_BYTES = 1L << 30;
 
   /**
-   * ", line N" of the first line of FILE that starts with the record a malformed-JSON PROBLEM quotes
-   * (Spark's reader gives the text, not its line), or "" when it is not found (in the first GiB, or
+   * ", line N" of the first line of FILE that is the record a malformed-JSON PROBLEM quotes (starts
+   * with it, where the quote was cut at 300 characters; Spark's reader gives the text, not its line),
+   * or "" when it is not found (in the first GiB, or
    * the file cannot be read here). Runs only on the way to an error, in the task that found it.
    */
   static String lineOf(String file, String problem) {
@@ -97,8 +99,18 @@ final class Formats {
       return "";
     }
     String record = problem.substring(MALFORMED_JSON.length());
+    boolean cut = record.length() >= 300; // malformedJson quotes 300 characters at most
     org.apache.hadoop.fs.Path path = new org.apache.hadoop.fs.Path(java.net.URI.create(file));
+    // the job's spark.hadoop.* settings (an object store's credentials, say), as the reader had them
     org.apache.hadoop.conf.Configuration conf = new org.apache.hadoop.conf.Configuration();
+    org.apache.spark.SparkEnv env = org.apache.spark.SparkEnv.get();
+    if (env != null) {
+      for (scala.Tuple2<String, String> kv : env.conf().getAll()) {
+        if (kv._1().startsWith("spark.hadoop.")) {
+          conf.set(kv._1().substring("spark.hadoop.".length()), kv._2());
+        }
+      }
+    }
     try {
       org.apache.hadoop.fs.FileSystem fs = path.getFileSystem(conf);
       org.apache.hadoop.io.compress.CompressionCodec codec =
@@ -112,7 +124,7 @@ final class Formats {
         for (String line; (line = r.readLine()) != null && read < LINE_SEARCH_BYTES; ) {
           n++;
           read += line.length() + 1;
-          if (line.startsWith(record)) {
+          if (cut ? line.startsWith(record) : line.equals(record)) { // a cut-off last line prefixes others
             return ", line " + n;
           }
         }

@@ -32,7 +32,7 @@ public final class LongctxMain {
         KEYS      one row per token: doc_id string, pos long, k array<float> (kv-heads*dim),
                   v array<float> (kv-heads*dim); in prefill mode also q array<float> (heads*dim)
         QUERIES   query_id string, doc_id string, q array<float> (heads*dim), optional pos long
-      Output OUT (--output-format, default the input format): decode: query_id, doc_id, o, lse, n_keys; prefill: doc_id, pos, o, lse,
+      Output OUT (--output-format, default the format of KEYS): decode: query_id, doc_id, o, lse, n_keys; prefill: doc_id, pos, o, lse,
       n_keys. o array<float> (heads*dim), lse array<float> (heads, natural log; -Infinity and o = 0
       where no key was visible), n_keys long (keys attended). Written to a hidden sibling directory
       and renamed to OUT at the end: after a failure OUT is absent or, with --overwrite, the previous

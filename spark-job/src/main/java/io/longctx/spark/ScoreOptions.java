@@ -14,7 +14,7 @@ public final class ScoreOptions implements Serializable {
   public String output;
   /** parquet or json, both inputs; null: from each input path's own extension, else parquet. */
   public String format;
-  /** parquet or json; null: the input format. */
+  /** parquet or json; null: the format of KEYS. */
   public String outputFormat;
   public int heads;
   public int kvHeads;

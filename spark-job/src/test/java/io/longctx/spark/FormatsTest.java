@@ -2,10 +2,17 @@ package io.longctx.spark;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.List;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
 
-/** The input format taken from a path when --format is not given. */
+/** The input format taken from a path when --format is not given; a malformed line's number. */
 class FormatsTest {
+  @TempDir
+  Path tmp;
+
   @Test
   void jsonLinesByExtensionGzippedOrNotElseParquet() {
     for (String p : new String[] {"a.json", "a.jsonl", "a.ndjson", "a.json.gz", "a.JSONL.GZ", "a.ndjson.gz", "dir/x.jsonl/"}) {
@@ -15,5 +22,20 @@ class FormatsTest {
       assertEquals("parquet", Formats.resolve(null, p), p);
     }
     assertEquals("parquet", Formats.resolve("parquet", "a.json"), "an explicit format wins");
+  }
+
+  @Test
+  void aMalformedLineIsFoundByItsWholeTextOrItsQuotedStart() throws Exception {
+    String good = "{\"query_id\":\"doc-0/q-1\",\"doc_id\":\"doc-0\"}";
+    String cutOff = "{\"query_id\":\"doc-0/q-"; // a last line cut mid-write: a prefix of line 1
+    String longBad = "{\"q\": [" + "0.5, ".repeat(100) + "oops]}"; // quoted cut to 300 characters
+    Path f = tmp.resolve("q.jsonl");
+    Files.write(f, List.of(good, longBad, good, cutOff));
+    String uri = f.toUri().toString();
+    assertEquals(", line 4", Formats.lineOf(uri, Formats.malformedJson(cutOff)));
+    assertEquals(", line 2", Formats.lineOf(uri, Formats.malformedJson(longBad)));
+    assertEquals("", Formats.lineOf(uri, Formats.malformedJson("{not there")));
+    assertEquals("", Formats.lineOf(tmp.resolve("absent.jsonl").toUri().toString(), Formats.malformedJson(good)));
+    assertEquals("", Formats.lineOf(uri, "some other problem"));
   }
 }
