@@ -189,11 +189,7 @@ class EndToEndTest {
         base = got;
         continue;
       }
-      for (Map.Entry<String, Outputs.Result> e : base.entrySet()) {
-        Outputs.Result g = got.get(e.getKey());
-        assertArrayEquals(bits(e.getValue().o()), bits(g.o()), "o bits of " + e.getKey() + " (seed " + seed + ")");
-        assertArrayEquals(bits(e.getValue().lse()), bits(g.lse()), "lse bits of " + e.getKey() + " (seed " + seed + ")");
-      }
+      assertSameBits(base, got, " (seed " + seed + ")");
     }
     // 1 merge task (and the blocks that see no chunk) vs 7: the runs above really were cut differently.
     assertTrue(files[0] <= 2 && files[1] >= 3, "part files with --partitions 1 and 7: " + files[0] + ", " + files[1]);
@@ -312,27 +308,18 @@ class EndToEndTest {
     Path pq = data.writeKeys(spark, mixed, "parquet", false);
     Path jq = data.writeQueries(spark, mixed, "json");
     Path jk = data.writeKeys(spark, jsonOnly, "json", false);
-    java.io.ByteArrayOutputStream err = new java.io.ByteArrayOutputStream();
-    for (Path[] in : new Path[][] {{pq, jq, mixed}, {jk, jq, jsonOnly}}) {
-      String[] args = {"score", "--keys", in[0].toString(), "--queries", in[1].toString(), "--output",
-          in[2].resolve("out").toString(), "--kv-heads", "2", "--causal", "--chunk-len", "16"};
-      assertEquals(0, LongctxMain.run(args, System.out, new java.io.PrintStream(err, true)), err.toString());
-    }
+    scoreOk(pq, jq, mixed.resolve("out"), "--causal", "--chunk-len", "16");
+    scoreOk(jk, jq, jsonOnly.resolve("out"), "--causal", "--chunk-len", "16");
     // --format names one format for both: JSON Lines QUERIES read as Parquet is exit 2, and says why
-    err.reset();
+    java.io.ByteArrayOutputStream err = new java.io.ByteArrayOutputStream();
     String[] forced = {"score", "--keys", pq.toString(), "--queries", jq.toString(), "--output",
         mixed.resolve("forced").toString(), "--kv-heads", "2", "--format", "parquet"};
     assertEquals(2, LongctxMain.run(forced, System.out, new java.io.PrintStream(err, true)), err.toString());
     assertTrue(err.toString().contains("QUERIES " + jq) && err.toString().contains("applies to every input"),
         err.toString());
     Map<String, Outputs.Result> a = Outputs.read(spark, mixed.resolve("out"), "parquet", false);
-    Map<String, Outputs.Result> b = Outputs.read(spark, jsonOnly.resolve("out"), "json", false);
     assertEquals(4, a.size());
-    assertEquals(b.keySet(), a.keySet());
-    for (String k : a.keySet()) {
-      assertTrue(java.util.Arrays.equals(a.get(k).o(), b.get(k).o()), k);
-      assertTrue(java.util.Arrays.equals(a.get(k).lse(), b.get(k).lse()), k);
-    }
+    assertSameBits(Outputs.read(spark, jsonOnly.resolve("out"), "json", false), a, " (mixed formats vs JSON)");
   }
 
   /** Parquet inputs with integer ids and pos and double vectors read as strings, long and float32 (README). */
@@ -349,22 +336,14 @@ class EndToEndTest {
         col("k").cast("array<double>").as("k"), col("v").cast("array<double>").as("v")).write().parquet(kw.toString());
     spark.read().parquet(q.toString()).withColumn("doc_id", col("doc_id").cast("long"))
         .withColumn("q", col("q").cast("array<double>")).write().parquet(qw.toString());
-    java.io.ByteArrayOutputStream err = new java.io.ByteArrayOutputStream();
-    for (Path[] in : new Path[][] {{k, q, typed}, {kw, qw, wide}}) {
-      String[] args = {"score", "--keys", in[0].toString(), "--queries", in[1].toString(), "--output",
-          in[2].resolve("out").toString(), "--kv-heads", "2", "--chunk-len", "8"};
-      assertEquals(0, LongctxMain.run(args, System.out, new java.io.PrintStream(err, true)), err.toString());
-    }
+    scoreOk(k, q, typed.resolve("out"), "--chunk-len", "8");
+    scoreOk(kw, qw, wide.resolve("out"), "--chunk-len", "8");
     Map<String, Outputs.Result> a = Outputs.read(spark, typed.resolve("out"), "parquet", false);
-    Map<String, Outputs.Result> b = Outputs.read(spark, wide.resolve("out"), "parquet", false);
     assertEquals(4, a.size());
-    assertEquals(a.keySet(), b.keySet());
     assertEquals(List.of("7"), spark.read().parquet(wide.resolve("out").toString()).select("doc_id").distinct()
         .as(org.apache.spark.sql.Encoders.STRING()).collectAsList());
-    for (String key : a.keySet()) { // float -> double -> float is exact: the same bits
-      assertTrue(java.util.Arrays.equals(a.get(key).o(), b.get(key).o()), key);
-      assertTrue(java.util.Arrays.equals(a.get(key).lse(), b.get(key).lse()), key);
-    }
+    // float -> double -> float is exact: the same bits
+    assertSameBits(a, Outputs.read(spark, wide.resolve("out"), "parquet", false), " (integer ids, double vectors)");
   }
 
   /**
@@ -382,6 +361,26 @@ class EndToEndTest {
     }
     try (var s = Files.list(Path.of(o.output))) {
       return (int) s.filter(p -> p.getFileName().toString().startsWith("part-")).count();
+    }
+  }
+
+  /** score on the command line, exit 0 expected: KEYS, QUERIES, OUT, 2 kv heads and EXTRA options. */
+  void scoreOk(Path keys, Path queries, Path out, String... extra) {
+    List<String> args = new java.util.ArrayList<>(List.of("score", "--keys", keys.toString(), "--queries",
+        queries.toString(), "--output", out.toString(), "--kv-heads", "2"));
+    args.addAll(List.of(extra));
+    java.io.ByteArrayOutputStream err = new java.io.ByteArrayOutputStream();
+    assertEquals(0, LongctxMain.run(args.toArray(new String[0]), System.out, new java.io.PrintStream(err, true)),
+        err.toString());
+  }
+
+  /** Every row of WANT in GOT (the same rows), o and lse bit for bit; WHAT ends the messages. */
+  static void assertSameBits(Map<String, Outputs.Result> want, Map<String, Outputs.Result> got, String what) {
+    assertEquals(want.keySet(), got.keySet(), "rows" + what);
+    for (Map.Entry<String, Outputs.Result> e : want.entrySet()) {
+      Outputs.Result g = got.get(e.getKey());
+      assertArrayEquals(bits(e.getValue().o()), bits(g.o()), "o bits of " + e.getKey() + what);
+      assertArrayEquals(bits(e.getValue().lse()), bits(g.lse()), "lse bits of " + e.getKey() + what);
     }
   }
 
