@@ -113,7 +113,8 @@ public final class ModelGenerator {
         System.out.print(HELP);
         return;
       }
-      if (!VALUE_OPTIONS.contains(a)) {
+      java.util.function.BiConsumer<Spec, String> set = VALUE_OPTIONS.get(a);
+      if (set == null) {
         throw new IllegalArgumentException("unknown option " + a + " (--help lists them)");
       }
       if (i + 1 >= args.length) {
@@ -121,7 +122,7 @@ public final class ModelGenerator {
       }
       String v = args[++i];
       try {
-        setOption(s, a, v);
+        set.accept(s, v);
       } catch (NumberFormatException e) {
         throw new IllegalArgumentException(a + " needs a number, got '" + v + "'");
       }
@@ -136,30 +137,24 @@ public final class ModelGenerator {
     System.out.println("wrote " + out + ": " + LlamaConfig.read(out));
   }
 
-  private static final java.util.Set<String> VALUE_OPTIONS = java.util.Set.of("--output", "--layers", "--hidden",
-      "--heads", "--kv-heads", "--ffn", "--vocab", "--seed", "--dtype", "--model-type", "--sliding-window",
-      "--rope-theta", "--rope-scaling", "--shards", "--init-std");
-
-  private static void setOption(Spec s, String a, String v) {
-    switch (a) {
-      case "--output" -> { } // run() keeps it
-      case "--layers" -> s.layers = Integer.parseInt(v);
-      case "--hidden" -> s.hidden = Integer.parseInt(v);
-      case "--heads" -> s.heads = Integer.parseInt(v);
-      case "--kv-heads" -> s.kvHeads = Integer.parseInt(v);
-      case "--ffn" -> s.ffn = Integer.parseInt(v);
-      case "--vocab" -> s.vocab = Integer.parseInt(v);
-      case "--seed" -> s.seed = Long.parseLong(v);
-      case "--dtype" -> s.dtype = v.toUpperCase(Locale.ROOT);
-      case "--model-type" -> s.modelType = v;
-      case "--sliding-window" -> s.slidingWindow = Long.parseLong(v);
-      case "--rope-theta" -> s.ropeTheta = Double.parseDouble(v);
-      case "--rope-scaling" -> s.ropeScaling = v;
-      case "--shards" -> s.shards = Integer.parseInt(v);
-      case "--init-std" -> s.initStd = Double.parseDouble(v);
-      default -> throw new IllegalStateException("option " + a + " is in VALUE_OPTIONS but not set here");
-    }
-  }
+  /** Each option that takes a value, and how it sets it: the one list of them. */
+  private static final java.util.Map<String, java.util.function.BiConsumer<Spec, String>> VALUE_OPTIONS =
+      java.util.Map.ofEntries(
+      java.util.Map.entry("--output", (s, v) -> { }), // run() keeps it
+      java.util.Map.entry("--layers", (s, v) -> s.layers = Integer.parseInt(v)),
+      java.util.Map.entry("--hidden", (s, v) -> s.hidden = Integer.parseInt(v)),
+      java.util.Map.entry("--heads", (s, v) -> s.heads = Integer.parseInt(v)),
+      java.util.Map.entry("--kv-heads", (s, v) -> s.kvHeads = Integer.parseInt(v)),
+      java.util.Map.entry("--ffn", (s, v) -> s.ffn = Integer.parseInt(v)),
+      java.util.Map.entry("--vocab", (s, v) -> s.vocab = Integer.parseInt(v)),
+      java.util.Map.entry("--seed", (s, v) -> s.seed = Long.parseLong(v)),
+      java.util.Map.entry("--dtype", (s, v) -> s.dtype = v.toUpperCase(Locale.ROOT)),
+      java.util.Map.entry("--model-type", (s, v) -> s.modelType = v),
+      java.util.Map.entry("--sliding-window", (s, v) -> s.slidingWindow = Long.parseLong(v)),
+      java.util.Map.entry("--rope-theta", (s, v) -> s.ropeTheta = Double.parseDouble(v)),
+      java.util.Map.entry("--rope-scaling", (s, v) -> s.ropeScaling = v),
+      java.util.Map.entry("--shards", (s, v) -> s.shards = Integer.parseInt(v)),
+      java.util.Map.entry("--init-std", (s, v) -> s.initStd = Double.parseDouble(v)));
 
   /**
    * Writes the checkpoint as {@code dir}, which must not exist or be an empty directory (we never

@@ -87,9 +87,25 @@ public final class PplBench {
     return s;
   }
 
-  private static final java.util.Set<String> VALUE_OPTIONS = java.util.Set.of("--t", "--layers", "--hidden", "--heads",
-      "--kv-heads", "--vocab", "--dtype", "--model", "--chunk-len", "--iters", "--rounds", "--paths", "--child-timeout",
-      "--seed", "--child", "--child-t");
+  /** Each option that takes a value, and how it sets it: the one list of them. */
+  private static final java.util.Map<String, java.util.function.BiConsumer<Options, String>> VALUE_OPTIONS =
+      java.util.Map.ofEntries(
+      java.util.Map.entry("--t", (o, v) -> o.ts = Arrays.stream(v.split(",")).mapToInt(Integer::parseInt).toArray()),
+      java.util.Map.entry("--layers", (o, v) -> o.spec.layers = Integer.parseInt(v)),
+      java.util.Map.entry("--hidden", (o, v) -> o.spec.hidden = Integer.parseInt(v)),
+      java.util.Map.entry("--heads", (o, v) -> o.spec.heads = Integer.parseInt(v)),
+      java.util.Map.entry("--kv-heads", (o, v) -> o.spec.kvHeads = Integer.parseInt(v)),
+      java.util.Map.entry("--vocab", (o, v) -> o.spec.vocab = Integer.parseInt(v)),
+      java.util.Map.entry("--dtype", (o, v) -> o.spec.dtype = v.toUpperCase(Locale.ROOT)),
+      java.util.Map.entry("--model", (o, v) -> o.model = Path.of(v)),
+      java.util.Map.entry("--chunk-len", (o, v) -> o.chunkLen = Integer.parseInt(v)),
+      java.util.Map.entry("--iters", (o, v) -> o.iters = Integer.parseInt(v)),
+      java.util.Map.entry("--rounds", (o, v) -> o.rounds = Integer.parseInt(v)),
+      java.util.Map.entry("--paths", (o, v) -> o.paths = List.of(v.split(","))),
+      java.util.Map.entry("--child-timeout", (o, v) -> o.childTimeoutS = Long.parseLong(v)),
+      java.util.Map.entry("--seed", (o, v) -> o.seed = Long.parseLong(v)),
+      java.util.Map.entry("--child", (o, v) -> o.child = v),
+      java.util.Map.entry("--child-t", (o, v) -> o.t = Integer.parseInt(v)));
 
   static Options parse(String[] args) {
     Options o = new Options();
@@ -98,7 +114,8 @@ public final class PplBench {
       if (a.equals("--help") || a.equals("-h")) {
         return null;
       }
-      if (!VALUE_OPTIONS.contains(a)) {
+      java.util.function.BiConsumer<Options, String> set = VALUE_OPTIONS.get(a);
+      if (set == null) {
         throw new IllegalArgumentException("unknown option " + a + "\n" + USAGE);
       }
       if (i + 1 >= args.length) {
@@ -106,25 +123,7 @@ public final class PplBench {
       }
       String v = args[++i];
       try {
-        switch (a) {
-          case "--t" -> o.ts = Arrays.stream(v.split(",")).mapToInt(Integer::parseInt).toArray();
-          case "--layers" -> o.spec.layers = Integer.parseInt(v);
-          case "--hidden" -> o.spec.hidden = Integer.parseInt(v);
-          case "--heads" -> o.spec.heads = Integer.parseInt(v);
-          case "--kv-heads" -> o.spec.kvHeads = Integer.parseInt(v);
-          case "--vocab" -> o.spec.vocab = Integer.parseInt(v);
-          case "--dtype" -> o.spec.dtype = v.toUpperCase(Locale.ROOT);
-          case "--model" -> o.model = Path.of(v);
-          case "--chunk-len" -> o.chunkLen = Integer.parseInt(v);
-          case "--iters" -> o.iters = Integer.parseInt(v);
-          case "--rounds" -> o.rounds = Integer.parseInt(v);
-          case "--paths" -> o.paths = List.of(v.split(","));
-          case "--child-timeout" -> o.childTimeoutS = Long.parseLong(v);
-          case "--seed" -> o.seed = Long.parseLong(v);
-          case "--child" -> o.child = v;
-          case "--child-t" -> o.t = Integer.parseInt(v);
-          default -> throw new IllegalStateException("option " + a + " is in VALUE_OPTIONS but not parsed here");
-        }
+        set.accept(o, v);
       } catch (NumberFormatException e) {
         throw new IllegalArgumentException(a + " needs a number, got '" + v + "'");
       }

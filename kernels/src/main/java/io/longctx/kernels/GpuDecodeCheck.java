@@ -30,7 +30,7 @@ final class GpuDecodeCheck {
   private record Case(int b, int h, int hkv, int tq, int tk, int d, int split, AttentionOptions opt, int[] chunks) {}
 
   /**
-   * {@code --smoke}: the decode check alone at tiny sizes (Tk up to 1,003; timing at Tk 4,096), to
+   * {@code --smoke}: the decode check alone at tiny sizes (Tk up to 1,003; timing at Tk 1,024 in four splits of 256), to
    * exercise this code without a GPU (CudaDecodeFakeDeviceTest runs it on the emulating fake
    * libcuda); its timings mean nothing. Without it: the full sizes. Rows go to stdout and the
    * results file as they are made ({@link CheckReport}). Exit 0 when every row passes, 1 otherwise,
@@ -272,7 +272,8 @@ final class GpuDecodeCheck {
    * 8 query heads (one row per CTA), and each tensor-core call again on the CUDA-core partials.
    */
   private static void timing(CudaAttention cuda, SplittableRandom rng, CheckReport report, boolean smoke) {
-    int b = 1, h = 32, hkv = 8, d = 128, tk = smoke ? 4096 : 262_144;
+    // Smoke: four splits of 256 keys, so that the combine runs too, at a quarter of 4,096 keys' emulation time.
+    int b = 1, h = 32, hkv = 8, d = 128, tk = smoke ? 1024 : 262_144, mainSplit = smoke ? 256 : 4096;
     CudaAttention.DType type = CudaAttention.DType.BF16;
     report.line("");
     report.line("## Decode timing, B 1, H 32 / Hkv 8, D 128, bf16 KV, Tk " + tk + " (CUDA events, median of 20)");
@@ -309,7 +310,7 @@ final class GpuDecodeCheck {
           CudaAttention.DeviceTensor tqd = new CudaAttention.DeviceTensor(dq, type, b, heads, tq, d);
           List<CudaAttention.DeviceTensor> kc = List.of(new CudaAttention.DeviceTensor(dk, type, b, hkv, tk, d));
           List<CudaAttention.DeviceTensor> vc = List.of(new CudaAttention.DeviceTensor(dv, type, b, hkv, tk, d));
-          for (int split : smoke || heads != h ? new int[] {4096} : tq == 1 ? new int[] {1024, 2048, 4096, 8192} : new int[] {4096}) {
+          for (int split : smoke || heads != h || tq > 1 ? new int[] {mainSplit} : new int[] {1024, 2048, 4096, 8192}) {
             try {
               CudaDecode.Plan plan = CudaAttention.devicePlan(tqd, kc, vc, split);
               try (CudaDecode.Workspace ws = cuda.decodeWorkspace(plan, kc, vc, stream)) {
@@ -318,7 +319,7 @@ final class GpuDecodeCheck {
                 double unified = median(stream, () -> cuda.launchDecode(plan, ws, tqd, dqp, null, opt, um, o, lse, stream));
                 long recomputed = ws.recomputedRows(stream);
                 double syncGbps = plan.kvBytes() / sync / 1e6, uniGbps = plan.kvBytes() / unified / 1e6;
-                if (split == 4096 || tq > 1) {
+                if (split == mainSplit) {
                   report.line("| " + occupancy(cuda, plan) + " | " + tq + " | " + split + " | | | | |");
                 }
                 report.line(String.format(Locale.ROOT, "| sync split-K%s | %d | %d | %.3f | %.0f | %.2f | |", label, tq, split,
@@ -329,7 +330,7 @@ final class GpuDecodeCheck {
                   tsv.append(String.format(Locale.ROOT, "sync\t%d\t%d\t%.6f\t%.3f%n", tq, split, sync, syncGbps));
                   tsv.append(String.format(Locale.ROOT, "unified\t%d\t%d\t%.6f\t%.3f%n", tq, split, unified, uniGbps));
                 }
-                if (plan.tensorCores() && split == 4096) {
+                if (plan.tensorCores() && split == mainSplit) {
                   timeOnCudaCores(cuda, plan, ws, kc, vc, tqd, dqp, opt, o, lse, stream, copyGbps, report, tq, split, label);
                 }
               }

@@ -78,17 +78,17 @@ class CudaDecodeFakeDeviceTest {
         && file.stream().filter(l -> l.contains("| pass |")).count() == out.lines().filter(l -> l.contains("| pass |")).count()
         && file.stream().anyMatch(l -> l.contains("| pass |")), "results file differs from stdout:\n" + file);
     assertTrue(out.contains("batch invariance (bf16, sequence 0 alone vs in a batch of 2, split 700): pass"), out);
-    assertTrue(out.contains("| sync split-K | 1 | 4096 |") && out.contains("| device-to-device copy"), out);
+    assertTrue(out.contains("| sync split-K | 1 | 256 |") && out.contains("| device-to-device copy"), out);
     // The 4-row call also timed on the CUDA-core partials: its output agrees with the tensor cores'.
     java.util.regex.Matcher m = java.util.regex.Pattern
-        .compile("\\| sync split-K on CUDA cores \\(o rel-L2 ([^,]+), lse max-abs ([^ ]+) vs tensor cores\\) \\| 1 \\| 4096 \\|")
+        .compile("\\| sync split-K on CUDA cores \\(o rel-L2 ([^,]+), lse max-abs ([^ ]+) vs tensor cores\\) \\| 1 \\| 256 \\|")
         .matcher(out);
     assertTrue(m.find(), out);
     assertTrue(Double.parseDouble(m.group(1)) < 1e-5 && Double.parseDouble(m.group(2)) < 1e-5, m.group());
     // One row per CTA (8/8 heads): timed on tensor cores, and on CUDA cores with the same output.
-    assertTrue(out.contains("| sync split-K (H 8 / Hkv 8) | 1 | 4096 |"), out);
+    assertTrue(out.contains("| sync split-K (H 8 / Hkv 8) | 1 | 256 |"), out);
     java.util.regex.Matcher one = java.util.regex.Pattern.compile("\\| sync split-K on CUDA cores \\(H 8 / Hkv 8\\) "
-        + "\\(o rel-L2 ([^,]+), lse max-abs ([^ ]+) vs tensor cores\\) \\| 1 \\| 4096 \\|").matcher(out);
+        + "\\(o rel-L2 ([^,]+), lse max-abs ([^ ]+) vs tensor cores\\) \\| 1 \\| 256 \\|").matcher(out);
     assertTrue(one.find(), out);
     assertTrue(Double.parseDouble(one.group(1)) < 1e-5 && Double.parseDouble(one.group(2)) < 1e-5, one.group());
 
@@ -98,7 +98,7 @@ class CudaDecodeFakeDeviceTest {
     check.environment().put("OUT", timingOut.toString());
     Child t = Child.run(check, 240);
     String tout = t.output();
-    assertTrue(t.exit() == 0 && tout.contains("| sync split-K | 1 | 4096 |") && tout.contains("summary decode: 0 pass, 0 FAIL"),
+    assertTrue(t.exit() == 0 && tout.contains("| sync split-K | 1 | 256 |") && tout.contains("summary decode: 0 pass, 0 FAIL"),
         tout);
     assertTrue(!tout.contains("batch invariance") && !tout.contains("correctness against float64"), tout);
   }

@@ -110,7 +110,7 @@ class GpuCheckScriptTest {
         "ab-decode build absent: commit 4567def: ERROR no jar", "section ab-decode-this-1-timing: exit status 0",
         "section ab-decode-older-1: exit status 0", "summary decode: 37 pass, 0 FAIL, 0 ERROR",
         "section ab-decode-this-2-timing: exit status 0", "section ab-decode-older-2-timing: exit status 0",
-        "| what | Tq | split | this ms | older ms | this / older |", "| sync | 1 | 4096 | ",
+        "| what | Tq | split | this ms | older ms | this / older |", "| sync | 1 | 256 | ",
         "sections: ab-decode-absent=missing ab-decode-this-1-timing=0");
     assertTrue(file.stream().noneMatch(l -> l.contains("absent ms")), all);
     assertEquals("a decode section's timings\n", Files.readString(out.resolve("decode-times.tsv")));

@@ -1,6 +1,5 @@
 package io.longctx.spark;
 
-import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assumptions.assumeFalse;
@@ -57,9 +56,7 @@ class BackendSelectionTest {
     assertEquals("cpu (tasks ran on cpu)", ScoreJob.run(spark, options(keys, queries, "auto", "auto")).backend());
     Map<String, Outputs.Result> a = Outputs.read(spark, tmp.resolve("cpu"), "parquet", false);
     Map<String, Outputs.Result> b = Outputs.read(spark, tmp.resolve("counting"), "parquet", false);
-    for (String q : a.keySet()) {
-      assertArrayEquals(EndToEndTest.bits(a.get(q).o()), EndToEndTest.bits(b.get(q).o()), q);
-    }
+    EndToEndTest.assertSameBits(a, b, " (cpu vs counting backend)");
   }
 
   /**
