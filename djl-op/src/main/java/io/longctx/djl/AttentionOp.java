@@ -570,7 +570,9 @@ public final class AttentionOp {
   private NDList javaForward(NDArray q, NDArray k, NDArray v, Dims d, long[] qPos, long[] kPos,
       AttentionOptions opt, Layout layout) {
     try (NDManager scope = q.getManager().newSubManager()) {
-      BufferTensor qb = inPlace(q, layout, scope), kb = inPlace(k, layout, scope), vb = inPlace(v, layout, scope);
+      BufferTensor qb = inPlace(q, layout, scope);
+      BufferTensor[] kv = kvInPlace(k, v, layout, scope);
+      BufferTensor kb = kv[0], vb = kv[1];
       if (d.tq <= SPLIT_K_MAX_QUERY_ROWS) {
         // Few query rows: the forward kernel would have only B*H*ceil(Tq/blockQ) tasks; split-K also
         // splits the keys (the same exact attention, splits merged in a fixed order).
@@ -618,9 +620,27 @@ public final class AttentionOp {
   private AttentionState decodeInPlace(BufferTensor q, NDArray k, NDArray v, long[] qPos, long[] kPos,
       AttentionOptions opt, Layout layout) {
     try (NDManager scope = k.getManager().newSubManager()) {
-      return kernels.decode(q, inPlace(k, layout, scope), inPlace(v, layout, scope), qPos, kPos, opt,
-          CpuAttention.DEFAULT_SPLIT_LEN).state();
+      BufferTensor[] kv = kvInPlace(k, v, layout, scope);
+      return kernels.decode(q, kv[0], kv[1], qPos, kPos, opt, CpuAttention.DEFAULT_SPLIT_LEN).state();
     }
+  }
+
+  /**
+   * k and v as {@link #inPlace} reads them, in one memory order as the kernels need: where one is a
+   * transposed view read in its own order and the other is not (a K cache grown by concatenation next
+   * to a transposed V projection), the view is copied into the layout's order instead.
+   */
+  private static BufferTensor[] kvInPlace(NDArray k, NDArray v, Layout layout, NDManager scope) {
+    BufferTensor kb = inPlace(k, layout, scope, true), vb = inPlace(v, layout, scope, true);
+    boolean layoutOrder = layout == Layout.BTHD;
+    if (kb.tokenMajor() != vb.tokenMajor()) {
+      if (kb.tokenMajor() != layoutOrder) {
+        kb = inPlace(k, layout, scope, false);
+      } else {
+        vb = inPlace(v, layout, scope, false);
+      }
+    }
+    return new BufferTensor[] {kb, vb};
   }
 
   /**
@@ -634,13 +654,18 @@ public final class AttentionOp {
    * output in place").
    */
   private static BufferTensor inPlace(NDArray a, Layout layout, NDManager scope) {
+    return inPlace(a, layout, scope, true);
+  }
+
+  /** {@link #inPlace}; a transposed view is read in its memory's order only where {@code ownOrder}. */
+  private static BufferTensor inPlace(NDArray a, Layout layout, NDManager scope, boolean ownOrder) {
     NDArray x = a;
     if (x.getDataType() != DataType.FLOAT32) {
       x = x.toType(DataType.FLOAT32, false); // keeps a's strides
       x.attach(scope);
     }
     boolean tokenMajor = layout == Layout.BTHD;
-    if (!contiguous(x)) {
+    if (ownOrder && !contiguous(x)) {
       // A transposed view (BHTD memory given as BTHD, or the reverse) is read in its memory's own order;
       // libtorch's contiguous copy of it cost as much as the kernel at [1,8,1024,128] (docs/BENCHMARKS.md).
       NDArray t = x.transpose(0, 2, 1, 3);

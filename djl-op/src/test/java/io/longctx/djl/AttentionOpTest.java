@@ -232,7 +232,8 @@ class AttentionOpTest {
 
   /**
    * Inputs whose memory is in either order, given contiguous or as transposed views (read in their
-   * memory's order, not copied by libtorch), forward and decode: the kernel's bits on float[] copies.
+   * memory's order, not copied by libtorch; k and v of different orders, one copied), forward and
+   * decode: the kernel's bits on float[] copies.
    */
   @Test
   void inputsInEitherMemoryOrderAndTransposedViewsHoldTheKernelsBits() {
@@ -251,22 +252,32 @@ class AttentionOpTest {
           ? CpuAttention.DEFAULT.decode(q, k, v, qPos, null, opt)
           : CpuAttention.DEFAULT.forward(q, k, v, qPos, null, opt);
       try (NDManager m = manager.newSubManager()) {
-        for (String form : new String[] {"BHTD", "BTHD", "BTHD view of BHTD memory", "BHTD view of BTHD memory"}) {
-          Layout layout = form.startsWith("BHTD") ? Layout.BHTD : Layout.BTHD;
-          boolean view = form.contains("view");
+        // Each of q, k and v contiguous or a transposed view of the other order's memory, in both layouts:
+        // a k and v in different memory orders (a grown K cache beside a transposed V) included.
+        for (int form = 0; form < 16; form++) {
+          Layout layout = (form & 8) == 0 ? Layout.BHTD : Layout.BTHD;
           NDArray[] in = new NDArray[3];
           Tensor[] x = {q, k, v};
+          StringBuilder name = new StringBuilder(layout.toString());
           for (int i = 0; i < 3; i++) {
+            boolean view = (form & (1 << i)) != 0;
+            name.append(view ? ", " + "qkv".charAt(i) + " a view" : "");
             NDArray bhtd = m.create(x[i].data(), new Shape(x[i].batch(), x[i].heads(), x[i].tokens(), x[i].dim()));
             NDArray bthd = m.create(bhtd.transpose(0, 2, 1, 3).toFloatArray(),
                 new Shape(x[i].batch(), x[i].tokens(), x[i].heads(), x[i].dim()));
             in[i] = !view ? (layout == Layout.BHTD ? bhtd : bthd) : (layout == Layout.BHTD ? bthd : bhtd).transpose(0, 2, 1, 3);
-            assertEquals(!view, AttentionOp.contiguous(in[i]), form);
+            assertEquals(!view, AttentionOp.contiguous(in[i]), name.toString());
           }
           NDList r = OP.forward(in[0], in[1], in[2], qPos, null, opt, layout, Path.JAVA);
           float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), layout);
           assertTrue(java.util.Arrays.equals(want.o(), st[0]) && java.util.Arrays.equals(want.lse(), st[1]),
-              form + ", Tq " + tq + ", seed " + seed + ": not the kernel's bits");
+              name + ", Tq " + tq + ", seed " + seed + ": not the kernel's bits");
+          if (tq <= AttentionOp.SPLIT_K_MAX_QUERY_ROWS) {
+            NDList dr = OP.decode(in[0], in[1], in[2], qPos, null, opt, layout);
+            float[][] ds = OpChecks.stateOrder(dr.get(0), dr.get(1), layout);
+            assertTrue(java.util.Arrays.equals(want.o(), ds[0]) && java.util.Arrays.equals(want.lse(), ds[1]),
+                "decode, " + name + ", seed " + seed + ": not the kernel's bits");
+          }
         }
       }
     }

@@ -657,10 +657,15 @@ public final class CpuAttention implements AttentionBackend {
       requireNonNull(q, k, v, opt);
       if (k.batch() != v.batch() || k.heads() != v.heads() || k.tokens() != v.tokens() || k.dim() != v.dim()
           || k.tokenMajor() != v.tokenMajor()) {
-        throw new IllegalArgumentException("k and v must have the same shape and order, got k " + k.shape() + " and v "
-            + v.shape());
+        throw new IllegalArgumentException("k and v must have the same shape and memory order, got k "
+            + Tensor.shape(k.batch(), k.heads(), k.tokens(), k.dim()) + " stored " + order(k) + " and v "
+            + Tensor.shape(v.batch(), v.heads(), v.tokens(), v.dim()) + " stored " + order(v));
       }
       return q;
+    }
+
+    private static String order(BufferTensor t) {
+      return t.tokenMajor() ? "[batch, tokens, heads, dim]" : "[batch, heads, tokens, dim]";
     }
 
     private static void requireNonNull(Object q, Object k, Object v, AttentionOptions opt) {

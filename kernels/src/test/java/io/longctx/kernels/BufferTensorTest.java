@@ -102,8 +102,8 @@ class BufferTensorTest {
     // k and v of other orders, other shapes: named with both.
     e = assertThrows(IllegalArgumentException.class, () -> CpuAttention.DEFAULT.forward(direct(q, false),
         direct(k, false), direct(k, true), null, null, AttentionOptions.DEFAULT));
-    assertEquals("k and v must have the same shape and order, got k [1, 2, 10, 8] and v [1, 2, 10, 8] (stored "
-        + "[batch, tokens, heads, dim])", e.getMessage());
+    assertEquals("k and v must have the same shape and memory order, got k [1, 2, 10, 8] stored [batch, heads, "
+        + "tokens, dim] and v [1, 2, 10, 8] stored [batch, tokens, heads, dim]", e.getMessage());
     Tensor k3 = Tensor.random(rng, 1, 3, 10, 8);
     sameError(() -> CpuAttention.DEFAULT.forward(q, k3, k3, null, null, AttentionOptions.DEFAULT),
         () -> CpuAttention.DEFAULT.forward(direct(q, false), direct(k3, false), direct(k3, false), null, null,
