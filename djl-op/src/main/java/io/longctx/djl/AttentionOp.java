@@ -370,16 +370,15 @@ public final class AttentionOp {
       if (s == null) {
         throw new IllegalStateException("libtorch path requested but the TorchScript attention module did not load");
       }
-      NDList r = libtorchForward(s, q, k, v, d, opt, layout);
-      if (r != null) {
-        return r;
+      Libtorch r = libtorchForward(s, q, k, v, d, opt, layout);
+      if (r.out() != null) {
+        return r.out();
       }
-      // The Java kernel checks each score: it names NaN, Infinity or an overflow where it finds one.
+      // The Java kernel checks each score and output: it names NaN, Infinity or an overflow where it finds one.
       NDList java = javaForward(q, k, v, d, qPos, kPos, opt, layout);
       if (path == Path.LIBTORCH) {
         java.close();
-        throw new IllegalArgumentException("libtorch path requested but q and k are large enough for a q.k to "
-            + "overflow float32, which libtorch's kernel would take as a masked key: Path.JAVA computes this call");
+        throw new IllegalArgumentException("libtorch path requested but " + r.whyNot() + ": Path.JAVA computes this call");
       }
       return java;
     }
@@ -432,7 +431,7 @@ public final class AttentionOp {
       Measured m = calibrator.faster(shape,
           () -> javaForward(q, k, v, d, qPos, kPos, opt, layout).close(),
           () -> {
-            NDList r = libtorchForward(s, q, k, v, d, opt, layout);
+            NDList r = libtorchForward(s, q, k, v, d, opt, layout).out();
             if (r != null) {
               r.close();
             }
@@ -487,8 +486,16 @@ public final class AttentionOp {
     return true;
   }
 
-  /** libtorch's fused attention on the call, or null where a q.k could overflow there ({@link #qkMayOverflow}). */
-  private NDList libtorchForward(LibtorchSdpa s, NDArray q, NDArray k, NDArray v, Dims d, AttentionOptions opt,
+  /** libtorch's answer to a call ({@code out}), or null and why it cannot give it ({@code whyNot}). */
+  private record Libtorch(NDList out, String whyNot) {}
+
+  /**
+   * libtorch's fused attention on the call; no answer where a q.k could overflow there
+   * ({@link #qkMayOverflow}) or where its output holds NaN or Infinity (the Java path then names the
+   * input at fault, or computes the call: a NaN in v at a key no query sees enters libtorch's sums
+   * with weight 0, and the Java kernel's only where such a key shares a tile with seen ones).
+   */
+  private Libtorch libtorchForward(LibtorchSdpa s, NDArray q, NDArray k, NDArray v, Dims d, AttentionOptions opt,
       Layout layout) {
     NDManager out = q.getManager();
     try (NDManager scope = out.newSubManager()) {
@@ -497,7 +504,8 @@ public final class AttentionOp {
       opt.scoreScale(d.dim); // refuses a scale float32 holds only as 0, a subnormal or infinity, as the Java path does
       double def = 1.0 / Math.sqrt(d.dim);
       if (qkMayOverflow(qa, ka, scale / def)) { // before the transposes: the callers' arrays flatten as views
-        return null;
+        return new Libtorch(null, "q and k are large enough for a q.k to overflow float32, which libtorch's kernel "
+            + "would take as a masked key");
       }
       if (layout == Layout.BTHD) {
         qa = temp(qa.transpose(0, 2, 1, 3), q, scope);
@@ -511,10 +519,8 @@ public final class AttentionOp {
       NDList r = s.forward(qa, ka, va, opt.causal());
       NDArray o = temp(r.get(0), q, scope), lse = temp(r.get(1), q, scope);
       if (nanOrInfinity(o, lse)) {
-        // libtorch passes NaN and Infinity in the inputs on to the output; the Java path names them.
-        javaForward(q, k, v, d, null, null, opt, layout);
-        throw new IllegalArgumentException("libtorch's attention gave NaN or Infinity for inputs the Java kernel takes: "
-            + "values too large for its float32 arithmetic? (Path.JAVA computes this call)");
+        return new Libtorch(null, "libtorch's attention gave NaN or Infinity where the Java kernel computes the call "
+            + "(a NaN or Infinity in v at keys no query sees, or values near float32's limits)");
       }
       // libtorch's outputs are views of [B, T, H, *] storage: the BTHD transposes below are contiguous.
       if (layout == Layout.BTHD) {
@@ -523,7 +529,7 @@ public final class AttentionOp {
       }
       o.attach(out);
       lse.attach(out);
-      return new NDList(o, lse);
+      return new Libtorch(new NDList(o, lse), null);
     }
   }
 

@@ -179,6 +179,45 @@ class AttentionOpInputsTest {
     }
   }
 
+  /**
+   * NaN in v at keys no query sees (a padded cache): the Java kernel computes the call where those
+   * keys lie in tiles it skips, and AUTO calibrated to libtorch, whose sums take them with weight 0,
+   * hands the call to it (before, it threw); an explicit LIBTORCH path says why it cannot. Where such
+   * a key shares a tile with seen ones, the Java kernel names the v entry.
+   */
+  @Test
+  void aNaNInVAtKeysNoQuerySeesIsComputedOrNamed() {
+    long seed = Seeds.forTest();
+    SplittableRandom rng = new SplittableRandom(seed);
+    Tensor q = Tensor.random(rng, 1, 1, 64, 16), k = Tensor.random(rng, 1, 1, 512, 16);
+    Tensor v = Tensor.random(rng, 1, 1, 512, 16);
+    AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true); // queries 0..63 see keys 0..63
+    Tensor kSeen = new Tensor(java.util.Arrays.copyOf(k.data(), 64 * 16), 1, 1, 64, 16);
+    Tensor vSeen = new Tensor(java.util.Arrays.copyOf(v.data(), 64 * 16), 1, 1, 64, 16);
+    java.util.Arrays.fill(v.data(), 256 * 16, 512 * 16, Float.NaN);
+    try (NDManager m = manager.newSubManager()) {
+      NDArray qa = OpChecks.nd(m, q, Layout.BHTD), ka = OpChecks.nd(m, k, Layout.BHTD);
+      NDArray va = OpChecks.nd(m, v, Layout.BHTD);
+      for (AttentionOp op : new AttentionOp[] {AttentionOp.cpu(), AUTO_LIBTORCH}) {
+        Path p = op == AUTO_LIBTORCH ? Path.AUTO : Path.JAVA;
+        NDList r = op.forward(qa, ka, va, null, null, causal, Layout.BHTD, p);
+        float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), Layout.BHTD);
+        assertNull(OpChecks.check(st[0], st[1], q, kSeen, vSeen, null, null, causal), p + ", seed " + seed);
+      }
+      IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+          () -> AttentionOp.cpu().forward(qa, ka, va, null, null, causal, Layout.BHTD, Path.LIBTORCH));
+      assertTrue(e.getMessage().contains("libtorch's attention gave NaN or Infinity where the Java kernel computes"),
+          e.getMessage());
+      // 4 queries over 20 keys: key 19 shares the queries' one tile.
+      NDArray q4 = qa.get(":, :, 0:4"), k20 = ka.get(":, :, 0:20"), v20 = va.get(":, :, 236:256").duplicate();
+      v20.set(new ai.djl.ndarray.index.NDIndex(":, :, 19, 3"), Float.NaN);
+      e = assertThrows(IllegalArgumentException.class,
+          () -> AttentionOp.cpu().forward(q4, k20, v20, null, null, causal, Layout.BHTD, Path.JAVA));
+      assertTrue(e.getMessage().contains("v is NaN at kv head 0, key token 19") && e.getMessage().contains("dim 3"),
+          e.getMessage());
+    }
+  }
+
   /** Moderate inputs stay on libtorch's path: the bound refuses only values near 1e17 and beyond. */
   @Test
   void largeButSafeInputsStayOnTheLibtorchPath() {

@@ -19,11 +19,11 @@ public final class NonFiniteScoreException extends IllegalArgumentException {
   /** The score as computed: NaN, +Infinity or -Infinity. */
   public final float score;
 
-  NonFiniteScoreException(int batch, int head, int queryToken, long queryPos, int keyToken, long keyPos, float score) {
+  /** {@code cause}: which of q and k holds a NaN or an infinity (and where), or that q.k overflows. */
+  NonFiniteScoreException(int batch, int head, int queryToken, long queryPos, int keyToken, long keyPos, float score,
+      String cause) {
     super("non-finite attention score (" + score + ") at batch " + batch + ", head " + head + ", query token "
-        + queryToken + " (position " + queryPos + "), key token " + keyToken + " (position " + keyPos + "): "
-        + (Float.isNaN(score) ? "q or k holds NaN or Infinity, or q.k overflows float32"
-            : "q.k overflows float32 (q and k hold values too large for float32 attention)"));
+        + queryToken + " (position " + queryPos + "), key token " + keyToken + " (position " + keyPos + "): " + cause);
     this.batch = batch;
     this.head = head;
     this.queryToken = queryToken;

@@ -265,8 +265,22 @@ final class TileWorker implements BlockWorker {
 
   /** The error for score {@code score} of output entry {@code out} (query at qPos) and key {@code key}. */
   static NonFiniteScoreException nonFiniteAt(CpuAttention.Problem p, int out, long qPos, int key, float score) {
-    int row = out / p.heads, h = out % p.heads;
-    return new NonFiniteScoreException(row / p.tq, h, row % p.tq, qPos, key, p.kPos[key], score);
+    int row = out / p.heads, h = out % p.heads, b = row / p.tq, t = row % p.tq;
+    // The cause, read off the two rows (an error path only).
+    String cause = null;
+    for (int c = 0; c < p.dim && cause == null; c++) {
+      float x = entry(p.q, p.qb, b, h, t, c), y = entry(p.k, p.kb, b, h / p.group, key, c);
+      cause = !Float.isFinite(x) ? "q is " + x + " at dim " + c : !Float.isFinite(y) ? "k is " + y + " at dim " + c : null;
+    }
+    if (cause == null) {
+      cause = "q.k overflows float32 (q and k hold values too large for float32 attention)";
+    }
+    return new NonFiniteScoreException(b, h, t, qPos, key, p.kPos[key], score, cause);
+  }
+
+  /** Element (b, h, t, c) of an input given as a Tensor or, where that is null, as a BufferTensor. */
+  static float entry(Tensor x, BufferTensor xb, int b, int h, int t, int c) {
+    return x != null ? x.data()[x.offset(b, h, t) + c] : xb.data().get(xb.offset(b, h, t) + c);
   }
 
   /** score = cap * tanh(score / cap); the 1/cap is already folded into the score scale. */
@@ -449,9 +463,20 @@ final class TileWorker implements BlockWorker {
   }
 
   private static IllegalArgumentException nonFiniteOutput(CpuAttention.Problem p, int out, int dim) {
-    int row = out / p.heads, h = out % p.heads;
-    return new IllegalArgumentException("non-finite attention output at batch " + row / p.tq + ", head " + h
-        + ", query token " + row % p.tq + ", dim " + dim + ": v holds NaN, Infinity or values too large for float32");
+    int row = out / p.heads, h = out % p.heads, b = row / p.tq, kvh = h / p.group;
+    String where = "non-finite attention output at batch " + b + ", head " + h + ", query token " + row % p.tq
+        + ", dim " + dim + ": ";
+    // Name the v entry (an error path only: the scan costs nothing on a good call).
+    for (int t = 0; t < p.tk; t++) {
+      float x = entry(p.v, p.vb, b, kvh, t, dim);
+      if (!Float.isFinite(x)) {
+        return new IllegalArgumentException(where + "v is " + x + " at kv head " + kvh + ", key token " + t
+            + (p.kPos != null ? " (position " + p.kPos[t] + ")" : "") + ". A key this query does not see still enters "
+            + "the sums of a tile it shares with seen keys, with weight 0 (0 x NaN is NaN), so v must be finite at "
+            + "every key given: pad with zeros, not NaN");
+      }
+    }
+    return new IllegalArgumentException(where + "v holds values too large for float32 (their weighted sum overflows)");
   }
 
 

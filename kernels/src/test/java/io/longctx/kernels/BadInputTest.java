@@ -115,14 +115,17 @@ class BadInputTest {
     Tensor k = Tensor.random(rng, 1, 1, 300, 32);
     Tensor v = Tensor.random(rng, 1, 1, 300, 32);
     k.data()[k.offset(0, 0, 211) + 3] = Float.NaN;
-    assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT), "key token 211", "non-finite");
-    assertMessage(() -> cpu.decode(q, k, v, null, null, AttentionOptions.DEFAULT, 64), "key token 211");
+    assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT), "key token 211", "non-finite",
+        "k is NaN at dim 3");
+    assertMessage(() -> cpu.decode(q, k, v, null, null, AttentionOptions.DEFAULT, 64), "key token 211", "k is NaN at dim 3");
     k.data()[k.offset(0, 0, 211) + 3] = 0;
     q.data()[q.offset(0, 1, 4)] = Float.POSITIVE_INFINITY;
-    assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT), "head 1", "query token 4");
+    assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT), "head 1", "query token 4",
+        "q is Infinity at dim 0");
     q.data()[q.offset(0, 1, 4)] = 0;
     v.data()[v.offset(0, 0, 17) + 5] = Float.NaN;
-    assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT), "non-finite attention output", "dim 5");
+    assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT), "non-finite attention output", "dim 5",
+        "v is NaN at kv head 0, key token 17");
 
     // Workers left mid-block by those failures start clean: good input still gives the right answer.
     v.data()[v.offset(0, 0, 17) + 5] = 0;
@@ -131,6 +134,37 @@ class BadInputTest {
       assertNull(Tolerance.violation(s, ReferenceAttention.compute(q, k, v, null, null, AttentionOptions.DEFAULT),
           ReferenceAttention.computeFloat32(q, k, v, null, null, AttentionOptions.DEFAULT)));
     }
+  }
+
+  /**
+   * A non-finite v at a key no query sees, in a tile a query sees (it enters the sums with weight 0):
+   * refused with the v entry named, in float[] and buffer inputs, forward and decode; a finite v
+   * whose weighted sum overflows is named as such.
+   */
+  @Test
+  void aNonFiniteVAtAnUnseenKeyIsNamed() {
+    Tensor q = Tensor.random(rng, 1, 1, 4, 8);
+    Tensor k = Tensor.random(rng, 1, 1, 20, 8);
+    Tensor v = Tensor.random(rng, 1, 1, 20, 8);
+    v.data()[v.offset(0, 0, 19) + 2] = Float.POSITIVE_INFINITY;
+    AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true); // queries 0..3 see keys 0..3
+    long[] kPos = new long[20];
+    for (int t = 0; t < 20; t++) {
+      kPos[t] = t;
+    }
+    assertMessage(() -> cpu.forward(q, k, v, null, kPos, causal), "v is Infinity at kv head 0, key token 19 (position 19)",
+        "dim 2", "pad with zeros");
+    assertMessage(() -> cpu.decode(q, k, v, null, null, causal), "v is Infinity at kv head 0, key token 19", "dim 2");
+    BufferTensor qb = BufferTensor.bhtd(java.nio.FloatBuffer.wrap(q.data()), 1, 1, 4, 8);
+    BufferTensor kb = BufferTensor.bthd(java.nio.FloatBuffer.wrap(k.data()), 1, 20, 1, 8);
+    BufferTensor vb = BufferTensor.bthd(java.nio.FloatBuffer.wrap(v.data()), 1, 20, 1, 8);
+    assertMessage(() -> cpu.forward(qb, kb, vb, null, null, causal), "v is Infinity at kv head 0, key token 19", "dim 2");
+    v.data()[v.offset(0, 0, 19) + 2] = 0;
+    java.util.Arrays.fill(q.data(), 0f); // equal weights: query 3's sum of four 3e38 overflows
+    for (int t = 0; t < 4; t++) {
+      v.data()[v.offset(0, 0, t) + 6] = 3e38f;
+    }
+    assertMessage(() -> cpu.forward(q, k, v, null, null, causal), "dim 6", "v holds values too large for float32");
   }
 
   /**
