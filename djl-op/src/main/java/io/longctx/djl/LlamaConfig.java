@@ -75,6 +75,10 @@ public final class LlamaConfig {
 
   /** Reads {@code dir/config.json}. */
   public static LlamaConfig read(Path dir) throws IOException {
+    if (!Files.isDirectory(dir)) {
+      throw new IllegalArgumentException(dir + ": " + (Files.exists(dir) ? "not a directory" : "no such directory")
+          + " (a checkpoint is a directory holding config.json, the safetensors weights and tokenizer.json)");
+    }
     Path file = dir.resolve("config.json");
     if (!Files.isRegularFile(file)) {
       throw new IllegalArgumentException(file + ": no config.json in the checkpoint directory");

@@ -114,6 +114,11 @@ public final class MultiHeadAttentionBlock extends AbstractBlock {
     throw new IllegalArgumentException("expected 1 to 4 inputs, got " + inputShapes.length);
   }
 
+  /** E: the size of the inputs' last axis and of the output's. */
+  int embeddingSize() {
+    return embeddingSize;
+  }
+
   @Override
   public void initializeChildBlocks(NDManager manager, DataType dataType, Shape... inputShapes) {
     Shape in = new Shape(-1L, embeddingSize);

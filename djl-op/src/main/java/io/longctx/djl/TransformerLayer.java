@@ -41,6 +41,10 @@ public final class TransformerLayer extends AbstractBlock {
       throw new IllegalArgumentException("embedding and hidden sizes must be >= 1, got " + embeddingSize + ", "
           + hiddenSize);
     }
+    if (attention.embeddingSize() != embeddingSize) {
+      throw new IllegalArgumentException("the attention block's embedding size is " + attention.embeddingSize()
+          + ", the layer's " + embeddingSize + ": they must be equal (the residual adds one to the other)");
+    }
     this.embeddingSize = embeddingSize;
     this.attentionNorm = addChildBlock("attentionNorm", LayerNorm.builder().axis(2).build());
     this.attention = addChildBlock("attention", attention);
@@ -66,7 +70,11 @@ public final class TransformerLayer extends AbstractBlock {
 
   @Override
   public void initializeChildBlocks(NDManager manager, DataType dataType, Shape... inputShapes) {
-    Shape x = inputShapes[0];
+    Shape x = inputShapes.length == 0 ? null : inputShapes[0];
+    if (x == null || x.dimension() != 3 || x.get(2) != embeddingSize) {
+      throw new IllegalArgumentException("TransformerLayer input must be [batch, tokens, " + embeddingSize + "], got "
+          + (x == null ? "no shape" : x));
+    }
     attentionNorm.initialize(manager, dataType, x);
     attention.initialize(manager, dataType, inputShapes);
     ffnNorm.initialize(manager, dataType, x);

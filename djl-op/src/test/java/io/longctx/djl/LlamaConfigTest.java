@@ -120,4 +120,14 @@ class LlamaConfigTest {
     refused("\"model_type\": \"llama\", \"rms_norm_eps\": -1", "rms_norm_eps");
     assertThrows(IllegalArgumentException.class, () -> LlamaConfig.parse("{", "x/config.json"));
   }
+
+  /** A checkpoint path that is a file, or nothing, is named as such (not as a missing config.json). */
+  @Test
+  void aCheckpointThatIsNoDirectoryIsNamed(@org.junit.jupiter.api.io.TempDir java.nio.file.Path dir) throws Exception {
+    java.nio.file.Path file = java.nio.file.Files.writeString(dir.resolve("a-file"), "x");
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> LlamaConfig.read(file));
+    assertTrue(e.getMessage().contains("a-file: not a directory"), e.getMessage());
+    e = assertThrows(IllegalArgumentException.class, () -> LlamaConfig.read(dir.resolve("absent")));
+    assertTrue(e.getMessage().contains("absent: no such directory"), e.getMessage());
+  }
 }

@@ -266,6 +266,12 @@ class MultiHeadAttentionBlockTest {
           () -> b.forward(ps, new NDList(m.zeros(new Shape(2, 8, 32)), m.ones(new Shape(8, 8))), false));
       assertTrue(ex.getMessage().contains("mask must be [B, Tq, Tk] = [2, 8, 8]") && ex.getMessage().contains("(8, 8)"),
           ex.getMessage());
+      // A layer: its attention of another size, and an input shape that is not [B, T, E], named.
+      ex = assertThrows(IllegalArgumentException.class, () -> new TransformerLayer(b, 48, 64));
+      assertTrue(ex.getMessage().contains("embedding size is 32, the layer's 48"), ex.getMessage());
+      TransformerLayer layer = TransformerLayer.decoder(32, 4, 2, 64);
+      ex = assertThrows(IllegalArgumentException.class, () -> layer.initialize(m, DataType.FLOAT32, new Shape(8, 32)));
+      assertTrue(ex.getMessage().contains("must be [batch, tokens, 32], got (8, 32)"), ex.getMessage());
     }
   }
 

@@ -77,6 +77,7 @@ public final class AttentionState {
    * becomes the empty state (o = 0, lse = -inf). NaN is rejected with the row and head named.
    */
   public static AttentionState fromForeign(float[] o, float[] lse, int rows, int heads, int dim, LseBase base) {
+    java.util.Objects.requireNonNull(base, "base (LseBase.E or LseBase.TWO)");
     AttentionState in = wrap(o, lse, rows, heads, dim);
     float[] outO = o.clone();
     float[] outL = new float[lse.length];
@@ -144,6 +145,7 @@ public final class AttentionState {
 
   /** The merge of this state and {@code other} (same shape), as a new state. */
   public AttentionState merge(AttentionState other) {
+    java.util.Objects.requireNonNull(other, "other");
     requireSameShape(other);
     float[] outO = new float[o.length];
     float[] outL = new float[lse.length];
