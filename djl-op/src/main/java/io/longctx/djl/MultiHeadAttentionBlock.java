@@ -114,6 +114,30 @@ public final class MultiHeadAttentionBlock extends AbstractBlock {
     throw new IllegalArgumentException("expected 1 to 4 inputs, got " + inputShapes.length);
   }
 
+  /**
+   * Loads as DJL does, then checks each projection's weight against this block's sizes: DJL takes
+   * parameters of any shape, and weights saved from a block of other head counts failed only in
+   * forward, as a reshape error inside libtorch.
+   */
+  @Override
+  public void loadParameters(NDManager manager, java.io.DataInputStream is)
+      throws java.io.IOException, ai.djl.MalformedModelException {
+    super.loadParameters(manager, is);
+    long kvUnits = (long) kvHeads * headDim;
+    Object[][] expected = {{"keyProjection", keyProjection, kvUnits}, {"queryProjection", queryProjection,
+        (long) embeddingSize}, {"valueProjection", valueProjection, kvUnits}, {"resultProjection", resultProjection,
+        (long) embeddingSize}};
+    for (Object[] e : expected) {
+      ai.djl.nn.Parameter w = ((Linear) e[1]).getParameters().get("weight");
+      Shape want = new Shape((long) e[2], embeddingSize);
+      if (w != null && w.isInitialized() && !w.getArray().getShape().equals(want)) {
+        throw new ai.djl.MalformedModelException(e[0] + ".weight is " + w.getArray().getShape()
+            + " in the saved parameters; this block (embedding " + embeddingSize + ", " + heads + " heads, " + kvHeads
+            + " kv heads) needs " + want + ": build the block with the sizes it was saved with");
+      }
+    }
+  }
+
   /** E: the size of the inputs' last axis and of the output's. */
   int embeddingSize() {
     return embeddingSize;

@@ -238,6 +238,16 @@ class MultiHeadAttentionBlockTest {
           assertEquals(a[i], b[i], 1e-6f * (1 + Math.abs(a[i])), "output " + i + " after load, seed " + seed);
         }
       }
+      // Into a layer of other kv heads: refused at load, naming the parameter (was a reshape error in forward).
+      Criteria<NDList, NDList> other = Criteria.builder().setTypes(NDList.class, NDList.class).optModelPath(dir)
+          .optModelName("layer").optEngine("PyTorch").optBlock(TransformerLayer.decoder(e, 4, 4, 128)).build();
+      Exception bad = assertThrows(Exception.class, () -> other.loadModel().close());
+      String chain = "";
+      for (Throwable c = bad; c != null; c = c.getCause()) {
+        chain += c + "\n";
+      }
+      assertTrue(chain.contains("keyProjection.weight is (32, 64) in the saved parameters; this block (embedding 64, 4 "
+          + "heads, 4 kv heads) needs (64, 64)"), chain);
     }
   }
 
