@@ -30,9 +30,9 @@ final class GpuDecodeCheck {
   private record Case(int b, int h, int hkv, int tq, int tk, int d, int split, AttentionOptions opt, int[] chunks) {}
 
   /**
-   * {@code --smoke}: the decode check alone at tiny sizes (Tk up to 1,003; timing at Tk 1,024 in four splits of 256), to
-   * exercise this code without a GPU (CudaDecodeFakeDeviceTest runs it on the emulating fake
-   * libcuda); its timings mean nothing. Without it: the full sizes. Rows go to stdout and the
+   * {@code --smoke}: the decode check alone at tiny sizes (Tk up to 1,003; timing at Tk 1,024 in
+   * four splits of 256), to exercise this code without a GPU (CudaDecodeFakeDeviceTest runs it on
+   * the emulating fake libcuda); its timings mean nothing. Without it: the full sizes. Rows go to stdout and the
    * results file as they are made ({@link CheckReport}). Exit 0 when every row passes, 1 otherwise,
    * 2 without CUDA; {@code -Dlongctx.seed=S} replays a run. {@code --timing-only}: the timing table
    * alone (what {@code bin/gpu-check run --profile} runs under ncu).

@@ -463,17 +463,17 @@ final class TileWorker implements BlockWorker {
   }
 
   private static IllegalArgumentException nonFiniteOutput(CpuAttention.Problem p, int out, int dim) {
-    int row = out / p.heads, h = out % p.heads, b = row / p.tq, kvh = h / p.group;
-    String where = "non-finite attention output at batch " + b + ", head " + h + ", query token " + row % p.tq
-        + ", dim " + dim + ": ";
+    int row = out / p.heads, h = out % p.heads, b = row / p.tq, kvh = h / p.group, tq = row % p.tq;
+    String where = "non-finite attention output at batch " + b + ", head " + h + ", query token " + tq + ", dim " + dim
+        + ": ";
     // Name the v entry (an error path only: the scan costs nothing on a good call).
     for (int t = 0; t < p.tk; t++) {
       float x = entry(p.v, p.vb, b, kvh, t, dim);
       if (!Float.isFinite(x)) {
         return new IllegalArgumentException(where + "v is " + x + " at kv head " + kvh + ", key token " + t
-            + (p.kPos != null ? " (position " + p.kPos[t] + ")" : "") + ". A key this query does not see still enters "
-            + "the sums of a tile it shares with seen keys, with weight 0 (0 x NaN is NaN), so v must be finite at "
-            + "every key given: pad with zeros, not NaN");
+            + " (position " + p.kPos[t] + ")" + (p.opt.visible(p.qPos[tq], p.kPos[t]) ? ""
+                : ", a key this query does not see: it still enters the sums of a tile it shares with seen keys, "
+                    + "with weight 0 (0 x NaN is NaN), so v must be finite at every key given (pad with zeros)"));
       }
     }
     return new IllegalArgumentException(where + "v holds values too large for float32 (their weighted sum overflows)");

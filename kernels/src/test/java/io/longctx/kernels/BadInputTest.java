@@ -125,7 +125,9 @@ class BadInputTest {
     q.data()[q.offset(0, 1, 4)] = 0;
     v.data()[v.offset(0, 0, 17) + 5] = Float.NaN;
     assertMessage(() -> cpu.forward(q, k, v, null, null, AttentionOptions.DEFAULT), "non-finite attention output", "dim 5",
-        "v is NaN at kv head 0, key token 17");
+        "v is NaN at kv head 0, key token 17 (position 17)");
+    assertTrue(!assertThrows(IllegalArgumentException.class, () -> cpu.forward(q, k, v, null, null,
+        AttentionOptions.DEFAULT)).getMessage().contains("does not see"), "key 17 is seen");
 
     // Workers left mid-block by those failures start clean: good input still gives the right answer.
     v.data()[v.offset(0, 0, 17) + 5] = 0;
@@ -153,7 +155,7 @@ class BadInputTest {
       kPos[t] = t;
     }
     assertMessage(() -> cpu.forward(q, k, v, null, kPos, causal), "v is Infinity at kv head 0, key token 19 (position 19)",
-        "dim 2", "pad with zeros");
+        "dim 2", "a key this query does not see", "pad with zeros");
     assertMessage(() -> cpu.decode(q, k, v, null, null, causal), "v is Infinity at kv head 0, key token 19", "dim 2");
     BufferTensor qb = BufferTensor.bhtd(java.nio.FloatBuffer.wrap(q.data()), 1, 1, 4, 8);
     BufferTensor kb = BufferTensor.bthd(java.nio.FloatBuffer.wrap(k.data()), 1, 20, 1, 8);
