@@ -1,5 +1,6 @@
 package io.longctx.kernels;
 
+import static io.longctx.kernels.BadInputTest.assertMessage;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
@@ -12,7 +13,6 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.SplittableRandom;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.function.Executable;
 
 /**
  * CUDA split-K decoding without a GPU: argument validation and launch geometry (all before any CUDA
@@ -26,13 +26,6 @@ class CudaDecodeTest {
 
   private static CudaDecode.Shape s(CudaAttention.DType t, int b, int h, int tokens, int d) {
     return new CudaDecode.Shape(t, b, h, tokens, d);
-  }
-
-  private static void assertMessage(Executable call, String... parts) {
-    IllegalArgumentException e = assertThrows(IllegalArgumentException.class, call);
-    for (String p : parts) {
-      assertTrue(e.getMessage().contains(p), "'" + e.getMessage() + "' should mention '" + p + "'");
-    }
   }
 
   @Test
