@@ -1,5 +1,6 @@
 package io.longctx.djl;
 
+import ai.djl.MalformedModelException;
 import ai.djl.ndarray.NDArray;
 import ai.djl.ndarray.NDList;
 import ai.djl.ndarray.NDManager;
@@ -7,10 +8,13 @@ import ai.djl.ndarray.types.DataType;
 import ai.djl.ndarray.types.Shape;
 import ai.djl.nn.AbstractBlock;
 import ai.djl.nn.Activation;
+import ai.djl.nn.Parameter;
 import ai.djl.nn.core.Linear;
 import ai.djl.nn.norm.LayerNorm;
 import ai.djl.training.ParameterStore;
 import ai.djl.util.PairList;
+import java.io.DataInputStream;
+import java.io.IOException;
 
 /**
  * A pre-norm transformer layer on {@link MultiHeadAttentionBlock}:
@@ -24,6 +28,7 @@ public final class TransformerLayer extends AbstractBlock {
   private static final byte VERSION = 1;
 
   private final int embeddingSize;
+  private final int hiddenSize;
   private final LayerNorm attentionNorm;
   private final MultiHeadAttentionBlock attention;
   private final LayerNorm ffnNorm;
@@ -46,6 +51,7 @@ public final class TransformerLayer extends AbstractBlock {
           + ", the layer's " + embeddingSize + ": they must be equal (the residual adds one to the other)");
     }
     this.embeddingSize = embeddingSize;
+    this.hiddenSize = hiddenSize;
     this.attentionNorm = addChildBlock("attentionNorm", LayerNorm.builder().axis(2).build());
     this.attention = addChildBlock("attention", attention);
     this.ffnNorm = addChildBlock("ffnNorm", LayerNorm.builder().axis(2).build());
@@ -81,6 +87,26 @@ public final class TransformerLayer extends AbstractBlock {
     ffnIn.initialize(manager, dataType, x);
     Shape hidden = ffnIn.getOutputShapes(new Shape[] {x})[0];
     ffnOut.initialize(manager, dataType, hidden);
+  }
+
+  /**
+   * Loads as DJL does (the attention block checks its own weights), then the feed-forward weights:
+   * DJL takes parameters of any shape, and a layer saved with another hidden size failed only in
+   * forward, as a matmul error inside libtorch.
+   */
+  @Override
+  public void loadParameters(NDManager manager, DataInputStream is) throws IOException, MalformedModelException {
+    super.loadParameters(manager, is);
+    Object[][] expected = {{"ffnIn", ffnIn, new Shape(hiddenSize, embeddingSize)},
+        {"ffnOut", ffnOut, new Shape(embeddingSize, hiddenSize)}};
+    for (Object[] e : expected) {
+      Parameter w = ((Linear) e[1]).getParameters().get("weight");
+      if (w != null && w.isInitialized() && !w.getArray().getShape().equals(e[2])) {
+        throw new MalformedModelException(e[0] + ".weight is " + w.getArray().getShape() + " in the saved parameters;"
+            + " this layer (embedding " + embeddingSize + ", hidden " + hiddenSize + ") needs " + e[2]
+            + ": build the layer with the sizes it was saved with");
+      }
+    }
   }
 
   @Override

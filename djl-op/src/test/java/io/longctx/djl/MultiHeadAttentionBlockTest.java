@@ -248,6 +248,16 @@ class MultiHeadAttentionBlockTest {
       }
       assertTrue(chain.contains("keyProjection.weight is (32, 64) in the saved parameters; this block (embedding 64, 4 "
           + "heads, 4 kv heads) needs (64, 64)"), chain);
+      // Into a layer of another feed-forward width: refused at load too (was a matmul error in forward).
+      Criteria<NDList, NDList> wider = Criteria.builder().setTypes(NDList.class, NDList.class).optModelPath(dir)
+          .optModelName("layer").optEngine("PyTorch").optBlock(TransformerLayer.decoder(e, 4, 2, 96)).build();
+      bad = assertThrows(Exception.class, () -> wider.loadModel().close());
+      chain = "";
+      for (Throwable c = bad; c != null; c = c.getCause()) {
+        chain += c + "\n";
+      }
+      assertTrue(chain.contains("ffnIn.weight is (128, 64) in the saved parameters; this layer (embedding 64, hidden "
+          + "96) needs (96, 64)"), chain);
     }
   }
 
