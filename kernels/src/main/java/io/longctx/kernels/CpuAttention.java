@@ -73,7 +73,9 @@ public final class CpuAttention implements AttentionBackend {
 
   /**
    * body(0 .. tasks-1) on {@link #POOL}; the caller waits (or, on a pool thread, takes part). The first
-   * exception of the body reaches the caller as itself (fork-join would hand back a copy). Public for
+   * exception of the body reaches the caller as itself (fork-join would hand back a copy). An
+   * interrupted caller gets a {@link CancellationException} (its interrupt flag set again) once the
+   * bodies already started have ended; the rest do not start. Public for
    * callers' bulk copies around a kernel call (AttentionOp's input and output copies), which then
    * share the kernels' threads instead of starting their own.
    */
@@ -92,14 +94,23 @@ public final class CpuAttention implements AttentionBackend {
       loop.run(); // already on the pool: the stream's forks stay on it
     } else {
       ForkJoinTask<?> job = POOL.submit(loop);
-      try {
-        job.get();
-      } catch (InterruptedException e) {
-        job.cancel(true);
+      boolean interrupted = false;
+      while (true) {
+        try {
+          job.get();
+          break;
+        } catch (InterruptedException e) {
+          // No new index starts, but the bodies under way still write into the caller's outputs (the
+          // operator's libtorch array, freed once the caller gives up): return only when they are done.
+          interrupted = true;
+          failed.compareAndSet(null, new CancellationException("interrupted while the attention kernel ran"));
+        } catch (ExecutionException e) {
+          failed.compareAndSet(null, e.getCause());
+          break;
+        }
+      }
+      if (interrupted) {
         Thread.currentThread().interrupt();
-        throw new CancellationException("interrupted while the attention kernel ran");
-      } catch (ExecutionException e) {
-        failed.compareAndSet(null, e.getCause());
       }
     }
     Throwable t = failed.get();

@@ -65,6 +65,56 @@ class ConcurrentCallersTest {
     assertArrayEquals(expected.get(0).lse(), nested.lse());
   }
 
+  /**
+   * An interrupted caller used to return at once while the bodies under way kept writing into its
+   * outputs: the operator then freed its libtorch output under them (a JVM crash, or another call's
+   * output overwritten once the memory was reused).
+   */
+  @Test
+  @Timeout(60)
+  void anInterruptedCallerReturnsOnlyWhenTheBodiesUnderWayHaveEnded() throws Exception {
+    java.util.concurrent.atomic.AtomicInteger active = new java.util.concurrent.atomic.AtomicInteger();
+    java.util.concurrent.atomic.AtomicInteger started = new java.util.concurrent.atomic.AtomicInteger();
+    java.util.concurrent.CountDownLatch release = new java.util.concurrent.CountDownLatch(1);
+    java.util.concurrent.atomic.AtomicReference<String> seen = new java.util.concurrent.atomic.AtomicReference<>();
+    int tasks = 4 * CpuAttention.POOL.getParallelism() + 8; // more than the workers blocked below
+    Thread caller = new Thread(() -> {
+      try {
+        CpuAttention.parallelFor(tasks, i -> {
+          started.incrementAndGet();
+          active.incrementAndGet();
+          try {
+            release.await(); // pool threads are not interrupted: each body runs to its end
+          } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+          } finally {
+            active.decrementAndGet();
+          }
+        });
+        seen.set("returned normally");
+      } catch (java.util.concurrent.CancellationException e) {
+        seen.set("cancelled, active " + active.get() + ", interrupt flag " + Thread.currentThread().isInterrupted());
+      }
+    });
+    caller.start();
+    while (active.get() == 0) {
+      Thread.sleep(1);
+    }
+    caller.interrupt();
+    try {
+      caller.join(300); // it must still be waiting for the bodies it started
+      assertEquals(true, caller.isAlive(), "the caller returned while bodies were running: " + seen.get());
+    } finally {
+      release.countDown();
+    }
+    caller.join();
+    assertEquals("cancelled, active 0, interrupt flag true", seen.get());
+    int after = started.get();
+    Thread.sleep(100);
+    assertEquals(after, started.get(), "a body started after the caller returned");
+    assertEquals(true, after < tasks, "every body ran: the interrupt did not stop the rest (" + after + ")");
+  }
+
   @Test
   void anErrorInsideTheLoopReachesTheCallerUnwrapped() {
     IllegalStateException e = assertThrows(IllegalStateException.class, () -> CpuAttention.parallelFor(8, i -> {
