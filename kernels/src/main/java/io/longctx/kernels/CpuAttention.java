@@ -392,13 +392,17 @@ public final class CpuAttention implements AttentionBackend {
       // Key tile outermost: a tile is read from memory once and swept by every block of the task
       // while it sits in cache (one block sweeping all keys streamed K/V from memory at long T).
       KvTile kv = ws[0].kvTile; // this thread's: a tile copied from buffers lands in arrays already in cache
-      for (int jt = 0; jt < p.tk; jt += blockK) {
-        int n = Math.min(blockK, p.tk - jt);
-        long[] kRange = TileWorker.keyRange(p.opt, p.kPos, jt, jt + n);
-        kv.load(p, b, kvh, jt, n);
-        for (int i = 0; i < qb1 - qb0; i++) {
-          ws[i].tile(p, kv, jt, n, kRange, null);
+      try {
+        for (int jt = 0; jt < p.tk; jt += blockK) {
+          int n = Math.min(blockK, p.tk - jt);
+          long[] kRange = TileWorker.keyRange(p.opt, p.kPos, jt, jt + n);
+          kv.load(p, b, kvh, jt, n);
+          for (int i = 0; i < qb1 - qb0; i++) {
+            ws[i].tile(p, kv, jt, n, kRange, null);
+          }
         }
+      } finally {
+        kv.release();
       }
       int steps = 0;
       for (int i = 0; i < qb1 - qb0; i++) {

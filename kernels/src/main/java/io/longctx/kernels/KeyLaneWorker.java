@@ -116,9 +116,13 @@ final class KeyLaneWorker implements BlockWorker {
     Arrays.fill(sum, 0, rows, 0f);
     Arrays.fill(seenMin, 0, rows, Float.POSITIVE_INFINITY);
     Arrays.fill(seenMax, 0, rows, Float.NEGATIVE_INFINITY);
-    for (int jt = j0; jt < j1; jt += blockK) {
-      int n = Math.min(blockK, j1 - jt);
-      tile(p, b, kvh, jt, n, TileWorker.keyRange(p.opt, p.kPos, jt, jt + n), um);
+    try {
+      for (int jt = j0; jt < j1; jt += blockK) {
+        int n = Math.min(blockK, j1 - jt);
+        tile(p, b, kvh, jt, n, TileWorker.keyRange(p.opt, p.kPos, jt, jt + n), um);
+      }
+    } finally {
+      kvTile.release();
     }
   }
 

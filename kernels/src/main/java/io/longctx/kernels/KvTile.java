@@ -35,4 +35,14 @@ final class KvTile {
     }
     return this;
   }
+
+  /**
+   * Drops the references to the caller's arrays at the end of a task: this object lives as long as
+   * its pool thread, and a reference left here kept a call's arrays (the operator's staged K/V copy,
+   * hundreds of MiB, held only softly on purpose) from ever being collected.
+   */
+  void release() {
+    k = null;
+    v = null;
+  }
 }

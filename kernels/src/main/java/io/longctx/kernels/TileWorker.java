@@ -129,12 +129,16 @@ final class TileWorker implements BlockWorker {
   @Override
   public void run(CpuAttention.Problem p, int b, int kvh, int j0, int j1, UnifiedMax um) {
     begin(p, um);
-    for (int jt = j0; jt < j1; jt += blockK) {
-      int n = Math.min(blockK, j1 - jt);
-      long[] kRange = keyRange(p.opt, p.kPos, jt, jt + n);
-      if (classify(p.opt, kRange, rowPosMin, rowPosMax) != Visibility.NONE) { // (tile() skips it too: no load)
-        tile(p, kvTile.load(p, b, kvh, jt, n), jt, n, kRange, um);
+    try {
+      for (int jt = j0; jt < j1; jt += blockK) {
+        int n = Math.min(blockK, j1 - jt);
+        long[] kRange = keyRange(p.opt, p.kPos, jt, jt + n);
+        if (classify(p.opt, kRange, rowPosMin, rowPosMax) != Visibility.NONE) { // (tile() skips it too: no load)
+          tile(p, kvTile.load(p, b, kvh, jt, n), jt, n, kRange, um);
+        }
       }
+    } finally {
+      kvTile.release();
     }
   }
 

@@ -115,6 +115,38 @@ class ConcurrentCallersTest {
     assertEquals(true, after < tasks, "every body ran: the interrupt did not stop the rest (" + after + ")");
   }
 
+  /**
+   * The pool's threads live as long as the JVM: they must not keep a call's arrays reachable (their
+   * key tile pointed at the last K and V they read, which kept the operator's staged copies, hundreds
+   * of MiB held only softly, from ever being collected).
+   */
+  @Test
+  @Timeout(120)
+  void thePoolThreadsKeepNoReferenceToACallsArrays() throws Exception {
+    int h = 4, kvh = 2, tk = 700, d = 32;
+    Random r = new Random(11);
+    for (String call : new String[] {"forward", "decode, 1 row", "decode, 16 rows"}) {
+      int tq = call.equals("forward") ? 200 : call.equals("decode, 1 row") ? 1 : 16;
+      float[] k = randn(r, kvh * tk * d), v = randn(r, kvh * tk * d), q = randn(r, h * tq * d);
+      java.lang.ref.WeakReference<float[]> kRef = new java.lang.ref.WeakReference<>(k);
+      java.lang.ref.WeakReference<float[]> vRef = new java.lang.ref.WeakReference<>(v);
+      Tensor qt = new Tensor(q, 1, h, tq, d), kt = new Tensor(k, 1, kvh, tk, d), vt = new Tensor(v, 1, kvh, tk, d);
+      if (call.equals("forward")) {
+        CpuAttention.DEFAULT.forward(qt, kt, vt, null, null, AttentionOptions.DEFAULT);
+      } else {
+        CpuAttention.DEFAULT.decode(qt, kt, vt, null, null, AttentionOptions.DEFAULT, 256);
+      }
+      k = v = null;
+      kt = vt = null;
+      for (int i = 0; i < 20 && (kRef.get() != null || vRef.get() != null); i++) {
+        System.gc();
+        Thread.sleep(10);
+      }
+      assertEquals(true, kRef.get() == null, call + ": k still reachable after the call");
+      assertEquals(true, vRef.get() == null, call + ": v still reachable after the call");
+    }
+  }
+
   @Test
   void anErrorInsideTheLoopReachesTheCallerUnwrapped() {
     IllegalStateException e = assertThrows(IllegalStateException.class, () -> CpuAttention.parallelFor(8, i -> {
