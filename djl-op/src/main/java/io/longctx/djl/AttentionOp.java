@@ -307,9 +307,13 @@ public final class AttentionOp {
 
   private final CpuAttention kernels;
   private final Calibrator calibrator;
-  /** The path measured faster per shape class, kept for the JVM: a class's results never change path. */
-  private final java.util.concurrent.ConcurrentHashMap<ShapeClass, Path> calibrated =
-      new java.util.concurrent.ConcurrentHashMap<>();
+  /**
+   * The path measured faster per shape class, kept for the JVM: a class's results never change path.
+   * A future while its first call measures, so that calls of that class wait for the answer and calls
+   * of other classes do not (a measurement can take seconds).
+   */
+  private final java.util.concurrent.ConcurrentHashMap<ShapeClass, java.util.concurrent.CompletableFuture<Path>>
+      calibrated = new java.util.concurrent.ConcurrentHashMap<>();
   private final Object sdpaLock = new Object();
   private volatile LibtorchSdpa sdpa;
   private volatile boolean sdpaUnavailable;
@@ -427,22 +431,66 @@ public final class AttentionOp {
       default:
         throw new IllegalArgumentException("-D" + PATH_PROPERTY + " must be auto, java or libtorch, got '" + forced + "'");
     }
-    return calibrated.computeIfAbsent(ShapeClass.of(d, opt, layout), shape -> {
-      Measured m = calibrator.faster(shape,
-          () -> javaForward(q, k, v, d, qPos, kPos, opt, layout).close(),
-          () -> {
-            NDList r = libtorchForward(s, q, k, v, d, opt, layout).out();
-            if (r != null) {
-              r.close();
-            }
-          });
-      LOG.log(System.Logger.Level.INFO, () -> Double.isNaN(m.javaMs())
-          ? String.format("attention path for %s: %s", shape, m.faster())
-          : String.format("attention path for %s: %s (measured on this machine: best java %.2f ms, libtorch %.2f ms,"
-              + " %d rounds, %d set aside while the JIT compiled)", shape, m.faster(), m.javaMs(), m.libtorchMs(),
-              m.rounds(), m.setAside()));
-      return m.faster();
-    });
+    ShapeClass shape = ShapeClass.of(d, opt, layout);
+    while (true) {
+      java.util.concurrent.CompletableFuture<Path> mine = new java.util.concurrent.CompletableFuture<>();
+      java.util.concurrent.CompletableFuture<Path> known = calibrated.putIfAbsent(shape, mine);
+      if (known != null) {
+        try {
+          Path p = known.join();
+          if (p != null) {
+            return p;
+          }
+        } catch (java.util.concurrent.CompletionException | java.util.concurrent.CancellationException e) {
+          // that call failed on its own inputs: measure on ours
+        }
+        continue; // its measurement did not count (removed): measure again, on this call
+      }
+      try {
+        Path p = calibrate(shape, q, k, v, d, qPos, kPos, opt, layout, s);
+        if (p == null) {
+          calibrated.remove(shape, mine);
+        }
+        mine.complete(p);
+        return p == null ? Path.JAVA : p;
+      } catch (RuntimeException | Error e) {
+        calibrated.remove(shape, mine);
+        mine.completeExceptionally(e);
+        throw e;
+      }
+    }
+  }
+
+  /**
+   * Times both paths on this call ({@link #calibrator}) and logs the answer; null where libtorch gave
+   * no answer to the call (q.k could overflow, or NaN/Infinity came out: {@link #libtorchForward}), whose
+   * round timed only libtorch's checks: not a measurement of the class.
+   */
+  private Path calibrate(ShapeClass shape, NDArray q, NDArray k, NDArray v, Dims d, long[] qPos, long[] kPos,
+      AttentionOptions opt, Layout layout, LibtorchSdpa s) {
+    String[] whyNot = {null};
+    Measured m = calibrator.faster(shape,
+        () -> javaForward(q, k, v, d, qPos, kPos, opt, layout).close(),
+        () -> {
+          Libtorch r = libtorchForward(s, q, k, v, d, opt, layout);
+          if (r.out() != null) {
+            r.out().close();
+          } else {
+            whyNot[0] = r.whyNot();
+          }
+        });
+    if (whyNot[0] != null) {
+      LOG.log(System.Logger.Level.INFO, () -> String.format("attention path for %s not measured on this call: "
+          + "libtorch gave no answer (%s); the call runs the Java kernel, the next call of the class measures",
+          shape, whyNot[0]));
+      return null;
+    }
+    LOG.log(System.Logger.Level.INFO, () -> Double.isNaN(m.javaMs())
+        ? String.format("attention path for %s: %s", shape, m.faster())
+        : String.format("attention path for %s: %s (measured on this machine: best java %.2f ms, libtorch %.2f ms,"
+            + " %d rounds, %d set aside while the JIT compiled)", shape, m.faster(), m.javaMs(), m.libtorchMs(),
+            m.rounds(), m.setAside()));
+    return m.faster();
   }
 
   /**

@@ -1,5 +1,6 @@
 package io.longctx.djl;
 
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNull;
@@ -452,6 +453,85 @@ class AttentionOpTest {
   private static void assertMessage(org.junit.jupiter.api.function.Executable call, String part) {
     IllegalArgumentException e = assertThrows(IllegalArgumentException.class, call);
     assertTrue(e.getMessage().contains(part), "message '" + e.getMessage() + "' should mention '" + part + "'");
+  }
+
+  /**
+   * libtorch declines a call whose q.k could overflow, after timing only its check: that round once
+   * decided the class for the JVM (libtorch, ~1.7x slower than Java on the class's later calls).
+   */
+  @Test
+  void aCallLibtorchDoesNotAnswerDoesNotDecideItsShapeClass() {
+    org.junit.jupiter.api.Assumptions.assumeFalse(io.longctx.kernels.CudaProbe.status().available(),
+        "a GPU is present: AUTO takes the CUDA path");
+    java.util.concurrent.atomic.AtomicInteger calls = new java.util.concurrent.atomic.AtomicInteger();
+    AttentionOp op = new AttentionOp(CpuAttention.DEFAULT, (shape, java, libtorch) -> {
+      calls.incrementAndGet();
+      java.run();
+      libtorch.run();
+      return Measured.untimed(Path.LIBTORCH);
+    });
+    try (NDManager m = manager.newSubManager()) {
+      NDArray a = m.randomNormal(new Shape(1, 2, 64, 32));
+      NDArray huge = a.mul(1e18f); // q.k may overflow by libtorch's bound: it gives no answer
+      AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
+      assertEquals(Path.JAVA, op.choose(huge, a, a, null, null, causal, Layout.BHTD));
+      assertEquals(1, calls.get());
+      assertEquals(Path.LIBTORCH, op.choose(a, a, a, null, null, causal, Layout.BHTD));
+      assertEquals(2, calls.get(), "the class is measured on the next call, which libtorch answers");
+      assertEquals(Path.LIBTORCH, op.choose(huge, a, a, null, null, causal, Layout.BHTD));
+      assertEquals(2, calls.get(), "then kept");
+      try (NDList viaAuto = op.forward(huge, a, a, null, null, causal, Layout.BHTD, Path.AUTO);
+          NDList java = op.forward(huge, a, a, null, null, causal, Layout.BHTD, Path.JAVA)) {
+        assertArrayEquals(java.get(0).toFloatArray(), viaAuto.get(0).toFloatArray(), "AUTO falls back to Java");
+      }
+    }
+  }
+
+  /**
+   * A measurement takes up to seconds: calls of other shape classes go on meanwhile (it ran inside the
+   * map's lock, which held calls of classes sharing its bin), calls of the same class wait for its answer.
+   */
+  @Test
+  @org.junit.jupiter.api.Timeout(120)
+  void aMeasurementHoldsOnlyTheCallsOfItsOwnShapeClass() throws Exception {
+    org.junit.jupiter.api.Assumptions.assumeFalse(io.longctx.kernels.CudaProbe.status().available(),
+        "a GPU is present: AUTO takes the CUDA path");
+    java.util.concurrent.CountDownLatch measuring = new java.util.concurrent.CountDownLatch(1);
+    java.util.concurrent.CountDownLatch release = new java.util.concurrent.CountDownLatch(1);
+    java.util.concurrent.ConcurrentHashMap<Boolean, java.util.concurrent.atomic.AtomicInteger> calls =
+        new java.util.concurrent.ConcurrentHashMap<>();
+    AttentionOp op = new AttentionOp(CpuAttention.DEFAULT, (shape, java, libtorch) -> {
+      calls.computeIfAbsent(shape.causal(), c -> new java.util.concurrent.atomic.AtomicInteger()).incrementAndGet();
+      if (shape.causal()) {
+        measuring.countDown();
+        try {
+          release.await();
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+        }
+      }
+      return Measured.untimed(shape.causal() ? Path.JAVA : Path.LIBTORCH);
+    });
+    java.util.concurrent.ExecutorService pool = java.util.concurrent.Executors.newFixedThreadPool(2);
+    try (NDManager m = manager.newSubManager()) {
+      NDArray a = m.randomNormal(new Shape(1, 2, 64, 32));
+      AttentionOptions full = AttentionOptions.DEFAULT, causal = full.withCausal(true);
+      java.util.concurrent.Future<Path> first = pool.submit(() -> op.choose(a, a, a, null, null, causal, Layout.BHTD));
+      measuring.await();
+      java.util.concurrent.Future<Path> second = pool.submit(() -> op.choose(a, a, a, null, null, causal, Layout.BHTD));
+      try {
+        assertEquals(Path.LIBTORCH, op.choose(a, a, a, null, null, full, Layout.BHTD), "another class, meanwhile");
+        Thread.sleep(100);
+        assertFalse(second.isDone(), "a call of the class being measured waits for the measurement");
+      } finally {
+        release.countDown();
+      }
+      assertEquals(Path.JAVA, first.get());
+      assertEquals(Path.JAVA, second.get());
+      assertEquals(1, calls.get(true).get(), "measured once");
+    } finally {
+      pool.shutdownNow();
+    }
   }
 
   @Test
