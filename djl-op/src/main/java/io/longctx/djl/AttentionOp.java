@@ -387,6 +387,7 @@ public final class AttentionOp {
       return java;
     }
     if (chosen == Path.CUDA) {
+      requireBuffers(q, k, LIBTORCH_TAKES_LARGE_ARRAYS);
       AttentionState st = CudaAttention.instance().forward(toTensor(q, layout), toTensor(k, layout),
           toTensor(v, layout), qPos, kPos, opt);
       return stateToNd(q.getManager(), st, d.batch, d.tq, d.heads, d.dim, layout);
@@ -430,6 +431,9 @@ public final class AttentionOp {
         break;
       default:
         throw new IllegalArgumentException("-D" + PATH_PROPERTY + " must be auto, java or libtorch, got '" + forced + "'");
+    }
+    if (bufferProblem(q.getShape(), k.getShape()) != null) {
+      return Path.LIBTORCH; // the Java kernel cannot read arrays this large
     }
     ShapeClass shape = ShapeClass.of(d, opt, layout);
     while (true) {
@@ -623,6 +627,7 @@ public final class AttentionOp {
 
   private NDList javaForward(NDArray q, NDArray k, NDArray v, Dims d, long[] qPos, long[] kPos,
       AttentionOptions opt, Layout layout) {
+    requireBuffers(q, k, LIBTORCH_TAKES_LARGE_ARRAYS);
     try (NDManager scope = q.getManager().newSubManager()) {
       BufferTensor qb = inPlace(q, layout, scope);
       BufferTensor[] kv = kvInPlace(k, v, layout, scope);
@@ -663,6 +668,7 @@ public final class AttentionOp {
     Dims d = Dims.of(q, k, v, layout);
     checkPositions(qPos, d.tq, "qPos");
     checkPositions(kPos, d.tk, "kPos");
+    requireBuffers(q, k, "pass the KV cache as a list of chunks (decode(q, kChunks, vChunks, ...)), or split the batch");
     AttentionState st;
     try (NDManager scope = q.getManager().newSubManager()) {
       st = decodeInPlace(inPlace(q, layout, scope), k, v, qPos, kPos, opt, layout);
@@ -805,6 +811,7 @@ public final class AttentionOp {
         Dims d;
         try {
           d = Dims.of(q, kChunks.get(i), vChunks.get(i), layout);
+          requireBuffers(q, kChunks.get(i), "use smaller chunks");
         } catch (IllegalArgumentException e) {
           throw new IllegalArgumentException("chunk " + i + ": " + e.getMessage(), e);
         }
@@ -951,6 +958,33 @@ public final class AttentionOp {
         throw new IllegalArgumentException("arrays above 2^31 elements are not supported, got q " + qs + ", k " + ks);
       }
       return new Dims((int) b, (int) h, (int) hk, (int) tq, (int) tk, (int) d);
+    }
+  }
+
+  /**
+   * The most elements of one array the Java and CUDA paths take: they read and write arrays through
+   * direct buffers ({@code toByteBuffer}), which hold under 2 GiB (float16 inputs are widened first).
+   */
+  static final long MAX_BUFFER_FLOATS = Integer.MAX_VALUE / Float.BYTES;
+
+  /** Why q (and o, of q's size) or k (and v) is too large for a direct buffer, or null. */
+  static String bufferProblem(Shape q, Shape k) {
+    Shape big = k.size() > MAX_BUFFER_FLOATS ? k : q.size() > MAX_BUFFER_FLOATS ? q : null;
+    if (big == null) {
+      return null;
+    }
+    return (big == k ? "k " : "q ") + big + " has " + String.format("%,d", big.size()) + " elements; the Java and "
+        + "CUDA paths read and write arrays through direct buffers, which hold under 2 GiB: at most "
+        + String.format("%,d", MAX_BUFFER_FLOATS) + " float32 elements per array";
+  }
+
+  private static final String LIBTORCH_TAKES_LARGE_ARRAYS =
+      "libtorch's path (AUTO or Path.LIBTORCH) takes such arrays for the calls it computes: no window, softcap or positions";
+
+  private static void requireBuffers(NDArray q, NDArray k, String instead) {
+    String why = bufferProblem(q.getShape(), k.getShape());
+    if (why != null) {
+      throw new IllegalArgumentException(why + ": " + instead);
     }
   }
 

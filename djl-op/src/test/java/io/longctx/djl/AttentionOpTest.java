@@ -459,6 +459,22 @@ class AttentionOpTest {
    * libtorch declines a call whose q.k could overflow, after timing only its check: that round once
    * decided the class for the JVM (libtorch, ~1.7x slower than Java on the class's later calls).
    */
+  /**
+   * Arrays of 2^29 float32 elements and more (2 GiB) passed the 2^31 check and failed inside DJL
+   * ("torchDirectByteBuffer() is not supported for large tensor"); the rule on shapes alone, as such
+   * arrays are too large to make in a test (checked by hand: decode refuses k [1, 1, 8388608, 64] so,
+   * one key fewer runs).
+   */
+  @Test
+  void arraysTooLargeForADirectBufferAreNamed() {
+    Shape q = new Shape(1, 8, 1, 64), k = new Shape(1, 1, 8388608, 64);
+    String why = AttentionOp.bufferProblem(q, k);
+    assertTrue(why != null && why.startsWith("k (1, 1, 8388608, 64) has 536,870,912 elements") && why.contains(
+        "at most 536,870,911 float32 elements per array"), why);
+    assertNull(AttentionOp.bufferProblem(q, new Shape(1, 1, 8388607, 64)));
+    assertTrue(AttentionOp.bufferProblem(new Shape(1, 8, 1048576, 64), q).startsWith("q (1, 8, 1048576, 64)"));
+  }
+
   @Test
   void aCallLibtorchDoesNotAnswerDoesNotDecideItsShapeClass() {
     org.junit.jupiter.api.Assumptions.assumeFalse(io.longctx.kernels.CudaProbe.status().available(),
