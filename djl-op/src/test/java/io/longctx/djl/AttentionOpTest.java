@@ -111,8 +111,7 @@ class AttentionOpTest {
 
   @Test
   void dispatchFollowsTheRule() {
-    org.junit.jupiter.api.Assumptions.assumeFalse(io.longctx.kernels.CudaProbe.status().available(),
-        "a GPU is present: AUTO takes the CUDA path");
+    assumeAutoStaysOnTheCpu();
     // Where both paths compute the call, the calibration decides: here a stand-in that says libtorch.
     AttentionOp op = new AttentionOp(CpuAttention.DEFAULT, (shape, java, libtorch) -> Measured.untimed(Path.LIBTORCH));
     try (NDManager m = manager.newSubManager()) {
@@ -459,6 +458,25 @@ class AttentionOpTest {
    * libtorch declines a call whose q.k could overflow, after timing only its check: that round once
    * decided the class for the JVM (libtorch, ~1.7x slower than Java on the class's later calls).
    */
+  private static void assumeAutoStaysOnTheCpu() {
+    org.junit.jupiter.api.Assumptions.assumeFalse(io.longctx.kernels.CudaProbe.status().available(),
+        "a GPU is present: AUTO takes the CUDA path");
+  }
+
+  /**
+   * A stand-in measurement answering by rule; it counts its calls and runs both paths once, as the
+   * real one does, so their set-up (and libtorch's declining a call) is exercised too.
+   */
+  private static AttentionOp.Calibrator runsBothPaths(java.util.concurrent.atomic.AtomicInteger calls,
+      java.util.function.Function<AttentionOp.ShapeClass, Path> answer) {
+    return (shape, java, libtorch) -> {
+      calls.incrementAndGet();
+      java.run();
+      libtorch.run();
+      return Measured.untimed(answer.apply(shape));
+    };
+  }
+
   /**
    * Arrays of 2^29 float32 elements and more (2 GiB) passed the 2^31 check and failed inside DJL
    * ("torchDirectByteBuffer() is not supported for large tensor"); the rule on shapes alone, as such
@@ -477,15 +495,9 @@ class AttentionOpTest {
 
   @Test
   void aCallLibtorchDoesNotAnswerDoesNotDecideItsShapeClass() {
-    org.junit.jupiter.api.Assumptions.assumeFalse(io.longctx.kernels.CudaProbe.status().available(),
-        "a GPU is present: AUTO takes the CUDA path");
+    assumeAutoStaysOnTheCpu();
     java.util.concurrent.atomic.AtomicInteger calls = new java.util.concurrent.atomic.AtomicInteger();
-    AttentionOp op = new AttentionOp(CpuAttention.DEFAULT, (shape, java, libtorch) -> {
-      calls.incrementAndGet();
-      java.run();
-      libtorch.run();
-      return Measured.untimed(Path.LIBTORCH);
-    });
+    AttentionOp op = new AttentionOp(CpuAttention.DEFAULT, runsBothPaths(calls, shape -> Path.LIBTORCH));
     try (NDManager m = manager.newSubManager()) {
       NDArray a = m.randomNormal(new Shape(1, 2, 64, 32));
       NDArray huge = a.mul(1e18f); // q.k may overflow by libtorch's bound: it gives no answer
@@ -510,8 +522,7 @@ class AttentionOpTest {
   @Test
   @org.junit.jupiter.api.Timeout(120)
   void aMeasurementHoldsOnlyTheCallsOfItsOwnShapeClass() throws Exception {
-    org.junit.jupiter.api.Assumptions.assumeFalse(io.longctx.kernels.CudaProbe.status().available(),
-        "a GPU is present: AUTO takes the CUDA path");
+    assumeAutoStaysOnTheCpu();
     java.util.concurrent.CountDownLatch measuring = new java.util.concurrent.CountDownLatch(1);
     java.util.concurrent.CountDownLatch release = new java.util.concurrent.CountDownLatch(1);
     java.util.concurrent.ConcurrentHashMap<Boolean, java.util.concurrent.atomic.AtomicInteger> calls =
@@ -552,17 +563,11 @@ class AttentionOpTest {
 
   @Test
   void calibrationPicksTheFasterPathOncePerShapeClassAndAPropertyForcesIt() {
-    org.junit.jupiter.api.Assumptions.assumeFalse(io.longctx.kernels.CudaProbe.status().available(),
-        "a GPU is present: AUTO takes the CUDA path");
+    assumeAutoStaysOnTheCpu();
     java.util.concurrent.atomic.AtomicInteger calls = new java.util.concurrent.atomic.AtomicInteger();
-    // A stand-in measurement: Java faster for causal calls, libtorch for the rest; it runs both
-    // paths once, as the real one does, so their set-up is exercised too.
-    AttentionOp op = new AttentionOp(CpuAttention.DEFAULT, (shape, java, libtorch) -> {
-      calls.incrementAndGet();
-      java.run();
-      libtorch.run();
-      return Measured.untimed(shape.causal() ? Path.JAVA : Path.LIBTORCH);
-    });
+    // Java faster for causal calls, libtorch for the rest.
+    AttentionOp op = new AttentionOp(CpuAttention.DEFAULT,
+        runsBothPaths(calls, shape -> shape.causal() ? Path.JAVA : Path.LIBTORCH));
     try (NDManager m = manager.newSubManager()) {
       NDArray a = m.randomNormal(new Shape(1, 2, 100, 32));
       NDArray b = m.randomNormal(new Shape(1, 2, 120, 32)); // same power-of-two class (128) as 100
