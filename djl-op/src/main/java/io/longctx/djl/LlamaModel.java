@@ -54,11 +54,18 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
   public static final String CHUNK_LEN = "longctx.chunkLen";
   public static final int DEFAULT_CHUNK_LEN = 512;
   public static final int DEFAULT_VOCAB_SHARD = 8192;
+  /**
+   * Floats of keys and values (both together) one attention call of {@link #layer} reads at most,
+   * 32 MiB: whole chunks are grouped up to this (at least one). Measured, docs/BENCHMARKS.md.
+   */
+  static final long KV_GROUP_FLOATS = 1L << 23;
 
   private static final byte VERSION = 1;
 
   private volatile Loaded w;
   private final int vocabShard;
+  /** {@link #KV_GROUP_FLOATS}; tests set it lower to make groups of a few chunks. */
+  long kvGroupFloats = KV_GROUP_FLOATS;
   private final AttentionBackend explicitBackend;
   private volatile AttentionBackend backend;
   private final int blockChunkLen;
@@ -256,6 +263,33 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     long[] positions() {
       return LlamaModel.positions(start, length());
     }
+
+    /** Consecutive chunks (each starting where the one before ends) as one. */
+    static KeysValues concat(List<KeysValues> chunks) {
+      if (chunks.size() == 1) {
+        return chunks.get(0);
+      }
+      KeysValues first = chunks.get(0);
+      int heads = first.k.heads(), dim = first.k.dim(), tokens = 0;
+      for (KeysValues c : chunks) {
+        if (c.start != first.start + tokens) {
+          throw new IllegalStateException("chunks not consecutive: one at " + c.start + " after " + tokens
+              + " tokens from " + first.start);
+        }
+        tokens = Math.addExact(tokens, c.length());
+      }
+      float[] k = new float[Math.multiplyExact(heads, Math.multiplyExact(tokens, dim))];
+      float[] v = new float[k.length];
+      for (int h = 0, at = 0; h < heads; h++) {
+        for (KeysValues c : chunks) {
+          int n = c.length() * dim;
+          System.arraycopy(c.k.data(), h * n, k, at, n);
+          System.arraycopy(c.v.data(), h * n, v, at, n);
+          at += n;
+        }
+      }
+      return new KeysValues(first.start, new Tensor(k, 1, heads, tokens, dim), new Tensor(v, 1, heads, tokens, dim));
+    }
   }
 
   /**
@@ -374,15 +408,33 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       NDArray[] rope = ropeTables(cm, m.invFreq, pos);
       NDArray q = rotate(linear(h, w.qT(), w.qB()).reshape(len, c.heads, c.headDim), rope[0], rope[1]);
       Tensor qt = AttentionOp.toTensor(q.expandDims(0), AttentionOp.Layout.BTHD);
+      if (n < 1) {
+        throw new IllegalArgumentException("layer " + l + ", chunk at " + start + ": n must be >= 1, got " + n);
+      }
+      // Consecutive chunks go to the kernel together, up to KV_GROUP_FLOATS of keys and values per
+      // call: one call per chunk paid the call's fixed work and a merge per chunk, 1.4-1.7x the
+      // attention's time (docs/BENCHMARKS.md, "ppl: the LM head's arrays, attention by groups of
+      // chunks"). The groups follow from n and the first chunk's length alone, so the one-task and
+      // the split path, which give this method the same chunks, group them (and round) alike.
+      KeysValues first = visible.next();
+      int perCall = (int) Math.max(1, Math.min(n,
+          kvGroupFloats / ((long) first.length() * c.kvHeads * c.headDim * 2)));
       java.util.Iterator<AttentionState> states = new java.util.Iterator<>() {
+        int taken;
+
         @Override
         public boolean hasNext() {
-          return visible.hasNext();
+          return taken < n;
         }
 
         @Override
         public AttentionState next() {
-          KeysValues kv = visible.next();
+          List<KeysValues> group = new ArrayList<>();
+          for (int i = 0, count = Math.min(perCall, n - taken); i < count; i++) {
+            group.add(taken == 0 && i == 0 ? first : visible.next());
+          }
+          taken += group.size();
+          KeysValues kv = KeysValues.concat(group);
           // Few query rows: split-K also splits the keys, as AttentionOp's Java path does.
           return len <= AttentionOp.SPLIT_K_MAX_QUERY_ROWS
               ? backend.decode(qt, kv.k(), kv.v(), pos, kv.positions(), m.attn, CpuAttention.DEFAULT_SPLIT_LEN).state()
@@ -391,7 +443,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       };
       AttentionState st;
       try {
-        st = AttentionState.mergeAll(n, states);
+        st = AttentionState.mergeAll((n + perCall - 1) / perCall, states);
       } catch (NonFiniteScoreException e) { // a q.k past float32 (k was checked when computed)
         throw new NumericOverflowException("layer " + l + ": the attention score of head " + e.head + " at position "
             + e.queryPos + " against the key at position " + e.keyPos + " is " + e.score + PAST_FLOAT32);
@@ -429,13 +481,21 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       double[] lse = new double[len];
       Arrays.fill(lse, Double.NEGATIVE_INFINITY);
       for (NDArray shardT : m.headShardsT) {
-        NDArray z = hn.matMul(shardT); // [len, shard]
-        NDArray max = z.max(new int[] {1}, true);
-        float[] part = z.sub(max).exp().sum(new int[] {1}).log().add(max.squeeze(1)).toFloatArray();
-        for (int i = 0; i < len; i++) {
-          lse[i] = lseMerge(lse[i], part[i]);
+        // The shard's log-sum-exp as max(z) - max(log_softmax(z)): log_softmax is one fused pass that
+        // writes z - max - log(sum exp(z - max)), whose largest entry (at z's argmax) is exactly
+        // -log(sum), so this is max + log(sum) rounded once, as z.sub(max).exp().sum().log() gave.
+        // One [len, shard] array instead of three, each freed before the next shard: fresh pages for
+        // the arrays cost up to half the head's time (docs/BENCHMARKS.md, "ppl's LM head").
+        try (NDArray z = hn.matMul(shardT); // [len, shard]
+            NDArray max = z.max(new int[] {1});
+            NDArray ls = z.logSoftmax(1);
+            NDArray lsMax = ls.max(new int[] {1});
+            NDArray partLse = max.sub(lsMax)) {
+          float[] part = partLse.toFloatArray();
+          for (int i = 0; i < len; i++) {
+            lse[i] = lseMerge(lse[i], part[i]);
+          }
         }
-        z.close();
       }
       long[] tgt = new long[len];
       for (int i = 0; i < len; i++) {

@@ -183,6 +183,36 @@ class LlamaModelTest {
   }
 
   /**
+   * A layer's queries attend the cached chunks in groups of consecutive chunks, one kernel call per
+   * group: one chunk per call, groups of three (the last shorter) and all in one call each match the
+   * float64 reference, agree with one another to float32 rounding, and give the same bits twice.
+   */
+  @Test
+  void chunksAttendedInGroupsOfAnySize(@TempDir Path tmp) throws Exception {
+    long seed = Seeds.forTest();
+    SplittableRandom r = new SplittableRandom(seed);
+    ModelGenerator.Spec s = LlamaTesting.tiny(seed);
+    Path dir = LlamaTesting.generate(s, tmp.resolve("m"));
+    int n = 100 + r.nextInt(60), chunk = 9 + r.nextInt(8);
+    int[] tokens = LlamaTesting.randomTokens(r, n, s.vocab);
+    double[] want = new LlamaReference(dir).logprobs(tokens, LlamaReference.Mutation.NONE);
+    try (LlamaModel m = LlamaModel.load(dir, manager, 64)) {
+      long perChunk = (long) chunk * s.kvHeads * (s.hidden / s.heads) * 2;
+      DocumentScore all = m.score(tokens, chunk, true);
+      for (long groupFloats : new long[] {1, 3 * perChunk}) {
+        m.kvGroupFloats = groupFloats;
+        DocumentScore sc = m.score(tokens, chunk, true);
+        String what = "groups of " + Math.max(1, groupFloats / perChunk) + " chunks of " + chunk + ", n " + n
+            + ", seed " + seed;
+        assertNull(compare(sc.logprobs(), want), what);
+        assertEquals(all.sumLogprob(), sc.sumLogprob(), 1e-5 * Math.abs(all.sumLogprob()), what + " vs one call");
+        assertEquals(sc.sumLogprob(), m.score(tokens, chunk, false).sumLogprob(), 0.0, what + ": twice");
+      }
+      assertNull(compare(all.logprobs(), want), "one call for all chunks, seed " + seed);
+    }
+  }
+
+  /**
    * The CUDA backend refuses a call whose q and k could give a q.k past float32 (a bound over the
    * call, QkMayOverflowException, tested on the fake device in the kernels module): the model names
    * the layer and the chunk's positions, as NumericOverflowException (exit 2 in ppl). Here a backend
