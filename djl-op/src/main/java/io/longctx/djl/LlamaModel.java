@@ -33,7 +33,8 @@ import java.util.Objects;
  * <p>The document runs chunk by chunk through the layers. Each layer keeps its KV cache as a list
  * of chunks (float32, held once in the kernels' layout); a chunk's queries attend each cached chunk
  * and their own chunk with absolute positions, causal (plus Mistral's window: chunks that fell out
- * of it are dropped), one attention state per chunk, merged in chunk order with the one LSE merge
+ * of it are dropped), one attention state per group of consecutive chunks (one kernel call each,
+ * up to {@link #KV_GROUP_FLOATS}), merged in chunk order with the one LSE merge
  * ({@link AttentionState#mergeAll}). No T x T matrix exists. The log-sum-exp over the vocabulary
  * is computed per vocabulary shard and merged with the same LSE arithmetic, so no logits row wider
  * than a shard exists either. Memory: O(T x layers x kvHeads x headDim) for the cache, O(chunk x
@@ -393,7 +394,8 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
   /**
    * The rest of layer {@code l} for the chunk at [start, start + len) with hidden rows x: its queries
    * attend the {@code n} chunks of keys and values {@code visible} yields (in chunk order, its own
-   * included, each taken only when needed), one attention state per chunk merged with
+   * included, each taken only when needed), one attention state per group of consecutive chunks
+   * ({@link #KV_GROUP_FLOATS}) merged with
    * {@link AttentionState#mergeAll(int, java.util.Iterator)}; then the output projection, the
    * residual, the MLP and its residual. Returns the chunk's hidden rows after the layer.
    */
