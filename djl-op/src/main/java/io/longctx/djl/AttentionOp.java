@@ -19,6 +19,7 @@ import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.FloatBuffer;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Objects;
 import java.util.function.IntConsumer;
@@ -804,10 +805,21 @@ public final class AttentionOp {
     }
     BufferTensor qb = null;
     Dims first = null;
-    List<AttentionState> states = new ArrayList<>(kChunks.size());
+    int n = kChunks.size();
+    AttentionState[] states = new AttentionState[n];
+    long[][] kPositions = new long[n][];
+    // float32 chunks are read in place, so all of them can be open at once and decoded in one
+    // parallel loop (one call per chunk took 1.3-1.4x as long on 64 chunks of 512 keys: each call
+    // woke the kernels' threads and waited for its slowest task; docs/BENCHMARKS.md, "Chunk-list
+    // decode"). Other dtypes are converted, a chunk at a time as before, so that the whole cache is
+    // never copied at once. Each chunk's decode is the same call either way: the same bits.
+    boolean together = n > 1 && kChunks.stream().allMatch(a -> a.getDataType() == DataType.FLOAT32)
+        && vChunks.stream().allMatch(a -> a.getDataType() == DataType.FLOAT32);
+    BufferTensor[][] kv = new BufferTensor[n][];
+    List<NDManager> scopes = new ArrayList<>();
     long next = 0;
     try (NDManager qScope = q.getManager().newSubManager()) {
-      for (int i = 0; i < kChunks.size(); i++) {
+      for (int i = 0; i < n; i++) {
         Dims d;
         try {
           d = Dims.of(q, kChunks.get(i), vChunks.get(i), layout);
@@ -834,11 +846,27 @@ public final class AttentionOp {
         for (int j = 0; j < kPos.length; j++) {
           kPos[j] = start + j;
         }
-        states.add(decodeInPlace(qb, kChunks.get(i), vChunks.get(i), qPos, kPos, opt, layout));
+        if (together) {
+          NDManager scope = kChunks.get(i).getManager().newSubManager();
+          scopes.add(scope);
+          kv[i] = kvInPlace(kChunks.get(i), vChunks.get(i), layout, scope);
+          kPositions[i] = kPos;
+        } else {
+          states[i] = decodeInPlace(qb, kChunks.get(i), vChunks.get(i), qPos, kPos, opt, layout);
+        }
+      }
+      if (together) {
+        BufferTensor qIn = qb;
+        CpuAttention.parallelFor(n, i -> states[i] = kernels.decode(qIn, kv[i][0], kv[i][1], qPos, kPositions[i], opt,
+            CpuAttention.DEFAULT_SPLIT_LEN).state());
+      }
+    } finally {
+      for (NDManager scope : scopes) {
+        scope.close();
       }
     }
-    return stateToNd(q.getManager(), AttentionState.mergeAll(states), first.batch, first.tq, first.heads, first.dim,
-        layout);
+    return stateToNd(q.getManager(), AttentionState.mergeAll(Arrays.asList(states)), first.batch, first.tq,
+        first.heads, first.dim, layout);
   }
 
   // ---------------------------------------------------------------------------------------------

@@ -316,8 +316,31 @@ class AttentionOpTest {
         float[][] sc = OpChecks.stateOrder(rc.get(0), rc.get(1), layout);
         err = OpChecks.check(sc[0], sc[1], q, k, v, qPos, null, opt);
         assertNull(err, "chunked decode " + layout + ", seed " + seed + ": " + err);
+        // The chunks are decoded in one parallel loop: still each chunk's own decode, merged in order.
+        List<AttentionState> parts = new ArrayList<>();
+        for (int c = 0; c < 3; c++) {
+          long[] kPos = new long[cuts[c + 1] - cuts[c]];
+          for (int j = 0; j < kPos.length; j++) {
+            kPos[j] = cuts[c] + j;
+          }
+          parts.add(CpuAttention.DEFAULT.decode(q, tokens(k, cuts[c], cuts[c + 1]), tokens(v, cuts[c], cuts[c + 1]), qPos,
+              kPos, opt));
+        }
+        AttentionState merged = AttentionState.mergeAll(parts);
+        assertTrue(java.util.Arrays.equals(merged.o(), sc[0]) && java.util.Arrays.equals(merged.lse(), sc[1]),
+            "chunked decode " + layout + ", seed " + seed + ": not the bits of each chunk's decode merged in order");
       }
     }
+  }
+
+  /** Tokens [t0, t1) of t, as a new tensor. */
+  private static Tensor tokens(Tensor t, int t0, int t1) {
+    int d = t.dim(), n = t1 - t0;
+    float[] out = new float[t.batch() * t.heads() * n * d];
+    for (int bh = 0; bh < t.batch() * t.heads(); bh++) {
+      System.arraycopy(t.data(), (bh * t.tokens() + t0) * d, out, bh * n * d, n * d);
+    }
+    return new Tensor(out, t.batch(), t.heads(), n, d);
   }
 
   /** Decode converts float16 K/V (here BTHD) through libtorch before reading them; an empty cache gives empty rows. */

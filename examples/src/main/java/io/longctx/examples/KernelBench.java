@@ -86,6 +86,9 @@ public final class KernelBench {
       "                            tile (default " + CpuAttention.DEFAULT_MAX_BLOCKS_PER_SWEEP + "; fewer where L2 or the task count says so;"
           + " 1: each block alone)",
       "  --split L                 decode split length in keys (default " + CpuAttention.DEFAULT_SPLIT_LEN + ")",
+      "  --chunk-keys N            decode: also time op-chunks, the operator's decode over the same K and V",
+      "                            held as a list of arrays of N keys each (a KV cache grown chunk by chunk;",
+      "                            default 0: off)",
       "  --plain                   also time djl-plain (DJL's plain ops, T x T scores materialized; default off):",
       "                            slow (~8.5 s a call in decode, ~2 s at T = 4096 on 2 cores) and needs",
       "                            2 x H x T^2 x 4 bytes of memory",
@@ -101,7 +104,7 @@ public final class KernelBench {
       "  -h, --help                this text",
       "",
       "impls: java (our Java kernel), op (the DJL AttentionOp, whichever path it picks), libtorch-sdpa",
-      "(the anchor), djl-plain (--plain); decode also java-unified-max (FlashDecoding++) and copy",
+      "(the anchor), djl-plain (--plain); decode also java-unified-max (FlashDecoding++), op-chunks (--chunk-keys) and copy",
       "(System.arraycopy of the same K/V bytes on one thread, which reads and writes them: a reference",
       "point, not the read-bandwidth ceiling; vs_copy). The decode anchor takes each kv head's query",
       "heads as rows, so it reads K and V once as the kernel does.");
@@ -110,7 +113,7 @@ public final class KernelBench {
     String op = "all";
     int t = 4096, tk = -1, heads = -1, kvHeads = -1, dim = 128, iters = 7, warmup = 5;
     boolean tGiven = false; // with --op decode, --t is the query rows (default 1), not the forward's 4096
-    int blockQ = CpuAttention.DEFAULT_BLOCK_Q, blockK = 128, sweep = CpuAttention.DEFAULT_MAX_BLOCKS_PER_SWEEP, split = CpuAttention.DEFAULT_SPLIT_LEN, callers = 1;
+    int blockQ = CpuAttention.DEFAULT_BLOCK_Q, blockK = 128, sweep = CpuAttention.DEFAULT_MAX_BLOCKS_PER_SWEEP, split = CpuAttention.DEFAULT_SPLIT_LEN, callers = 1, chunkKeys = 0;
     Boolean causal = null;
     boolean anchor = true;
     boolean plain = false; // djl-plain is slow (seconds a call) and memory-hungry: only when asked
@@ -143,6 +146,7 @@ public final class KernelBench {
           case "--sweep" -> sweep = Integer.parseInt(args[++i]);
           case "--split" -> split = Integer.parseInt(args[++i]);
           case "--callers" -> callers = Integer.parseInt(args[++i]);
+          case "--chunk-keys" -> chunkKeys = Integer.parseInt(args[++i]);
           case "--help", "-h" -> {
             System.out.println(USAGE);
             return;
@@ -182,6 +186,15 @@ public final class KernelBench {
       System.err.println("--callers must be >= 1, got " + callers);
       System.exit(2);
     }
+    if (chunkKeys < 0 || chunkKeys > 0 && op.equals("forward")) {
+      System.err.println("bench: --chunk-keys " + chunkKeys + ": " + (chunkKeys < 0 ? "must be >= 0"
+          : "times decode only (--op decode or all)"));
+      System.exit(2);
+    }
+    if ("op-chunks".equals(only) && chunkKeys == 0) {
+      System.err.println("bench: --only op-chunks needs --chunk-keys N");
+      System.exit(2);
+    }
     String shapeProblem = shapeProblem(op, t, tk, heads, kvHeads, dim, iters, warmup);
     if (shapeProblem != null) {
       System.err.println("bench: " + shapeProblem);
@@ -213,7 +226,7 @@ public final class KernelBench {
     }
     try (LibtorchSdpa sdpa = needEngine ? LibtorchSdpa.open() : null) {
       run(op, t, tGiven ? t : 1, tk, heads, kvHeads, dim, iters, warmup, split, causal, kernels, sdpa, anchor, plain,
-          only, callers);
+          only, callers, chunkKeys);
     }
   }
 
@@ -257,7 +270,7 @@ public final class KernelBench {
 
   private static void run(String op, int t, int decodeRows, int tk, int heads, int kvHeads, int dim, int iters,
       int warmup, int split, Boolean causal, CpuAttention kernels, LibtorchSdpa engine, boolean anchor, boolean plain,
-      String only, int callers) {
+      String only, int callers, int chunkKeys) {
     SplittableRandom rng = new SplittableRandom(42);
     AttentionOp attentionOp = new AttentionOp(kernels);
     if (op.equals("forward") || op.equals("all")) {
@@ -366,6 +379,20 @@ public final class KernelBench {
             return r.size();
           }
         }));
+        if (chunkKeys > 0) {
+          // Separate contiguous arrays, made once, as a cache grown chunk by chunk holds them.
+          List<NDArray> kc = new ArrayList<>(), vc = new ArrayList<>();
+          for (int c0 = 0; c0 < n; c0 += chunkKeys) {
+            String idx = ":, :, " + c0 + ":" + Math.min(n, c0 + chunkKeys);
+            kc.add(nd[1].get(idx).duplicate());
+            vc.add(nd[2].get(idx).duplicate());
+          }
+          impls.add(new Impl("op-chunks", () -> {
+            try (NDList r = attentionOp.decode(nd[0], kc, vc, qPos, null, opt, AttentionOp.Layout.BHTD)) {
+              return r.size();
+            }
+          }));
+        }
         if (anchor) {
           // Every query row sits after every key, so full (non-causal) attention is the same answer; the
           // query heads of a kv head go in as rows of that head ([1, H, rows, D] -> [1, Hkv, H/Hkv * rows, D],
@@ -410,7 +437,8 @@ public final class KernelBench {
 
   /** The implementations the forward times (djl-plain only with --plain); decode adds its two own. */
   static final List<String> FORWARD_IMPLS = List.of("java", "op", "libtorch-sdpa", "djl-plain");
-  static final List<String> DECODE_IMPLS = List.of("java", "op", "libtorch-sdpa", "djl-plain", "java-unified-max", "copy");
+  static final List<String> DECODE_IMPLS = List.of("java", "op", "op-chunks", "libtorch-sdpa", "djl-plain",
+      "java-unified-max", "copy");
 
   private static List<Impl> select(List<Impl> impls, String only) {
     if (only == null) {
