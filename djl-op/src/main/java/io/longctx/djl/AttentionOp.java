@@ -808,13 +808,13 @@ public final class AttentionOp {
     int n = kChunks.size();
     AttentionState[] states = new AttentionState[n];
     long[][] kPositions = new long[n][];
-    // float32 chunks are read in place, so all of them can be open at once and decoded in one
-    // parallel loop (one call per chunk took 1.3-1.4x as long on 64 chunks of 512 keys: each call
-    // woke the kernels' threads and waited for its slowest task; docs/BENCHMARKS.md, "Chunk-list
-    // decode"). Other dtypes are converted, a chunk at a time as before, so that the whole cache is
-    // never copied at once. Each chunk's decode is the same call either way: the same bits.
-    boolean together = n > 1 && kChunks.stream().allMatch(a -> a.getDataType() == DataType.FLOAT32)
-        && vChunks.stream().allMatch(a -> a.getDataType() == DataType.FLOAT32);
+    // Chunks read in place (contiguous float32) can all be open at once: they are decoded together
+    // in one parallel loop (one call per chunk took 1.35-1.5x as long on 64 chunks of 512 keys: each
+    // call woke the kernels' threads and waited for its slowest task; docs/BENCHMARKS.md,
+    // "Chunk-list decode"). Others are converted or copied, so they are decoded a chunk at a time as
+    // before: the whole cache is never copied at once. Each chunk's decode is the same call either
+    // way, so the same bits.
+    List<Integer> together = new ArrayList<>();
     BufferTensor[][] kv = new BufferTensor[n][];
     List<NDManager> scopes = new ArrayList<>();
     long next = 0;
@@ -846,20 +846,24 @@ public final class AttentionOp {
         for (int j = 0; j < kPos.length; j++) {
           kPos[j] = start + j;
         }
-        if (together) {
-          NDManager scope = kChunks.get(i).getManager().newSubManager();
+        NDArray k = kChunks.get(i), v = vChunks.get(i);
+        if (n > 1 && k.getDataType() == DataType.FLOAT32 && v.getDataType() == DataType.FLOAT32 && contiguous(k)
+            && contiguous(v)) {
+          NDManager scope = k.getManager().newSubManager();
           scopes.add(scope);
-          kv[i] = kvInPlace(kChunks.get(i), vChunks.get(i), layout, scope);
+          kv[i] = kvInPlace(k, v, layout, scope);
           kPositions[i] = kPos;
+          together.add(i);
         } else {
-          states[i] = decodeInPlace(qb, kChunks.get(i), vChunks.get(i), qPos, kPos, opt, layout);
+          states[i] = decodeInPlace(qb, k, v, qPos, kPos, opt, layout);
         }
       }
-      if (together) {
-        BufferTensor qIn = qb;
-        CpuAttention.parallelFor(n, i -> states[i] = kernels.decode(qIn, kv[i][0], kv[i][1], qPos, kPositions[i], opt,
-            CpuAttention.DEFAULT_SPLIT_LEN).state());
-      }
+      BufferTensor qIn = qb;
+      CpuAttention.parallelFor(together.size(), j -> { // (no tasks: returns at once)
+        int i = together.get(j);
+        states[i] = kernels.decode(qIn, kv[i][0], kv[i][1], qPos, kPositions[i], opt, CpuAttention.DEFAULT_SPLIT_LEN)
+            .state();
+      });
     } finally {
       for (NDManager scope : scopes) {
         scope.close();

@@ -414,9 +414,9 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
         throw new IllegalArgumentException("layer " + l + ", chunk at " + start + ": n must be >= 1, got " + n);
       }
       // Consecutive chunks go to the kernel together, up to KV_GROUP_FLOATS of keys and values per
-      // call: one call per chunk paid the call's fixed work and a merge per chunk, 1.4-1.7x the
-      // attention's time (docs/BENCHMARKS.md, "ppl: the LM head's arrays, attention by groups of
-      // chunks"). The groups follow from n and the first chunk's length alone, so the one-task and
+      // call: one call per chunk paid the call's fixed work and a merge per chunk, 1.4x the
+      // attention's time at Llama-3-8B's heads and 1.7x and more at small ones (docs/BENCHMARKS.md,
+      // "ppl: the LM head's arrays, attention by groups of chunks"). The groups follow from n and the first chunk's length alone, so the one-task and
       // the split path, which give this method the same chunks, group them (and round) alike.
       KeysValues first = visible.next();
       int perCall = (int) Math.max(1, Math.min(n,
@@ -487,7 +487,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
         // writes z - max - log(sum exp(z - max)), whose largest entry (at z's argmax) is exactly
         // -log(sum), so this is max + log(sum) rounded once, as z.sub(max).exp().sum().log() gave.
         // One [len, shard] array instead of three, each freed before the next shard: fresh pages for
-        // the arrays cost up to half the head's time (docs/BENCHMARKS.md, "ppl's LM head").
+        // the arrays cost up to half the head's time (docs/BENCHMARKS.md, "ppl: the LM head's arrays").
         try (NDArray z = hn.matMul(shardT); // [len, shard]
             NDArray max = z.max(new int[] {1});
             NDArray ls = z.logSoftmax(1);

@@ -303,32 +303,38 @@ class AttentionOpTest {
         AttentionState want = CpuAttention.DEFAULT.decode(q, k, v, qPos, null, opt);
         assertTrue(java.util.Arrays.equals(want.o(), st[0]) && java.util.Arrays.equals(want.lse(), st[1]),
             "decode " + layout + ", seed " + seed + ": not the kernel's bits");
-        // Chunks of 1000, 5000, 3000 keys, laid end to end.
+        // Chunks of 1000, 5000, 3000 keys, laid end to end: slices of one array (strided views, decoded
+        // a chunk at a time) and arrays of their own (read in place, decoded in one parallel loop).
+        // Either way each chunk's own decode, merged in chunk order: the same bits.
         int tAxis = layout == Layout.BHTD ? 2 : 1;
-        List<NDArray> kc = new ArrayList<>(), vc = new ArrayList<>();
         int[] cuts = {0, 1000, 6000, tk};
-        for (int c = 0; c < 3; c++) {
-          String idx = tAxis == 2 ? ":, :, " + cuts[c] + ":" + cuts[c + 1] : ":, " + cuts[c] + ":" + cuts[c + 1];
-          kc.add(ka.get(idx));
-          vc.add(va.get(idx));
-        }
-        NDList rc = OP.decode(qa, kc, vc, qPos, null, opt, layout);
-        float[][] sc = OpChecks.stateOrder(rc.get(0), rc.get(1), layout);
-        err = OpChecks.check(sc[0], sc[1], q, k, v, qPos, null, opt);
-        assertNull(err, "chunked decode " + layout + ", seed " + seed + ": " + err);
-        // The chunks are decoded in one parallel loop: still each chunk's own decode, merged in order.
         List<AttentionState> parts = new ArrayList<>();
         for (int c = 0; c < 3; c++) {
           long[] kPos = new long[cuts[c + 1] - cuts[c]];
           for (int j = 0; j < kPos.length; j++) {
             kPos[j] = cuts[c] + j;
           }
-          parts.add(CpuAttention.DEFAULT.decode(q, tokens(k, cuts[c], cuts[c + 1]), tokens(v, cuts[c], cuts[c + 1]), qPos,
-              kPos, opt));
+          parts.add(CpuAttention.DEFAULT.decode(q, tokens(k, cuts[c], cuts[c + 1]), tokens(v, cuts[c], cuts[c + 1]),
+              qPos, kPos, opt));
         }
         AttentionState merged = AttentionState.mergeAll(parts);
-        assertTrue(java.util.Arrays.equals(merged.o(), sc[0]) && java.util.Arrays.equals(merged.lse(), sc[1]),
-            "chunked decode " + layout + ", seed " + seed + ": not the bits of each chunk's decode merged in order");
+        for (boolean own : new boolean[] {false, true}) {
+          List<NDArray> kc = new ArrayList<>(), vc = new ArrayList<>();
+          for (int c = 0; c < 3; c++) {
+            String idx = tAxis == 2 ? ":, :, " + cuts[c] + ":" + cuts[c + 1] : ":, " + cuts[c] + ":" + cuts[c + 1];
+            NDArray ks = ka.get(idx), vs = va.get(idx);
+            kc.add(own ? m.create(ks.toFloatArray(), ks.getShape()) : ks);
+            vc.add(own ? m.create(vs.toFloatArray(), vs.getShape()) : vs);
+            assertEquals(own, AttentionOp.contiguous(kc.get(c)), "chunk " + c + ", own array " + own);
+          }
+          String what = "chunked decode " + layout + ", own arrays " + own + ", seed " + seed;
+          NDList rc = OP.decode(qa, kc, vc, qPos, null, opt, layout);
+          float[][] sc = OpChecks.stateOrder(rc.get(0), rc.get(1), layout);
+          err = OpChecks.check(sc[0], sc[1], q, k, v, qPos, null, opt);
+          assertNull(err, what + ": " + err);
+          assertTrue(java.util.Arrays.equals(merged.o(), sc[0]) && java.util.Arrays.equals(merged.lse(), sc[1]),
+              what + ": not the bits of each chunk's decode merged in order");
+        }
       }
     }
   }
