@@ -274,8 +274,15 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       int heads = first.k.heads(), dim = first.k.dim(), tokens = 0;
       for (KeysValues c : chunks) {
         if (c.start != first.start + tokens) {
-          throw new IllegalStateException("chunks not consecutive: one at " + c.start + " after " + tokens
+          throw new IllegalArgumentException("chunks not consecutive: one at " + c.start + " after " + tokens
               + " tokens from " + first.start);
+        }
+        for (Tensor t : new Tensor[] {c.k, c.v}) { // each chunk alone went to the kernel, which checked this
+          if (t.batch() != 1 || t.heads() != heads || t.dim() != dim || t.tokens() != c.length()) {
+            throw new IllegalArgumentException("the chunk at " + c.start + " has keys or values of shape ["
+                + t.batch() + ", " + t.heads() + ", " + t.tokens() + ", " + t.dim() + "], expected [1, " + heads + ", "
+                + c.length() + ", " + dim + "]");
+          }
         }
         tokens = Math.addExact(tokens, c.length());
       }

@@ -8,7 +8,9 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import ai.djl.ndarray.NDManager;
 import io.longctx.kernels.Seeds;
+import io.longctx.kernels.Tensor;
 import java.nio.file.Path;
+import java.util.List;
 import java.util.SplittableRandom;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
@@ -210,6 +212,35 @@ class LlamaModelTest {
       }
       assertNull(compare(all.logprobs(), want), "one call for all chunks, seed " + seed);
     }
+  }
+
+  /** Chunks joined for one kernel call: each head's keys in position order; gaps and other shapes refused. */
+  @Test
+  void consecutiveChunksJoinHeadByHead() {
+    SplittableRandom r = new SplittableRandom(Seeds.forTest());
+    Tensor k1 = Tensor.random(r, 1, 2, 3, 4), v1 = Tensor.random(r, 1, 2, 3, 4);
+    Tensor k2 = Tensor.random(r, 1, 2, 5, 4), v2 = Tensor.random(r, 1, 2, 5, 4);
+    LlamaModel.KeysValues a = new LlamaModel.KeysValues(10, k1, v1), b = new LlamaModel.KeysValues(13, k2, v2);
+    LlamaModel.KeysValues ab = LlamaModel.KeysValues.concat(List.of(a, b));
+    assertEquals(10, ab.start());
+    assertEquals(8, ab.length());
+    for (int h = 0; h < 2; h++) {
+      for (int t = 0; t < 8; t++) {
+        Tensor src = t < 3 ? k1 : k2, srcV = t < 3 ? v1 : v2;
+        int st = t < 3 ? t : t - 3, n = t < 3 ? 3 : 5;
+        for (int d = 0; d < 4; d++) {
+          assertEquals(src.data()[(h * n + st) * 4 + d], ab.k().data()[(h * 8 + t) * 4 + d]);
+          assertEquals(srcV.data()[(h * n + st) * 4 + d], ab.v().data()[(h * 8 + t) * 4 + d]);
+        }
+      }
+    }
+    assertThrows(IllegalArgumentException.class, () -> LlamaModel.KeysValues.concat(List.of(a,
+        new LlamaModel.KeysValues(14, k2, v2))), "a gap between the chunks");
+    Tensor k3 = Tensor.random(r, 1, 3, 5, 4);
+    assertThrows(IllegalArgumentException.class, () -> LlamaModel.KeysValues.concat(List.of(a,
+        new LlamaModel.KeysValues(13, k3, k3))), "another number of kv heads");
+    assertThrows(IllegalArgumentException.class, () -> LlamaModel.KeysValues.concat(List.of(a,
+        new LlamaModel.KeysValues(13, k2, v1))), "values of another length than the keys");
   }
 
   /**
