@@ -427,7 +427,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       // the split path, which give this method the same chunks, group them (and round) alike.
       KeysValues first = visible.next();
       int perCall = (int) Math.max(1, Math.min(n,
-          kvGroupFloats / ((long) first.length() * c.kvHeads * c.headDim * 2)));
+          kvGroupFloats / ((long) Math.max(1, first.length()) * c.kvHeads * c.headDim * 2)));
       java.util.Iterator<AttentionState> states = new java.util.Iterator<>() {
         int taken;
 
