@@ -847,7 +847,7 @@ public final class AttentionOp {
           kPos[j] = start + j;
         }
         NDArray k = kChunks.get(i), v = vChunks.get(i);
-        if (n > 1 && k.getDataType() == DataType.FLOAT32 && v.getDataType() == DataType.FLOAT32 && contiguous(k)
+        if (n > 1 && contiguityKnown() && k.getDataType() == DataType.FLOAT32 && v.getDataType() == DataType.FLOAT32 && contiguous(k)
             && contiguous(v)) {
           NDManager scope = k.getManager().newSubManager();
           scopes.add(scope);

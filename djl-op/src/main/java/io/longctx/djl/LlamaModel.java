@@ -425,9 +425,11 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       // attention's time at Llama-3-8B's heads and 1.7x and more at small ones (docs/BENCHMARKS.md,
       // "ppl: the LM head's arrays, attention by groups of chunks"). The groups follow from n and the first chunk's length alone, so the one-task and
       // the split path, which give this method the same chunks, group them (and round) alike.
-      KeysValues first = visible.next();
+      KeysValues first = nextChunk(visible, l, start, n);
+      // (Sized by the first chunk, or this chunk where it is longer: in both paths every visible chunk
+      // but this one has the first one's length.)
       int perCall = (int) Math.max(1, Math.min(n,
-          kvGroupFloats / ((long) Math.max(1, first.length()) * c.kvHeads * c.headDim * 2)));
+          kvGroupFloats / ((long) Math.max(1, Math.max(first.length(), len)) * c.kvHeads * c.headDim * 2)));
       java.util.Iterator<AttentionState> states = new java.util.Iterator<>() {
         int taken;
 
@@ -440,7 +442,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
         public AttentionState next() {
           List<KeysValues> group = new ArrayList<>();
           for (int i = 0, count = Math.min(perCall, n - taken); i < count; i++) {
-            group.add(taken == 0 && i == 0 ? first : visible.next());
+            group.add(taken == 0 && i == 0 ? first : nextChunk(visible, l, start, n));
           }
           taken += group.size();
           KeysValues kv = KeysValues.concat(group);
@@ -452,7 +454,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       };
       AttentionState st;
       try {
-        st = AttentionState.mergeAll((n + perCall - 1) / perCall, states);
+        st = AttentionState.mergeAll((n - 1) / perCall + 1, states);
       } catch (NonFiniteScoreException e) { // a q.k past float32 (k was checked when computed)
         throw new NumericOverflowException("layer " + l + ": the attention score of head " + e.head + " at position "
             + e.queryPos + " against the key at position " + e.keyPos + " is " + e.score + PAST_FLOAT32);
@@ -524,6 +526,15 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       }
       return out;
     }
+  }
+
+  /** The next of the n chunks {@link #layer} was promised; fewer is the caller's mistake, named. */
+  private static KeysValues nextChunk(java.util.Iterator<KeysValues> visible, int l, long start, int n) {
+    if (!visible.hasNext()) {
+      throw new IllegalArgumentException("layer " + l + ", chunk at " + start + ": fewer than n = " + n
+          + " chunks of keys and values given");
+    }
+    return visible.next();
   }
 
   /** Hidden rows as a [len, hidden] array of the chunk's manager. */

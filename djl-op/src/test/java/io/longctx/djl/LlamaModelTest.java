@@ -165,7 +165,7 @@ class LlamaModelTest {
     try (LlamaModel m = LlamaModel.load(dir, manager, 37)) {
       DocumentScore base = m.score(tokens, n, true);
       // Chunk length 1 on a 60-token prefix (longer than the window): one chunk per token is the
-      // costliest case (one kernel call per cached chunk), kept small for loaded CI machines.
+      // costliest case (many one-token chunks to join and merge), kept small for loaded CI machines.
       int[] prefix = java.util.Arrays.copyOf(tokens, 60);
       assertEquals(m.score(prefix, 60, false).sumLogprob(), m.score(prefix, 1, false).sumLogprob(),
           1e-5 * Math.abs(m.score(prefix, 60, false).sumLogprob()), "chunk 1 vs whole 60-token prefix, seed " + seed);
@@ -211,6 +211,18 @@ class LlamaModelTest {
         assertEquals(sc.sumLogprob(), m.score(tokens, chunk, false).sumLogprob(), 0.0, what + ": twice");
       }
       assertNull(compare(all.logprobs(), want), "one call for all chunks, seed " + seed);
+      // The layer takes exactly the n chunks it is told of: fewer or more is named.
+      float[] x = m.embed(new int[] {1, 2, 3});
+      LlamaModel.KeysValues kv = m.keysValues(0, x, 0, 3);
+      for (long groupFloats : new long[] {1, LlamaModel.KV_GROUP_FLOATS}) {
+        m.kvGroupFloats = groupFloats;
+        IllegalArgumentException fewer = assertThrows(IllegalArgumentException.class,
+            () -> m.layer(0, x, 0, 3, 2, List.of(kv).iterator()));
+        assertTrue(fewer.getMessage().contains("fewer than n = 2"), fewer.getMessage());
+        IllegalArgumentException more = assertThrows(IllegalArgumentException.class,
+            () -> m.layer(0, x, 0, 3, 1, List.of(kv, kv).iterator()));
+        assertTrue(more.getMessage().contains("more than n = 1"), more.getMessage());
+      }
     }
   }
 

@@ -191,6 +191,10 @@ public final class KernelBench {
           : "times decode only (--op decode or all)"));
       System.exit(2);
     }
+    if (chunkKeys > 0 && memory) {
+      System.err.println("bench: --chunk-keys times op-chunks; --memory does not measure it");
+      System.exit(2);
+    }
     if ("op-chunks".equals(only) && chunkKeys == 0) {
       System.err.println("bench: --only op-chunks needs --chunk-keys N");
       System.exit(2);

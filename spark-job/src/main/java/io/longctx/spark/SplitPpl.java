@@ -41,7 +41,7 @@ import scala.Tuple2;
  *       every block that sees the chunk (causal, and a Mistral window prunes far blocks);
  *   <li>each block, co-located with its own hidden rows (no shuffle for them), receives its visible
  *       chunks' keys and values in chunk order and runs the rest of the layer ({@link LlamaModel#layer}:
- *       queries, one attention state per chunk merged with the one LSE tree, output projection, MLP).
+ *       queries, one attention state per group of consecutive chunks merged with the one LSE tree, output projection, MLP).
  * </ol>
  *
  * The hidden rows are checkpointed to the job's checkpoint directory after every layer: a lost
