@@ -847,8 +847,9 @@ public final class AttentionOp {
           kPos[j] = start + j;
         }
         NDArray k = kChunks.get(i), v = vChunks.get(i);
-        if (n > 1 && contiguityKnown() && k.getDataType() == DataType.FLOAT32 && v.getDataType() == DataType.FLOAT32 && contiguous(k)
-            && contiguous(v)) {
+        boolean readInPlace = contiguityKnown() && k.getDataType() == DataType.FLOAT32
+            && v.getDataType() == DataType.FLOAT32 && contiguous(k) && contiguous(v);
+        if (n > 1 && readInPlace) {
           NDManager scope = k.getManager().newSubManager();
           scopes.add(scope);
           kv[i] = kvInPlace(k, v, layout, scope);

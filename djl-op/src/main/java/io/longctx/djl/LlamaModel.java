@@ -423,11 +423,11 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       // Consecutive chunks go to the kernel together, up to KV_GROUP_FLOATS of keys and values per
       // call: one call per chunk paid the call's fixed work and a merge per chunk, 1.4x the
       // attention's time at Llama-3-8B's heads and 1.7x and more at small ones (docs/BENCHMARKS.md,
-      // "ppl: the LM head's arrays, attention by groups of chunks"). The groups follow from n and the first chunk's length alone, so the one-task and
-      // the split path, which give this method the same chunks, group them (and round) alike.
+      // "ppl: the LM head's arrays, attention by groups of chunks"). The groups follow from n, len and
+      // the first chunk's length alone (the longer of the two sizes them: every visible chunk but this
+      // one has the first one's length), so the one-task and the split path, which give this method
+      // the same chunks, group them (and round) alike.
       KeysValues first = nextChunk(visible, l, start, n);
-      // (Sized by the first chunk, or this chunk where it is longer: in both paths every visible chunk
-      // but this one has the first one's length.)
       int perCall = (int) Math.max(1, Math.min(n,
           kvGroupFloats / ((long) Math.max(1, Math.max(first.length(), len)) * c.kvHeads * c.headDim * 2)));
       java.util.Iterator<AttentionState> states = new java.util.Iterator<>() {

@@ -314,8 +314,8 @@ class AttentionOpTest {
           for (int j = 0; j < kPos.length; j++) {
             kPos[j] = cuts[c] + j;
           }
-          parts.add(CpuAttention.DEFAULT.decode(q, tokens(k, cuts[c], cuts[c + 1]), tokens(v, cuts[c], cuts[c + 1]),
-              qPos, kPos, opt));
+          parts.add(CpuAttention.DEFAULT.decode(q, k.sliceTokens(cuts[c], cuts[c + 1]),
+              v.sliceTokens(cuts[c], cuts[c + 1]), qPos, kPos, opt));
         }
         AttentionState merged = AttentionState.mergeAll(parts);
         for (boolean own : new boolean[] {false, true}) {
@@ -337,16 +337,6 @@ class AttentionOpTest {
         }
       }
     }
-  }
-
-  /** Tokens [t0, t1) of t, as a new tensor. */
-  private static Tensor tokens(Tensor t, int t0, int t1) {
-    int d = t.dim(), n = t1 - t0;
-    float[] out = new float[t.batch() * t.heads() * n * d];
-    for (int bh = 0; bh < t.batch() * t.heads(); bh++) {
-      System.arraycopy(t.data(), (bh * t.tokens() + t0) * d, out, bh * n * d, n * d);
-    }
-    return new Tensor(out, t.batch(), t.heads(), n, d);
   }
 
   /** Decode converts float16 K/V (here BTHD) through libtorch before reading them; an empty cache gives empty rows. */

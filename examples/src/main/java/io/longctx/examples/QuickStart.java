@@ -49,7 +49,7 @@ public final class QuickStart {
     for (int start = 0; start < tokens; start += chunkLen) {
       int len = Math.min(chunkLen, tokens - start);
       // every query against this chunk of keys only; queries before the chunk see nothing: (0, -inf)
-      parts.add(CpuAttention.DEFAULT.forward(q, slice(k, start, len), slice(v, start, len),
+      parts.add(CpuAttention.DEFAULT.forward(q, k.sliceTokens(start, start + len), v.sliceTokens(start, start + len),
           pos, range(start, len), opt));
     }
     AttentionState merged = AttentionState.mergeAll(parts); // fixed order, balanced tree
@@ -101,15 +101,6 @@ public final class QuickStart {
       a[i] = (float) rnd.nextGaussian();
     }
     return new Tensor(a, 1, heads, tokens, dim);
-  }
-
-  /** Tokens [start, start+len) of every head. */
-  static Tensor slice(Tensor t, int start, int len) {
-    float[] out = new float[t.heads() * len * t.dim()];
-    for (int h = 0; h < t.heads(); h++) {
-      System.arraycopy(t.data(), t.offset(0, h, start), out, h * len * t.dim(), len * t.dim());
-    }
-    return new Tensor(out, 1, t.heads(), len, t.dim());
   }
 
   static long[] range(long start, int n) {

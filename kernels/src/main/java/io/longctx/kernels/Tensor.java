@@ -59,6 +59,19 @@ public record Tensor(float[] data, int batch, int heads, int tokens, int dim) {
     return ((b * heads + h) * tokens + t) * dim;
   }
 
+  /** A copy of tokens [from, to) of every (batch, head): a chunk of a sequence. */
+  public Tensor sliceTokens(int from, int to) {
+    Objects.checkFromToIndex(from, to, tokens);
+    int n = to - from;
+    float[] out = new float[batch * heads * n * dim];
+    for (int b = 0; b < batch; b++) {
+      for (int h = 0; h < heads; h++) {
+        System.arraycopy(data, offset(b, h, from), out, (b * heads + h) * n * dim, n * dim);
+      }
+    }
+    return new Tensor(out, batch, heads, n, dim);
+  }
+
   /**
    * Throws, naming the first NaN or infinity by (batch, head, token, dim). The kernels see them in
    * the scores (a NaN or infinite score is an error); the softcapped paths look in q and k first,

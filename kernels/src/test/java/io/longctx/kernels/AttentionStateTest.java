@@ -362,7 +362,7 @@ class AttentionStateTest {
         int from = 0;
         for (int i = 0; i <= cuts.length; i++) {
           int to = i < cuts.length ? cuts[i] : tk;
-          parts.add(CpuAttention.DEFAULT.forward(q, slice(k, from, to), slice(v, from, to), qp,
+          parts.add(CpuAttention.DEFAULT.forward(q, k.sliceTokens(from, to), v.sliceTokens(from, to), qp,
               Arrays.copyOfRange(kp, from, to), opt));
           from = to;
         }
@@ -371,16 +371,5 @@ class AttentionStateTest {
         assertNull(err, "seed " + seed + ", cuts " + Arrays.toString(cuts) + ": " + err);
       }
     }
-  }
-
-  static Tensor slice(Tensor t, int from, int to) {
-    int n = to - from;
-    float[] out = new float[t.batch() * t.heads() * n * t.dim()];
-    for (int b = 0; b < t.batch(); b++) {
-      for (int h = 0; h < t.heads(); h++) {
-        System.arraycopy(t.data(), t.offset(b, h, from), out, ((b * t.heads() + h) * n) * t.dim(), n * t.dim());
-      }
-    }
-    return new Tensor(out, t.batch(), t.heads(), n, t.dim());
   }
 }
