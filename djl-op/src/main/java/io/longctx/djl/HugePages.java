@@ -1,0 +1,153 @@
+package io.longctx.djl;
+
+import com.sun.jna.Library;
+import com.sun.jna.Native;
+import com.sun.jna.Pointer;
+import java.nio.Buffer;
+import java.util.Locale;
+
+/**
+ * Asks Linux for 2 MiB pages under the operator's large output arrays ({@code madvise(MADV_HUGEPAGE)}
+ * on the whole 2 MiB pages inside), where that was measured faster on this machine.
+ *
+ * <p>Why: libtorch gives each call's output fresh memory, and on some VMs the first touch of a 4 KiB
+ * page costs 10-15 us: 60-100 ms of a 0.9-2 s call at T = 8192..16384 (docs/BENCHMARKS.md, "The
+ * operator's output pages"). One fault per 2 MiB page instead of 512 removes most of that. On other
+ * machines a huge page's first touch has cost more than its 512 small ones (the kernel compacting
+ * memory to find one), so the hint is used only where a probe, once per JVM, finds it at least
+ * twice as fast: fresh anonymous mappings touched page by page, with and without the hint, in turns.
+ * The hint never changes a value; where the probe cannot run (no Linux, no libc through JNA, THP
+ * off) nothing is advised.
+ *
+ * <p>{@value #PROPERTY}: {@code auto} (default: the probe decides), {@code on}, {@code off}.
+ */
+final class HugePages {
+  static final String PROPERTY = "longctx.op.hugePages";
+  /** Outputs smaller than this are left alone: at most one whole 2 MiB page would lie inside. */
+  static final long MIN_BYTES = 6L << 20;
+  private static final long HUGE = 2L << 20;
+  private static final int MADV_HUGEPAGE = 14;
+  private static final System.Logger LOG = System.getLogger(HugePages.class.getName());
+
+  private interface LibC extends Library {
+    int madvise(Pointer addr, long length, int advice);
+
+    Pointer mmap(Pointer addr, long length, int prot, int flags, int fd, long offset);
+
+    int munmap(Pointer addr, long length);
+  }
+
+  private HugePages() {}
+
+  /** The answer for this JVM, and the probe's figures behind it (for the log and the bench). */
+  record Decision(boolean advise, String why) {}
+
+  private static volatile Decision decision;
+  private static LibC libc; // set with the decision
+
+  /** This JVM's decision (probing on first use under {@code auto}). */
+  static Decision decision() {
+    Decision d = decision;
+    if (d == null) {
+      synchronized (HugePages.class) {
+        d = decision;
+        if (d == null) {
+          d = decide(System.getProperty(PROPERTY, "auto").trim().toLowerCase(Locale.ROOT));
+          Decision made = d;
+          LOG.log(System.Logger.Level.INFO, () -> "huge pages under the attention operator's large outputs: "
+              + (made.advise() ? "yes" : "no") + " (" + made.why() + ")");
+          decision = d;
+        }
+      }
+    }
+    return d;
+  }
+
+  /**
+   * Advises huge pages for the whole 2 MiB pages of a direct buffer's memory if it is at least
+   * {@link #MIN_BYTES} and this JVM's decision says so. Returns whether it advised.
+   */
+  static boolean advise(Buffer direct, long bytes) {
+    if (bytes < MIN_BYTES || !direct.isDirect() || !decision().advise) {
+      return false;
+    }
+    return madvise(direct, bytes);
+  }
+
+  /** madvise(MADV_HUGEPAGE) on the whole 2 MiB pages of the buffer's first {@code bytes}; needs libc loaded. */
+  static boolean madvise(Buffer direct, long bytes) {
+    long addr = Pointer.nativeValue(Native.getDirectBufferPointer(direct));
+    long from = (addr + HUGE - 1) & -HUGE;
+    long to = (addr + bytes) & -HUGE;
+    return to > from && libc.madvise(new Pointer(from), to - from, MADV_HUGEPAGE) == 0;
+  }
+
+  /** The decision for a mode of {@value #PROPERTY} (probing under auto); loads libc where it can. */
+  static Decision decide(String mode) {
+    if (mode.equals("off")) {
+      return new Decision(false, PROPERTY + "=off");
+    }
+    if (!mode.equals("on") && !mode.equals("auto")) {
+      throw new IllegalArgumentException(PROPERTY + " must be auto, on or off, got '" + mode + "'");
+    }
+    String os = System.getProperty("os.name", "");
+    if (!os.toLowerCase(Locale.ROOT).contains("linux")) {
+      return new Decision(false, "not Linux (" + os + ")");
+    }
+    try {
+      libc = Native.load("c", LibC.class);
+    } catch (UnsatisfiedLinkError | RuntimeException e) {
+      return new Decision(false, "libc not reachable through JNA: " + e);
+    }
+    if (mode.equals("on")) {
+      return new Decision(true, PROPERTY + "=on");
+    }
+    return probe();
+  }
+
+  /** Times the first touch of fresh 8 MiB mappings with and without the hint, two of each in turns. */
+  private static Decision probe() {
+    long plain = Long.MAX_VALUE, hinted = Long.MAX_VALUE;
+    for (int round = 0; round < 2; round++) {
+      for (boolean hint : new boolean[] {false, true}) {
+        long t = touchFresh(4 * HUGE, hint);
+        if (t < 0) {
+          return new Decision(false, "the probe's mapping or advice failed");
+        }
+        if (hint) {
+          hinted = Math.min(hinted, t);
+        } else {
+          plain = Math.min(plain, t);
+        }
+      }
+    }
+    boolean faster = hinted * 2 <= plain;
+    return new Decision(faster, String.format(Locale.ROOT, "probe: first touch of 8 MiB %.2f ms in 4 KiB pages, "
+        + "%.2f ms with the hint", plain / 1e6, hinted / 1e6));
+  }
+
+  /** Nanoseconds to write one byte per 4 KiB page of a fresh mapping's aligned {@code bytes}; -1 on failure. */
+  private static long touchFresh(long bytes, boolean hint) {
+    final int protReadWrite = 3, mapPrivateAnonymous = 0x22;
+    long size = bytes + HUGE;
+    Pointer map = libc.mmap(null, size, protReadWrite, mapPrivateAnonymous, -1, 0);
+    long base = Pointer.nativeValue(map);
+    if (base == -1L || base == 0) {
+      return -1;
+    }
+    try {
+      long from = (base + HUGE - 1) & -HUGE;
+      Pointer p = new Pointer(from);
+      if (hint && libc.madvise(p, bytes, MADV_HUGEPAGE) != 0) {
+        return -1; // THP not built in, or off
+      }
+      long t0 = System.nanoTime();
+      for (long off = 0; off < bytes; off += 4096) {
+        p.setByte(off, (byte) 1);
+      }
+      return System.nanoTime() - t0;
+    } finally {
+      libc.munmap(map, size);
+    }
+  }
+}

@@ -1,0 +1,97 @@
+package io.longctx.djl;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
+
+import ai.djl.ndarray.NDArray;
+import ai.djl.ndarray.NDList;
+import ai.djl.ndarray.NDManager;
+import ai.djl.ndarray.types.DataType;
+import ai.djl.ndarray.types.Shape;
+import io.longctx.djl.AttentionOp.Layout;
+import io.longctx.djl.AttentionOp.Path;
+import io.longctx.kernels.AttentionOptions;
+import io.longctx.kernels.AttentionState;
+import io.longctx.kernels.CpuAttention;
+import io.longctx.kernels.Seeds;
+import io.longctx.kernels.Tensor;
+import java.nio.ByteOrder;
+import java.nio.FloatBuffer;
+import java.util.SplittableRandom;
+import org.junit.jupiter.api.Test;
+
+class HugePagesTest {
+
+  private static boolean linux() {
+    return System.getProperty("os.name", "").toLowerCase(java.util.Locale.ROOT).contains("linux");
+  }
+
+  @Test
+  void modeOtherThanAutoOnOffIsNamed() {
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> HugePages.decide("sometimes"));
+    assertTrue(e.getMessage().contains(HugePages.PROPERTY) && e.getMessage().contains("sometimes"), e.getMessage());
+  }
+
+  @Test
+  void offAdvisesNothingAndAutoProbes() {
+    assertFalse(HugePages.decide("off").advise());
+    assumeTrue(linux(), "the probe runs on Linux only");
+    HugePages.Decision auto = HugePages.decide("auto");
+    // Either answer is right on some machine; the figures behind it must be there.
+    assertTrue(auto.why().startsWith("probe: first touch of 8 MiB"), auto.why());
+  }
+
+  @Test
+  void adviceKeepsWhatIsWrittenAndSkipsSmallArrays() {
+    assumeTrue(linux() && HugePages.decide("on").advise(), "libc through JNA");
+    boolean thp = java.nio.file.Files.isDirectory(java.nio.file.Paths.get("/sys/kernel/mm/transparent_hugepage"));
+    try (NDManager m = NDManager.newBaseManager()) {
+      NDArray a = m.create(new Shape(3, 1 << 20), DataType.FLOAT32); // 12 MiB, fresh
+      FloatBuffer f = a.toByteBuffer(true).order(ByteOrder.nativeOrder()).asFloatBuffer();
+      assertEquals(thp, HugePages.madvise(f, 12L << 20), "madvise on the array's whole 2 MiB pages");
+      for (int i = 0; i < f.capacity(); i += 997) {
+        f.put(i, i * 0.5f);
+      }
+      float[] back = a.toFloatArray();
+      for (int i = 0; i < back.length; i += 997) {
+        assertEquals(i * 0.5f, back[i], "value " + i);
+      }
+      NDArray small = m.create(new Shape(1 << 20), DataType.FLOAT32); // 4 MiB: under MIN_BYTES
+      assertFalse(HugePages.advise(small.toByteBuffer(true), 4L << 20));
+    }
+  }
+
+  @Test
+  void largeOutputsHoldTheKernelsBitsInBothLayouts() {
+    // o of 2 x 6200 x 128 floats (6.1 MiB): past MIN_BYTES, so advised wherever this JVM's probe
+    // said yes (on the machines of docs/BENCHMARKS.md's Zen 5 sections it does).
+    long seed = Seeds.forTest();
+    SplittableRandom rng = new SplittableRandom(seed);
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+    Tensor q = Tensor.random(rng, 1, 2, 6200, 128), k = Tensor.random(rng, 1, 1, 6200, 128);
+    Tensor v = Tensor.random(rng, 1, 1, 6200, 128);
+    assertTrue(4L * q.data().length >= HugePages.MIN_BYTES, "the output must reach the advice");
+    long[] qPos = new long[6200];
+    for (int i = 0; i < qPos.length; i++) {
+      qPos[i] = i;
+    }
+    // Only the last 64 keys of each row's window: cheap, yet every output row is written.
+    opt = opt.withWindow(64);
+    AttentionState want = CpuAttention.DEFAULT.forward(q, k, v, qPos, qPos, opt);
+    AttentionOp op = new AttentionOp(CpuAttention.DEFAULT);
+    try (NDManager m = NDManager.newBaseManager()) {
+      for (Layout layout : Layout.values()) {
+        NDList r = op.forward(OpChecks.nd(m, q, layout), OpChecks.nd(m, k, layout), OpChecks.nd(m, v, layout), qPos,
+            qPos, opt, layout, Path.JAVA);
+        float[][] st = OpChecks.stateOrder(r.get(0), r.get(1), layout);
+        assertArrayEquals(want.o(), st[0], layout + ", seed " + seed + " (huge pages: "
+            + HugePages.decision() + "): not the kernel's o");
+        assertArrayEquals(want.lse(), st[1], layout + ", seed " + seed + ": not the kernel's lse");
+      }
+    }
+  }
+}
