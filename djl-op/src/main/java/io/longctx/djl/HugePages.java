@@ -17,7 +17,8 @@ import java.util.Locale;
  * memory to find one), so the hint is used only where a probe, once per JVM, finds it at least
  * twice as fast: fresh anonymous mappings touched page by page, with and without the hint, in turns.
  * The hint never changes a value; where the probe cannot run (no Linux, no libc through JNA, THP
- * off) nothing is advised.
+ * off) nothing is advised. The advice stays on those pages' addresses after the array is freed: if
+ * glibc reuses them for other arrays (rather than unmapping them), those get 2 MiB pages too.
  *
  * <p>{@value #PROPERTY}: {@code auto} (default: the probe decides), {@code on}, {@code off}.
  */
@@ -43,7 +44,7 @@ final class HugePages {
   record Decision(boolean advise, String why) {}
 
   private static volatile Decision decision;
-  private static LibC libc; // set with the decision
+  private static volatile LibC libc; // set by decide
 
   /** This JVM's decision (probing on first use under {@code auto}). */
   static Decision decision() {
@@ -96,7 +97,7 @@ final class HugePages {
     }
     try {
       libc = Native.load("c", LibC.class);
-    } catch (UnsatisfiedLinkError | RuntimeException e) {
+    } catch (LinkageError | RuntimeException e) { // JNA's native part or libc missing
       return new Decision(false, "libc not reachable through JNA: " + e);
     }
     if (mode.equals("on")) {
