@@ -60,13 +60,19 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
    * 32 MiB: whole chunks are grouped up to this (at least one). Measured, docs/BENCHMARKS.md.
    */
   static final long KV_GROUP_FLOATS = 1L << 23;
+  /**
+   * System property replacing {@link #KV_GROUP_FLOATS} for models made after it is set (a positive
+   * count of floats). Group sizes move the sums by float32 rounding only; every JVM that scores one
+   * document's chunks must use the same value for the one-task and split paths to agree bit for bit.
+   */
+  public static final String KV_GROUP_FLOATS_PROPERTY = "longctx.ppl.kvGroupFloats";
 
   private static final byte VERSION = 1;
 
   private volatile Loaded w;
   private final int vocabShard;
-  /** {@link #KV_GROUP_FLOATS}; tests set it lower to make groups of a few chunks. */
-  long kvGroupFloats = KV_GROUP_FLOATS;
+  /** {@link #KV_GROUP_FLOATS} or {@link #KV_GROUP_FLOATS_PROPERTY}; tests set it lower to make groups of a few chunks. */
+  long kvGroupFloats = kvGroupFloatsSetting();
   private final AttentionBackend explicitBackend;
   private volatile AttentionBackend backend;
   private final int blockChunkLen;
@@ -103,6 +109,22 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     }
     this.vocabShard = vocabShard;
     this.explicitBackend = backend;
+  }
+
+  private static long kvGroupFloatsSetting() {
+    String v = System.getProperty(KV_GROUP_FLOATS_PROPERTY);
+    if (v == null) {
+      return KV_GROUP_FLOATS;
+    }
+    try {
+      long n = Long.parseLong(v.trim());
+      if (n >= 1) {
+        return n;
+      }
+    } catch (NumberFormatException e) {
+      // named below
+    }
+    throw new IllegalArgumentException(KV_GROUP_FLOATS_PROPERTY + " must be a positive number of floats, got '" + v + "'");
   }
 
   /** Loads a checkpoint directory (config.json, model.safetensors or shards) onto a sub-manager of {@code manager}. */

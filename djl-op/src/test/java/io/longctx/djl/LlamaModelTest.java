@@ -224,6 +224,19 @@ class LlamaModelTest {
         assertTrue(more.getMessage().contains("more than n = 1"), more.getMessage());
       }
     }
+    // The group size as a system property: read when a model is made, a bad value named.
+    try {
+      System.setProperty(LlamaModel.KV_GROUP_FLOATS_PROPERTY, "4096");
+      assertEquals(4096, new LlamaModel().kvGroupFloats);
+      for (String bad : new String[] {"0", "-5", "32MiB"}) {
+        System.setProperty(LlamaModel.KV_GROUP_FLOATS_PROPERTY, bad);
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, LlamaModel::new);
+        assertTrue(e.getMessage().contains(LlamaModel.KV_GROUP_FLOATS_PROPERTY) && e.getMessage().contains(bad),
+            e.getMessage());
+      }
+    } finally {
+      System.clearProperty(LlamaModel.KV_GROUP_FLOATS_PROPERTY);
+    }
   }
 
   /** Chunks joined for one kernel call: each head's keys in position order; gaps and other shapes refused. */

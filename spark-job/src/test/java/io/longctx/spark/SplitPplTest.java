@@ -4,6 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.longctx.djl.LlamaModel;
 import io.longctx.djl.ModelGenerator;
 import io.longctx.kernels.Seeds;
 import java.io.ByteArrayOutputStream;
@@ -135,6 +136,36 @@ class SplitPplTest {
         assertClose(one, ppl(model, "--chunk-len", len, "--split-above", "0", "--split-partitions", "2"), 1e-5,
             model.getFileName() + ": chunk " + len + " vs 16");
       }
+    }
+  }
+
+  /**
+   * Each attention call takes a group of consecutive chunks (LlamaModel.KV_GROUP_FLOATS); at this
+   * model's size every document fits one group, so the test above never sees two. With groups of
+   * 2 chunks of 16 tokens (16 x 2 kv heads x 8 x 2 floats each), the causal model's documents of up
+   * to 10 chunks make up to 5 groups, and the window (23 tokens: up to 3 chunks seen) moves the first
+   * group's start with each chunk: both paths must still agree bit for bit. Fresh model folders, so the models are loaded (and their group size read) under the property.
+   */
+  @Test
+  void splitEqualsOneTaskWithSeveralGroupsPerAttentionCall() throws Exception {
+    for (Path model : List.of(causal, windowed)) {
+      Result defaultGroups = ppl(model, "--chunk-len", "16", "--split-above", "1000000");
+      Path grouped = shared.resolve(model.getFileName() + "-groups-of-2");
+      ModelGenerator.generate(model == causal ? spec(seed, "llama", 0, 3) : spec(seed + 1, "mistral", 23, 2), grouped);
+      System.setProperty(LlamaModel.KV_GROUP_FLOATS_PROPERTY, String.valueOf(2 * 16 * 2 * 8 * 2));
+      Result one, split;
+      try {
+        one = ppl(grouped, "--chunk-len", "16", "--split-above", "1000000");
+        split = ppl(grouped, "--chunk-len", "16", "--split-above", "0", "--split-partitions", "3");
+      } finally {
+        System.clearProperty(LlamaModel.KV_GROUP_FLOATS_PROPERTY);
+      }
+      assertSameBits(one, split, model.getFileName() + ": groups of 2 chunks, split vs one task");
+      assertClose(defaultGroups, one, 1e-5, model.getFileName() + ": groups of 2 chunks vs one group");
+      // The groups were really made: the sums moved (by rounding) for some document of 3+ chunks.
+      assertTrue(defaultGroups.rows().keySet().stream().anyMatch(d -> (double) defaultGroups.rows().get(d)
+          .getAs("sum_logprob") != (double) one.rows().get(d).getAs("sum_logprob")),
+          model.getFileName() + ": the same bits with groups of 2 as with one group (seed " + seed + ")");
     }
   }
 
