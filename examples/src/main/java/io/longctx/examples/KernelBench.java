@@ -51,6 +51,8 @@ import java.util.function.Supplier;
  * reported with {@code "error"}.
  */
 public final class KernelBench {
+  /** Keys of a decode when --tk is not given. */
+  static final int DECODE_KEYS = 65536;
 
   private KernelBench() {}
 
@@ -189,6 +191,11 @@ public final class KernelBench {
     if (chunkKeys < 0 || chunkKeys > 0 && op.equals("forward")) {
       System.err.println("bench: --chunk-keys " + chunkKeys + ": " + (chunkKeys < 0 ? "must be >= 0"
           : "times decode only (--op decode or all)"));
+      System.exit(2);
+    }
+    if (chunkKeys > 0 && chunkKeys >= (tk > 0 ? tk : DECODE_KEYS)) {
+      System.err.println("bench: --chunk-keys " + chunkKeys + " makes one chunk of the " + (tk > 0 ? tk : DECODE_KEYS)
+          + " keys, which is what op times: give fewer keys per chunk");
       System.exit(2);
     }
     if (chunkKeys > 0 && memory) {
@@ -355,7 +362,7 @@ public final class KernelBench {
       if (only == null) {
         progress("decode: generating inputs");
       }
-      int h = headsFor("decode", heads), hkv = kvHeadsFor("decode", heads, kvHeads), n = tk > 0 ? tk : 65536;
+      int h = headsFor("decode", heads), hkv = kvHeadsFor("decode", heads, kvHeads), n = tk > 0 ? tk : DECODE_KEYS;
       int rows = op.equals("decode") ? decodeRows : 1;
       Tensor q = Tensor.random(rng, 1, h, rows, dim);
       Tensor k = Tensor.random(rng, 1, hkv, n, dim);
