@@ -860,11 +860,21 @@ public final class AttentionOp {
         }
       }
       BufferTensor qIn = qb;
+      RuntimeException[] failed = new RuntimeException[n];
       CpuAttention.parallelFor(together.size(), j -> { // (no tasks: returns at once)
         int i = together.get(j);
-        states[i] = kernels.decode(qIn, kv[i][0], kv[i][1], qPos, kPositions[i], opt, CpuAttention.DEFAULT_SPLIT_LEN)
-            .state();
+        try {
+          states[i] = kernels.decode(qIn, kv[i][0], kv[i][1], qPos, kPositions[i], opt, CpuAttention.DEFAULT_SPLIT_LEN)
+              .state();
+        } catch (RuntimeException e) {
+          failed[i] = e; // every chunk runs, so the first bad one is named whatever the threads' timing
+        }
       });
+      for (RuntimeException e : failed) {
+        if (e != null) {
+          throw e;
+        }
+      }
     } finally {
       for (NDManager scope : scopes) {
         scope.close();

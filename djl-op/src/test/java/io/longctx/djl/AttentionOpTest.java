@@ -339,6 +339,29 @@ class AttentionOpTest {
     }
   }
 
+  /** Of several bad chunks decoded together, the first is named, every time (not the first a thread met). */
+  @Test
+  void chunkListDecodeNamesTheFirstBadChunk() {
+    try (NDManager m = manager.newSubManager()) {
+      NDArray q = m.randomNormal(new Shape(1, 2, 1, 16));
+      List<NDArray> kc = new ArrayList<>(), vc = new ArrayList<>();
+      for (int c = 0; c < 8; c++) {
+        float[] k = m.randomNormal(new Shape(1, 2, 16, 16)).toFloatArray();
+        if (c == 2 || c == 6) {
+          k[(16 + 5) * 16 + 3] = Float.POSITIVE_INFINITY; // head 1, the chunk's token 5
+        }
+        kc.add(m.create(k, new Shape(1, 2, 16, 16)));
+        vc.add(m.randomNormal(new Shape(1, 2, 16, 16)));
+      }
+      for (int run = 0; run < 5; run++) {
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+            () -> OP.decode(q, kc, vc, null, null, AttentionOptions.DEFAULT, Layout.BHTD));
+        assertTrue(e.getMessage().contains(String.valueOf(2 * 16 + 5)) && !e.getMessage().contains(String.valueOf(6 * 16 + 5)),
+            "run " + run + ": " + e.getMessage());
+      }
+    }
+  }
+
   /** Decode converts float16 K/V (here BTHD) through libtorch before reading them; an empty cache gives empty rows. */
   @Test
   void decodeOfHalfPrecisionAndEmptyCaches() {
