@@ -778,6 +778,19 @@ public final class AttentionOp {
     }
   }
 
+  /**
+   * 0 where a's memory is its shape row-major, 1 where it is that of a's transpose of the T and H axes
+   * ({@link #inPlace} reads both without a copy), -1 otherwise (strided: inPlace copies it).
+   */
+  private static int memoryOrder(NDArray a, NDManager scope) {
+    if (contiguous(a)) {
+      return 0;
+    }
+    NDArray t = a.transpose(0, 2, 1, 3);
+    t.attach(scope);
+    return contiguous(t) ? 1 : -1;
+  }
+
   /** Whether {@link #contiguous} asks libtorch (false: another DJL version; transposed views are then copied). */
   static boolean contiguityKnown() {
     return IS_CONTIGUOUS != null;
@@ -808,7 +821,8 @@ public final class AttentionOp {
     int n = kChunks.size();
     AttentionState[] states = new AttentionState[n];
     long[][] kPositions = new long[n][];
-    // Chunks read in place (contiguous float32) can all be open at once: they are decoded together
+    // Chunks read in place (float32, k and v both contiguous or both transposed views of contiguous
+    // memory) can all be open at once: they are decoded together
     // in one parallel loop (one call per chunk took 1.35-1.5x as long on 64 chunks of 512 keys: each
     // call woke the kernels' threads and waited for its slowest task; docs/BENCHMARKS.md,
     // "Chunk-list decode"). Others are converted or copied, so they are decoded a chunk at a time as
@@ -847,11 +861,12 @@ public final class AttentionOp {
           kPos[j] = start + j;
         }
         NDArray k = kChunks.get(i), v = vChunks.get(i);
-        boolean readInPlace = contiguityKnown() && k.getDataType() == DataType.FLOAT32
-            && v.getDataType() == DataType.FLOAT32 && contiguous(k) && contiguous(v);
-        if (n > 1 && readInPlace) {
-          NDManager scope = k.getManager().newSubManager();
-          scopes.add(scope);
+        NDManager scope = k.getManager().newSubManager();
+        scopes.add(scope);
+        int order = memoryOrder(k, scope);
+        boolean readInPlace = n > 1 && contiguityKnown() && k.getDataType() == DataType.FLOAT32
+            && v.getDataType() == DataType.FLOAT32 && order >= 0 && memoryOrder(v, scope) == order;
+        if (readInPlace) {
           kv[i] = kvInPlace(k, v, layout, scope);
           kPositions[i] = kPos;
           together.add(i);

@@ -318,16 +318,23 @@ class AttentionOpTest {
               v.sliceTokens(cuts[c], cuts[c + 1]), qPos, kPos, opt));
         }
         AttentionState merged = AttentionState.mergeAll(parts);
-        for (boolean own : new boolean[] {false, true}) {
+        // Chunks as strided slices of one array (copied a chunk at a time), as own contiguous arrays
+        // and as transposed views of arrays in the other order (both read in place, together).
+        for (String kind : new String[] {"slices", "own arrays", "transposed views"}) {
           List<NDArray> kc = new ArrayList<>(), vc = new ArrayList<>();
           for (int c = 0; c < 3; c++) {
             String idx = tAxis == 2 ? ":, :, " + cuts[c] + ":" + cuts[c + 1] : ":, " + cuts[c] + ":" + cuts[c + 1];
             NDArray ks = ka.get(idx), vs = va.get(idx);
-            kc.add(own ? m.create(ks.toFloatArray(), ks.getShape()) : ks);
-            vc.add(own ? m.create(vs.toFloatArray(), vs.getShape()) : vs);
-            assertEquals(own, AttentionOp.contiguous(kc.get(c)), "chunk " + c + ", own array " + own);
+            if (!kind.equals("slices")) {
+              boolean t = kind.equals("transposed views");
+              ks = t ? otherOrder(m, ks) : m.create(ks.toFloatArray(), ks.getShape());
+              vs = t ? otherOrder(m, vs) : m.create(vs.toFloatArray(), vs.getShape());
+            }
+            kc.add(ks);
+            vc.add(vs);
+            assertEquals(kind.equals("own arrays"), AttentionOp.contiguous(ks), "chunk " + c + ", " + kind);
           }
-          String what = "chunked decode " + layout + ", own arrays " + own + ", seed " + seed;
+          String what = "chunked decode " + layout + ", " + kind + ", seed " + seed;
           NDList rc = OP.decode(qa, kc, vc, qPos, null, opt, layout);
           float[][] sc = OpChecks.stateOrder(rc.get(0), rc.get(1), layout);
           err = OpChecks.check(sc[0], sc[1], q, k, v, qPos, null, opt);
@@ -337,6 +344,12 @@ class AttentionOpTest {
         }
       }
     }
+  }
+
+  /** a's values as a transposed view (T and H axes) of a new contiguous array in the other order. */
+  private static NDArray otherOrder(NDManager m, NDArray a) {
+    NDArray t = a.transpose(0, 2, 1, 3);
+    return m.create(t.toFloatArray(), t.getShape()).transpose(0, 2, 1, 3);
   }
 
   /** Of several bad chunks decoded together, the first is named, every time (not the first a thread met). */
