@@ -822,10 +822,9 @@ public final class AttentionOp {
     AttentionState[] states = new AttentionState[n];
     long[][] kPositions = new long[n][];
     // Chunks read in place (float32, k and v both contiguous or both transposed views of contiguous
-    // memory) can all be open at once: they are decoded together
-    // in one parallel loop (one call per chunk took 1.35-1.5x as long on 64 chunks of 512 keys: each
-    // call woke the kernels' threads and waited for its slowest task; docs/BENCHMARKS.md,
-    // "Chunk-list decode"). Others are converted or copied, so they are decoded a chunk at a time as
+    // memory) can all be open at once: they are decoded together in one parallel loop (one call per
+    // chunk took 1.35-1.5x as long on 64 chunks of 512 keys: each call woke the kernels' threads and
+    // waited for its slowest task; docs/BENCHMARKS.md, "Chunk-list decode"). Others are converted or copied, so they are decoded a chunk at a time as
     // before: the whole cache is never copied at once. Each chunk's decode is the same call either
     // way, so the same bits.
     List<Integer> together = new ArrayList<>();
