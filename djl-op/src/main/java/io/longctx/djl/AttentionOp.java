@@ -824,9 +824,10 @@ public final class AttentionOp {
     // Chunks read in place (float32, k and v both contiguous or both transposed views of contiguous
     // memory) can all be open at once: they are decoded together in one parallel loop (one call per
     // chunk took 1.35-1.5x as long on 64 chunks of 512 keys: each call woke the kernels' threads and
-    // waited for its slowest task; docs/BENCHMARKS.md, "Chunk-list decode"). Others are converted or copied, so they are decoded a chunk at a time as
-    // before: the whole cache is never copied at once. Each chunk's decode is the same call either
-    // way, so the same bits.
+    // waited for its slowest task; docs/BENCHMARKS.md, "Chunk-list decode"). Others are converted or
+    // copied, so they are decoded a chunk at a time, as the loop reaches them: the whole cache is never
+    // copied at once. Each chunk's decode is the same call either way, so the same bits. Errors: a
+    // chunk decoded alone throws as it is reached; of those decoded together, the lowest one's.
     List<Integer> together = new ArrayList<>();
     BufferTensor[][] kv = new BufferTensor[n][];
     List<NDManager> scopes = new ArrayList<>();
@@ -860,11 +861,14 @@ public final class AttentionOp {
           kPos[j] = start + j;
         }
         NDArray k = kChunks.get(i), v = vChunks.get(i);
-        NDManager scope = k.getManager().newSubManager();
-        scopes.add(scope);
-        int order = memoryOrder(k, scope);
-        boolean readInPlace = n > 1 && contiguityKnown() && k.getDataType() == DataType.FLOAT32
-            && v.getDataType() == DataType.FLOAT32 && order >= 0 && memoryOrder(v, scope) == order;
+        boolean readInPlace = false;
+        NDManager scope = null;
+        if (n > 1 && contiguityKnown() && k.getDataType() == DataType.FLOAT32 && v.getDataType() == DataType.FLOAT32) {
+          scope = k.getManager().newSubManager();
+          scopes.add(scope);
+          int order = memoryOrder(k, scope);
+          readInPlace = order >= 0 && memoryOrder(v, scope) == order;
+        }
         if (readInPlace) {
           kv[i] = kvInPlace(k, v, layout, scope);
           kPositions[i] = kPos;
@@ -884,10 +888,16 @@ public final class AttentionOp {
           failed[i] = e; // every chunk runs, so the first bad one is named whatever the threads' timing
         }
       });
+      RuntimeException lowest = null;
       for (RuntimeException e : failed) {
-        if (e != null) {
-          throw e;
+        if (lowest == null) {
+          lowest = e;
+        } else if (e != null) {
+          lowest.addSuppressed(e);
         }
+      }
+      if (lowest != null) {
+        throw lowest;
       }
     } finally {
       for (NDManager scope : scopes) {
@@ -1161,12 +1171,13 @@ public final class AttentionOp {
   /** New (uninitialized) libtorch arrays o and lse for q's shape, in the layout, on m. */
   private static NDList newOutputs(NDManager m, int batch, int heads, int t, int dim, Layout layout) {
     boolean bthd = layout == Layout.BTHD;
-    NDArray o = m.create(bthd ? new Shape(batch, t, heads, dim) : new Shape(batch, heads, t, dim), DataType.FLOAT32);
     // Fresh memory, first touched when the kernel or the copy writes it: 2 MiB pages where they were
-    // measured faster (HugePages).
+    // measured faster (HugePages; a bad -D value is named before anything is made).
     long bytes = 4L * batch * heads * t * dim;
-    if (bytes >= HugePages.MIN_BYTES) {
-      HugePages.advise(o.toByteBuffer(true), bytes);
+    boolean hugePages = bytes >= HugePages.MIN_BYTES && HugePages.decision().advise();
+    NDArray o = m.create(bthd ? new Shape(batch, t, heads, dim) : new Shape(batch, heads, t, dim), DataType.FLOAT32);
+    if (hugePages) {
+      HugePages.madvise(o.toByteBuffer(true), bytes);
     }
     NDArray lse = m.create(bthd ? new Shape(batch, t, heads) : new Shape(batch, heads, t), DataType.FLOAT32);
     return new NDList(o, lse);

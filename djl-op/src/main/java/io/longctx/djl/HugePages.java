@@ -16,15 +16,16 @@ import java.util.Locale;
  * machines a huge page's first touch has cost more than its 512 small ones (the kernel compacting
  * memory to find one), so the hint is used only where a probe, once per JVM, finds it at least
  * twice as fast: fresh anonymous mappings touched page by page, with and without the hint, in turns.
- * The hint never changes a value; where the probe cannot run (no Linux, no libc through JNA, THP
- * off) nothing is advised. The advice stays on those pages' addresses after the array is freed: if
- * glibc reuses them for other arrays (rather than unmapping them), those get 2 MiB pages too.
+ * The hint never changes a value; where the probe cannot run (no Linux, no libc through JNA, a kernel
+ * without THP) nothing is advised. The advice stays on those pages' addresses after the array is
+ * freed: if glibc reuses them for other arrays (rather than unmapping them), those get 2 MiB pages
+ * too, and the kernel's khugepaged may gather such a range into 2 MiB pages (more resident memory).
  *
  * <p>{@value #PROPERTY}: {@code auto} (default: the probe decides), {@code on}, {@code off}.
  */
 final class HugePages {
   static final String PROPERTY = "longctx.op.hugePages";
-  /** Outputs smaller than this are left alone: at most one whole 2 MiB page would lie inside. */
+  /** Outputs smaller than this are left alone: at most two whole 2 MiB pages would lie inside. */
   static final long MIN_BYTES = 6L << 20;
   private static final long HUGE = 2L << 20;
   private static final int MADV_HUGEPAGE = 14;
@@ -64,23 +65,29 @@ final class HugePages {
     return d;
   }
 
-  /**
-   * Advises huge pages for the whole 2 MiB pages of a direct buffer's memory if it is at least
-   * {@link #MIN_BYTES} and this JVM's decision says so. Returns whether it advised.
-   */
-  static boolean advise(Buffer direct, long bytes) {
-    if (bytes < MIN_BYTES || !direct.isDirect() || !decision().advise) {
-      return false;
+  /** Replaces this JVM's decision (tests; null: none made yet); returns the one before. */
+  static synchronized Decision override(Decision d) {
+    Decision before = decision;
+    if (d != null && d.advise()) {
+      decide("on"); // loads libc
     }
-    return madvise(direct, bytes);
+    decision = d;
+    return before;
   }
 
-  /** madvise(MADV_HUGEPAGE) on the whole 2 MiB pages of the buffer's first {@code bytes}; needs libc loaded. */
+  /**
+   * madvise(MADV_HUGEPAGE) on the whole 2 MiB pages of a direct buffer's first {@code bytes}, once
+   * {@link #decision()} said yes; whether it was advised. Never throws: it is only a hint.
+   */
   static boolean madvise(Buffer direct, long bytes) {
-    long addr = Pointer.nativeValue(Native.getDirectBufferPointer(direct));
-    long from = (addr + HUGE - 1) & -HUGE;
-    long to = (addr + bytes) & -HUGE;
-    return to > from && libc.madvise(new Pointer(from), to - from, MADV_HUGEPAGE) == 0;
+    try {
+      long addr = Pointer.nativeValue(Native.getDirectBufferPointer(direct));
+      long from = (addr + HUGE - 1) & -HUGE;
+      long to = (addr + bytes) & -HUGE;
+      return direct.isDirect() && to > from && libc.madvise(new Pointer(from), to - from, MADV_HUGEPAGE) == 0;
+    } catch (RuntimeException | LinkageError e) {
+      return false;
+    }
   }
 
   /** The decision for a mode of {@value #PROPERTY} (probing under auto); loads libc where it can. */
@@ -95,6 +102,9 @@ final class HugePages {
     if (!os.toLowerCase(Locale.ROOT).contains("linux")) {
       return new Decision(false, "not Linux (" + os + ")");
     }
+    if (!"64".equals(System.getProperty("sun.arch.data.model"))) { // size_t and off_t as Java longs
+      return new Decision(false, "not a 64-bit JVM");
+    }
     try {
       libc = Native.load("c", LibC.class);
     } catch (LinkageError | RuntimeException e) { // JNA's native part or libc missing
@@ -103,7 +113,11 @@ final class HugePages {
     if (mode.equals("on")) {
       return new Decision(true, PROPERTY + "=on");
     }
-    return probe();
+    try {
+      return probe();
+    } catch (RuntimeException | LinkageError e) { // JNA binds each function on its first call
+      return new Decision(false, "the probe failed: " + e);
+    }
   }
 
   /** Times the first touch of fresh 8 MiB mappings with and without the hint, two of each in turns. */
@@ -140,7 +154,7 @@ final class HugePages {
       long from = (base + HUGE - 1) & -HUGE;
       Pointer p = new Pointer(from);
       if (hint && libc.madvise(p, bytes, MADV_HUGEPAGE) != 0) {
-        return -1; // THP not built in, or off
+        return -1; // a kernel without THP
       }
       long t0 = System.nanoTime();
       for (long off = 0; off < bytes; off += 4096) {

@@ -90,7 +90,7 @@ public final class KernelBench {
       "  --split L                 decode split length in keys (default " + CpuAttention.DEFAULT_SPLIT_LEN + ")",
       "  --chunk-keys N            decode: also time op-chunks, the operator's decode over the same K and V",
       "                            held as a list of arrays of N keys each (a KV cache grown chunk by chunk;",
-      "                            default 0: off)",
+      "                            N below the keys; default 0: off)",
       "  --plain                   also time djl-plain (DJL's plain ops, T x T scores materialized; default off):",
       "                            slow (~8.5 s a call in decode, ~2 s at T = 4096 on 2 cores) and needs",
       "                            2 x H x T^2 x 4 bytes of memory",
