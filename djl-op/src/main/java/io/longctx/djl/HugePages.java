@@ -96,7 +96,7 @@ final class HugePages {
       return new Decision(false, PROPERTY + "=off");
     }
     if (!mode.equals("on") && !mode.equals("auto")) {
-      throw new IllegalArgumentException(PROPERTY + " must be auto, on or off, got '" + mode + "'");
+      throw new IllegalArgumentException("-D" + PROPERTY + " must be auto, on or off, got '" + mode + "'");
     }
     String os = System.getProperty("os.name", "");
     if (!os.toLowerCase(Locale.ROOT).contains("linux")) {

@@ -124,7 +124,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     } catch (NumberFormatException e) {
       // named below
     }
-    throw new IllegalArgumentException(KV_GROUP_FLOATS_PROPERTY + " must be a positive number of floats, got '" + v + "'");
+    throw new IllegalArgumentException("-D" + KV_GROUP_FLOATS_PROPERTY + " must be a positive number of floats, got '" + v + "'");
   }
 
   /** Loads a checkpoint directory (config.json, model.safetensors or shards) onto a sub-manager of {@code manager}. */
