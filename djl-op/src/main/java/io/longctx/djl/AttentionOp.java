@@ -726,13 +726,12 @@ public final class AttentionOp {
       x.attach(scope);
     }
     boolean tokenMajor = layout == Layout.BTHD;
-    if (ownOrder && !contiguous(x)) {
+    if (ownOrder) {
       // A transposed view (BHTD memory given as BTHD, or the reverse) is read in its memory's own order;
       // libtorch's contiguous copy of it cost as much as the kernel at [1,8,1024,128] (docs/BENCHMARKS.md).
-      NDArray t = x.transpose(0, 2, 1, 3);
-      t.attach(scope);
-      if (contiguous(t)) {
-        x = t;
+      NDArray view = rowMajorView(x, scope);
+      if (view != null && view != x) {
+        x = view;
         tokenMajor = !tokenMajor;
       }
     }
@@ -779,16 +778,17 @@ public final class AttentionOp {
   }
 
   /**
-   * 0 where a's memory is its shape row-major, 1 where it is that of a's transpose of the T and H axes
-   * ({@link #inPlace} reads both without a copy), -1 otherwise (strided: inPlace copies it).
+   * a where its memory is its shape row-major; its transpose of the T and H axes (put in scope) where
+   * that is; null otherwise (strided: {@link #inPlace} copies it). {@link #inPlace} reads the first two
+   * without a copy.
    */
-  private static int memoryOrder(NDArray a, NDManager scope) {
+  private static NDArray rowMajorView(NDArray a, NDManager scope) {
     if (contiguous(a)) {
-      return 0;
+      return a;
     }
     NDArray t = a.transpose(0, 2, 1, 3);
     t.attach(scope);
-    return contiguous(t) ? 1 : -1;
+    return contiguous(t) ? t : null;
   }
 
   /** Whether {@link #contiguous} asks libtorch (false: another DJL version; transposed views are then copied). */
@@ -866,8 +866,8 @@ public final class AttentionOp {
         if (n > 1 && contiguityKnown() && k.getDataType() == DataType.FLOAT32 && v.getDataType() == DataType.FLOAT32) {
           scope = k.getManager().newSubManager();
           scopes.add(scope);
-          int order = memoryOrder(k, scope);
-          readInPlace = order >= 0 && memoryOrder(v, scope) == order;
+          NDArray kView = rowMajorView(k, scope), vView = rowMajorView(v, scope);
+          readInPlace = kView != null && vView != null && (kView == k) == (vView == v); // one memory order
         }
         if (readInPlace) {
           kv[i] = kvInPlace(k, v, layout, scope);
