@@ -47,8 +47,8 @@ class SplitPplTest {
     seed = Seeds.forTest();
     causal = shared.resolve("causal");
     windowed = shared.resolve("windowed");
-    ModelGenerator.generate(spec(seed, "llama", 0, 3), causal);
-    ModelGenerator.generate(spec(seed + 1, "mistral", 23, 2), windowed);
+    ModelGenerator.generate(causalSpec(), causal);
+    ModelGenerator.generate(windowedSpec(), windowed);
     // Lengths around the chunk lengths used below (16, 7, 40): 1 and 2 tokens, a partial last chunk,
     // exact multiples, and documents over several windows.
     SplittableRandom r = new SplittableRandom(seed);
@@ -64,6 +64,14 @@ class SplitPplTest {
     lines.add("{\"doc_id\": \"text\", \"text\": \"Exact attention over the whole document, split or not.\"}");
     input = shared.resolve("docs.jsonl");
     Files.writeString(input, String.join("\n", lines) + "\n", StandardCharsets.UTF_8);
+  }
+
+  static ModelGenerator.Spec causalSpec() {
+    return spec(seed, "llama", 0, 3);
+  }
+
+  static ModelGenerator.Spec windowedSpec() {
+    return spec(seed + 1, "mistral", 23, 2);
   }
 
   static ModelGenerator.Spec spec(long seed, String type, long window, int layers) {
@@ -144,14 +152,15 @@ class SplitPplTest {
    * model's size every document fits one group, so the test above never sees two. With groups of
    * 2 chunks of 16 tokens (16 x 2 kv heads x 8 x 2 floats each), the causal model's documents of up
    * to 10 chunks make up to 5 groups, and the window (23 tokens: up to 3 chunks seen) moves the first
-   * group's start with each chunk: both paths must still agree bit for bit. Fresh model folders, so the models are loaded (and their group size read) under the property.
+   * group's start with each chunk: both paths must still agree bit for bit. Fresh model folders, so
+   * the models are loaded (and their group size read) under the property.
    */
   @Test
   void splitEqualsOneTaskWithSeveralGroupsPerAttentionCall() throws Exception {
     for (Path model : List.of(causal, windowed)) {
       Result defaultGroups = ppl(model, "--chunk-len", "16", "--split-above", "1000000");
       Path grouped = shared.resolve(model.getFileName() + "-groups-of-2");
-      ModelGenerator.generate(model == causal ? spec(seed, "llama", 0, 3) : spec(seed + 1, "mistral", 23, 2), grouped);
+      ModelGenerator.generate(model == causal ? causalSpec() : windowedSpec(), grouped);
       System.setProperty(LlamaModel.KV_GROUP_FLOATS_PROPERTY, String.valueOf(2 * 16 * 2 * 8 * 2));
       Result one, split;
       try {
