@@ -411,6 +411,31 @@ public final class AttentionOp {
     return choose(q, k, v, Dims.of(q, k, v, layout), qPos, kPos, opt, layout);
   }
 
+  /** The CPU path {@link #PATH_PROPERTY} forces, or null for {@code auto} (the default). */
+  private static Path forcedPath() {
+    String forced = System.getProperty(PATH_PROPERTY, "auto");
+    return switch (forced) {
+      case "java" -> Path.JAVA;
+      case "libtorch" -> Path.LIBTORCH;
+      case "auto" -> null;
+      default -> throw new IllegalArgumentException(
+          "-D" + PATH_PROPERTY + " must be auto, java or libtorch, got '" + forced + "'");
+    };
+  }
+
+  /**
+   * Checks this package's system properties ({@link #PATH_PROPERTY}, {@value HugePages#PROPERTY},
+   * {@link LlamaModel#KV_GROUP_FLOATS_PROPERTY}) without acting on them, so that a command can refuse
+   * a bad value before its work starts instead of failing at its first attention call.
+   *
+   * @throws IllegalArgumentException naming the first bad property and its value
+   */
+  public static void checkSettings() {
+    forcedPath();
+    HugePages.mode();
+    LlamaModel.kvGroupFloatsSetting();
+  }
+
   private Path choose(NDArray q, NDArray k, NDArray v, Dims d, long[] qPos, long[] kPos, AttentionOptions opt,
       Layout layout) {
     // The one selector (-Dlongctx.backend): cuda, or auto where CUDA is usable, takes the CUDA path
@@ -422,16 +447,9 @@ public final class AttentionOp {
     if (s == null) {
       return Path.JAVA;
     }
-    String forced = System.getProperty(PATH_PROPERTY, "auto");
-    switch (forced) {
-      case "java":
-        return Path.JAVA;
-      case "libtorch":
-        return Path.LIBTORCH;
-      case "auto":
-        break;
-      default:
-        throw new IllegalArgumentException("-D" + PATH_PROPERTY + " must be auto, java or libtorch, got '" + forced + "'");
+    Path forced = forcedPath();
+    if (forced != null) {
+      return forced;
     }
     if (bufferProblem(q.getShape(), k.getShape()) != null) {
       return Path.LIBTORCH; // the Java kernel cannot read arrays this large

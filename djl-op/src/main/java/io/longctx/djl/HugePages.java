@@ -54,7 +54,7 @@ final class HugePages {
       synchronized (HugePages.class) {
         d = decision;
         if (d == null) {
-          d = decide(System.getProperty(PROPERTY, "auto").trim().toLowerCase(Locale.ROOT));
+          d = decide(mode());
           Decision made = d;
           LOG.log(System.Logger.Level.INFO, () -> "huge pages under the attention operator's large outputs: "
               + (made.advise() ? "yes" : "no") + " (" + made.why() + ")");
@@ -90,13 +90,20 @@ final class HugePages {
     }
   }
 
-  /** The decision for a mode of {@value #PROPERTY} (probing under auto); loads libc where it can. */
+  /** {@value #PROPERTY}'s mode: auto (the default), on or off; anything else is refused, naming it. */
+  static String mode() {
+    String v = System.getProperty(PROPERTY, "auto");
+    String mode = v.trim().toLowerCase(Locale.ROOT);
+    if (!mode.equals("on") && !mode.equals("off") && !mode.equals("auto")) {
+      throw new IllegalArgumentException("-D" + PROPERTY + " must be auto, on or off, got '" + v + "'");
+    }
+    return mode;
+  }
+
+  /** The decision for a {@link #mode()} (probing under auto); loads libc where it can. */
   static Decision decide(String mode) {
     if (mode.equals("off")) {
       return new Decision(false, PROPERTY + "=off");
-    }
-    if (!mode.equals("on") && !mode.equals("auto")) {
-      throw new IllegalArgumentException("-D" + PROPERTY + " must be auto, on or off, got '" + mode + "'");
     }
     String os = System.getProperty("os.name", "");
     if (!os.toLowerCase(Locale.ROOT).contains("linux")) {

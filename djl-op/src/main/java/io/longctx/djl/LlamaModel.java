@@ -111,7 +111,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     this.explicitBackend = backend;
   }
 
-  private static long kvGroupFloatsSetting() {
+  static long kvGroupFloatsSetting() {
     String v = System.getProperty(KV_GROUP_FLOATS_PROPERTY);
     if (v == null) {
       return KV_GROUP_FLOATS;

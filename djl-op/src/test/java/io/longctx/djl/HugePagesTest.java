@@ -32,9 +32,30 @@ class HugePagesTest {
   }
 
   @Test
-  void modeOtherThanAutoOnOffIsNamed() {
-    IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> HugePages.decide("sometimes"));
-    assertTrue(e.getMessage().contains(HugePages.PROPERTY) && e.getMessage().contains("sometimes"), e.getMessage());
+  void eachBadSettingIsNamedBeforeAnyWork() {
+    String[][] bad = {{AttentionOp.PATH_PROPERTY, "fastest"}, {HugePages.PROPERTY, "sometimes"},
+        {LlamaModel.KV_GROUP_FLOATS_PROPERTY, "0"}, {LlamaModel.KV_GROUP_FLOATS_PROPERTY, "lots"}};
+    AttentionOp.checkSettings(); // none set here
+    for (String[] b : bad) {
+      String before = System.setProperty(b[0], b[1]);
+      try {
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, AttentionOp::checkSettings, b[0]);
+        assertTrue(e.getMessage().startsWith("-D" + b[0] + " ") && e.getMessage().contains("'" + b[1] + "'"),
+            e.getMessage());
+      } finally {
+        if (before == null) {
+          System.clearProperty(b[0]);
+        } else {
+          System.setProperty(b[0], before);
+        }
+      }
+    }
+    System.setProperty(HugePages.PROPERTY, " OFF ");
+    try {
+      assertEquals("off", HugePages.mode());
+    } finally {
+      System.clearProperty(HugePages.PROPERTY);
+    }
   }
 
   @Test

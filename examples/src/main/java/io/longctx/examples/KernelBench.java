@@ -211,6 +211,12 @@ public final class KernelBench {
       System.err.println("bench: " + shapeProblem);
       System.exit(2);
     }
+    try {
+      AttentionOp.checkSettings();
+    } catch (IllegalArgumentException e) {
+      System.err.println("bench: " + e.getMessage());
+      System.exit(2);
+    }
     if (memory) {
       memory(args, op, causal, plain);
       return;

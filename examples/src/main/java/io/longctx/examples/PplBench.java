@@ -1,6 +1,7 @@
 package io.longctx.examples;
 
 import ai.djl.ndarray.NDManager;
+import io.longctx.djl.AttentionOp;
 import io.longctx.djl.LlamaConfig;
 import io.longctx.djl.LlamaModel;
 import io.longctx.djl.ModelGenerator;
@@ -143,7 +144,8 @@ public final class PplBench {
     Options o;
     try {
       o = parse(args);
-    } catch (IllegalArgumentException e) { // a bad option or number: exit 2 naming it, not a stack trace
+      AttentionOp.checkSettings();
+    } catch (IllegalArgumentException e) { // a bad option, number or -D setting: exit 2 naming it, not a stack trace
       System.err.println("bench-ppl: " + e.getMessage());
       System.exit(2);
       return;

@@ -1,5 +1,6 @@
 package io.longctx.spark;
 
+import io.longctx.djl.AttentionOp;
 import java.io.PrintStream;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -130,6 +131,7 @@ public final class LongctxMain {
     String cmd = args[0];
     String[] rest = java.util.Arrays.copyOfRange(args, 1, args.length);
     try {
+      AttentionOp.checkSettings(); // a bad -Dlongctx... value: exit 2 now, not at the first attention call
       return switch (cmd) {
         case "score" -> score(rest, out, err);
         case "gen" -> gen(rest, out, err);
