@@ -648,9 +648,7 @@ public final class AttentionOp {
       AttentionOptions opt, Layout layout) {
     requireBuffers(q, k, LIBTORCH_TAKES_LARGE_ARRAYS);
     try (NDManager scope = q.getManager().newSubManager()) {
-      BufferTensor qb = inPlace(q, layout, scope);
-      BufferTensor[] kv = kvInPlace(k, v, layout, scope);
-      BufferTensor kb = kv[0], vb = kv[1];
+      BufferTensor qb = inPlace(q, layout, scope), kb = inPlace(k, layout, scope), vb = inPlace(v, layout, scope);
       if (d.tq <= SPLIT_K_MAX_QUERY_ROWS) {
         // Few query rows: the forward kernel would have only B*H*ceil(Tq/blockQ) tasks; split-K also
         // splits the keys (the same exact attention, splits merged in a fixed order).
@@ -690,36 +688,10 @@ public final class AttentionOp {
     requireBuffers(q, k, "pass the KV cache as a list of chunks (decode(q, kChunks, vChunks, ...)), or split the batch");
     AttentionState st;
     try (NDManager scope = q.getManager().newSubManager()) {
-      st = decodeInPlace(inPlace(q, layout, scope), k, v, qPos, kPos, opt, layout);
+      st = kernels.decode(inPlace(q, layout, scope), inPlace(k, layout, scope), inPlace(v, layout, scope), qPos, kPos,
+          opt, CpuAttention.DEFAULT_SPLIT_LEN).state();
     }
     return stateToNd(q.getManager(), st, d.batch, d.tq, d.heads, d.dim, layout);
-  }
-
-  /** Split-K decoding of q over k and v read in place ({@link #inPlace}). */
-  private AttentionState decodeInPlace(BufferTensor q, NDArray k, NDArray v, long[] qPos, long[] kPos,
-      AttentionOptions opt, Layout layout) {
-    try (NDManager scope = k.getManager().newSubManager()) {
-      BufferTensor[] kv = kvInPlace(k, v, layout, scope);
-      return kernels.decode(q, kv[0], kv[1], qPos, kPos, opt, CpuAttention.DEFAULT_SPLIT_LEN).state();
-    }
-  }
-
-  /**
-   * k and v as {@link #inPlace} reads them, in one memory order as the kernels need: where one is a
-   * transposed view read in its own order and the other is not (a K cache grown by concatenation next
-   * to a transposed V projection), the view is copied into the layout's order instead.
-   */
-  private static BufferTensor[] kvInPlace(NDArray k, NDArray v, Layout layout, NDManager scope) {
-    BufferTensor kb = inPlace(k, layout, scope, true), vb = inPlace(v, layout, scope, true);
-    boolean layoutOrder = layout == Layout.BTHD;
-    if (kb.tokenMajor() != vb.tokenMajor()) {
-      if (kb.tokenMajor() != layoutOrder) {
-        kb = inPlace(k, layout, scope, false);
-      } else {
-        vb = inPlace(v, layout, scope, false);
-      }
-    }
-    return new BufferTensor[] {kb, vb};
   }
 
   /**
@@ -733,25 +705,18 @@ public final class AttentionOp {
    * output in place").
    */
   private static BufferTensor inPlace(NDArray a, Layout layout, NDManager scope) {
-    return inPlace(a, layout, scope, true);
-  }
-
-  /** {@link #inPlace}; a transposed view is read in its memory's order only where {@code ownOrder}. */
-  private static BufferTensor inPlace(NDArray a, Layout layout, NDManager scope, boolean ownOrder) {
     NDArray x = a;
     if (x.getDataType() != DataType.FLOAT32) {
       x = x.toType(DataType.FLOAT32, false); // keeps a's strides
       x.attach(scope);
     }
     boolean tokenMajor = layout == Layout.BTHD;
-    if (ownOrder) {
-      // A transposed view (BHTD memory given as BTHD, or the reverse) is read in its memory's own order;
-      // libtorch's contiguous copy of it cost as much as the kernel at [1,8,1024,128] (docs/BENCHMARKS.md).
-      NDArray view = rowMajorView(x, scope);
-      if (view != null && view != x) {
-        x = view;
-        tokenMajor = !tokenMajor;
-      }
+    // A transposed view (BHTD memory given as BTHD, or the reverse) is read in its memory's own order;
+    // libtorch's contiguous copy of it cost as much as the kernel at [1,8,1024,128] (docs/BENCHMARKS.md).
+    NDArray view = rowMajorView(x, scope);
+    if (view != null && view != x) {
+      x = view;
+      tokenMajor = !tokenMajor;
     }
     NDArray flat = x.reshape(-1); // a view of a contiguous array, else libtorch's contiguous copy
     flat.attach(scope);
@@ -816,8 +781,12 @@ public final class AttentionOp {
 
   /**
    * Decoding over a KV cache held as a list of chunks (k chunk i and v chunk i of equal shape, each
-   * [B, Hkv, Tk_i, D] or [B, Tk_i, Hkv, D] by layout), without concatenating them: one state per
-   * chunk, merged in chunk order as a balanced tree ({@link AttentionState#mergeAll}).
+   * [B, Hkv, Tk_i, D] or [B, Tk_i, Hkv, D] by layout), without concatenating them: the chunks are
+   * read in place as pages of one K and one V ({@link CpuAttention#decode(BufferTensor, List, List,
+   * long[], long[], AttentionOptions, int)}), so the result is {@link #decode(NDArray, NDArray, NDArray,
+   * long[], long[], AttentionOptions, Layout)}'s on the chunks concatenated, bit for bit, however the
+   * cache is cut. Chunks that are not float32, or strided other than as a transposed view, are
+   * converted or copied by libtorch for the call, as one such array would be.
    *
    * @param kStart absolute position of each chunk's first key (keys inside a chunk are
    *     consecutive), or null for chunks laid end to end from position 0
@@ -834,96 +803,53 @@ public final class AttentionOp {
     if (kStart != null && kStart.length != kChunks.size()) {
       throw new IllegalArgumentException("kStart has " + kStart.length + " entries for " + kChunks.size() + " chunks");
     }
-    BufferTensor qb = null;
-    Dims first = null;
     int n = kChunks.size();
-    AttentionState[] states = new AttentionState[n];
-    long[][] kPositions = new long[n][];
-    // Chunks read in place (float32, k and v both contiguous or both transposed views of contiguous
-    // memory) can all be open at once: they are decoded together in one parallel loop (one call per
-    // chunk took 1.35-1.5x as long on 64 chunks of 512 keys: each call woke the kernels' threads and
-    // waited for its slowest task; docs/BENCHMARKS.md, "Chunk-list decode"). Others are converted or
-    // copied, so they are decoded a chunk at a time, as the loop reaches them: the whole cache is never
-    // copied at once. Each chunk's decode is the same call either way, so the same bits. Errors: a
-    // chunk decoded alone throws as it is reached; of those decoded together, the lowest one's.
-    List<Integer> together = new ArrayList<>();
-    BufferTensor[][] kv = new BufferTensor[n][];
-    List<NDManager> scopes = new ArrayList<>();
+    Dims[] dims = new Dims[n];
+    long total = 0;
+    for (int i = 0; i < n; i++) {
+      try {
+        dims[i] = Dims.of(q, kChunks.get(i), vChunks.get(i), layout);
+        requireBuffers(q, kChunks.get(i), "use smaller chunks");
+      } catch (IllegalArgumentException e) {
+        throw new IllegalArgumentException("chunk " + i + ": " + e.getMessage(), e);
+      }
+      if (dims[i].kvHeads != dims[0].kvHeads) {
+        // Each chunk alone fits q, but a cache's chunks must share one head mapping.
+        throw new IllegalArgumentException("chunk " + i + " has " + dims[i].kvHeads + " kv heads, chunk 0 has "
+            + dims[0].kvHeads);
+      }
+      total += dims[i].tk;
+    }
+    Dims first = dims[0];
+    checkPositions(qPos, first.tq, "qPos");
+    if (total > Integer.MAX_VALUE) {
+      throw new IllegalArgumentException("the chunks hold " + total + " keys; the Java kernels take at most "
+          + Integer.MAX_VALUE);
+    }
+    long[] kPos = new long[(int) total];
     long next = 0;
-    try (NDManager qScope = q.getManager().newSubManager()) {
-      for (int i = 0; i < n; i++) {
-        Dims d;
-        try {
-          d = Dims.of(q, kChunks.get(i), vChunks.get(i), layout);
-          requireBuffers(q, kChunks.get(i), "use smaller chunks");
-        } catch (IllegalArgumentException e) {
-          throw new IllegalArgumentException("chunk " + i + ": " + e.getMessage(), e);
-        }
-        if (first == null) {
-          first = d;
-          checkPositions(qPos, d.tq, "qPos");
-          qb = inPlace(q, layout, qScope);
-        } else if (d.kvHeads != first.kvHeads) {
-          // Each chunk alone fits q, but a cache's chunks must share one head mapping.
-          throw new IllegalArgumentException("chunk " + i + " has " + d.kvHeads + " kv heads, chunk 0 has "
-              + first.kvHeads);
-        }
-        long start = kStart != null ? kStart[i] : next;
-        if (d.tk > 0 && start > Long.MAX_VALUE - (d.tk - 1)) { // the last key's position would wrap to a negative one
-          throw new IllegalArgumentException("chunk " + i + ": its " + d.tk + " keys from position " + start
-              + " pass Long.MAX_VALUE");
-        }
-        next = start + d.tk;
-        long[] kPos = new long[d.tk];
-        for (int j = 0; j < kPos.length; j++) {
-          kPos[j] = start + j;
-        }
-        NDArray k = kChunks.get(i), v = vChunks.get(i);
-        boolean readInPlace = false;
-        NDManager scope = null;
-        if (n > 1 && contiguityKnown() && k.getDataType() == DataType.FLOAT32 && v.getDataType() == DataType.FLOAT32) {
-          scope = k.getManager().newSubManager();
-          scopes.add(scope);
-          NDArray kView = rowMajorView(k, scope), vView = rowMajorView(v, scope);
-          readInPlace = kView != null && vView != null && (kView == k) == (vView == v); // one memory order
-        }
-        if (readInPlace) {
-          kv[i] = kvInPlace(k, v, layout, scope);
-          kPositions[i] = kPos;
-          together.add(i);
-        } else {
-          states[i] = decodeInPlace(qb, k, v, qPos, kPos, opt, layout);
-        }
+    for (int i = 0, at = 0; i < n; at += dims[i].tk, i++) {
+      long start = kStart != null ? kStart[i] : next;
+      if (dims[i].tk > 0 && start > Long.MAX_VALUE - (dims[i].tk - 1)) { // the last key's position would wrap
+        throw new IllegalArgumentException("chunk " + i + ": its " + dims[i].tk + " keys from position " + start
+            + " pass Long.MAX_VALUE");
       }
-      BufferTensor qIn = qb;
-      RuntimeException[] failed = new RuntimeException[n];
-      CpuAttention.parallelFor(together.size(), j -> { // (no tasks: returns at once)
-        int i = together.get(j);
-        try {
-          states[i] = kernels.decode(qIn, kv[i][0], kv[i][1], qPos, kPositions[i], opt, CpuAttention.DEFAULT_SPLIT_LEN)
-              .state();
-        } catch (RuntimeException e) {
-          failed[i] = e; // every chunk runs, so the first bad one is named whatever the threads' timing
-        }
-      });
-      RuntimeException lowest = null;
-      for (RuntimeException e : failed) {
-        if (lowest == null) {
-          lowest = e;
-        } else if (e != null) {
-          lowest.addSuppressed(e);
-        }
-      }
-      if (lowest != null) {
-        throw lowest;
-      }
-    } finally {
-      for (NDManager scope : scopes) {
-        scope.close();
+      next = start + dims[i].tk;
+      for (int j = 0; j < dims[i].tk; j++) {
+        kPos[at + j] = start + j;
       }
     }
-    return stateToNd(q.getManager(), AttentionState.mergeAll(Arrays.asList(states)), first.batch, first.tq,
-        first.heads, first.dim, layout);
+    AttentionState st;
+    try (NDManager scope = q.getManager().newSubManager()) {
+      List<BufferTensor> kPages = new ArrayList<>(n), vPages = new ArrayList<>(n);
+      for (int i = 0; i < n; i++) {
+        kPages.add(inPlace(kChunks.get(i), layout, scope));
+        vPages.add(inPlace(vChunks.get(i), layout, scope));
+      }
+      st = kernels.decode(inPlace(q, layout, scope), kPages, vPages, qPos, kPos, opt, CpuAttention.DEFAULT_SPLIT_LEN)
+          .state();
+    }
+    return stateToNd(q.getManager(), st, first.batch, first.tq, first.heads, first.dim, layout);
   }
 
   // ---------------------------------------------------------------------------------------------

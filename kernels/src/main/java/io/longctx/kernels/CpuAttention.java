@@ -367,8 +367,8 @@ public final class CpuAttention implements AttentionBackend {
       STAGED.set(new java.lang.ref.SoftReference<>(kv));
     }
     float[] k = kv[0], v = kv[1];
-    p.kb.copyInto(k);
-    p.vb.copyInto(v);
+    p.kb.single().copyInto(k); // forward calls have one page
+    p.vb.single().copyInto(v);
     return p.withKv(new Tensor(k, p.batch, p.kvHeads, p.tk, p.dim), new Tensor(v, p.batch, p.kvHeads, p.tk, p.dim));
   }
 
@@ -504,6 +504,36 @@ public final class CpuAttention implements AttentionBackend {
   }
 
   /**
+   * Split-K decoding ({@link #decode(BufferTensor, BufferTensor, BufferTensor, long[], long[],
+   * AttentionOptions, int)}) over keys and values held as pages laid end to end along the token axis
+   * (a paged or chunked KV cache), read in place: the same bits as one buffer holding the same keys,
+   * however they are paged, since splits are cut by key index across page boundaries. k page i and v
+   * page i hold the same tokens; pages share batch, kv heads and head dim, and each keeps its own
+   * memory order. kPos gives all the keys' positions in page order (null: 0, 1, ...).
+   */
+  public DecodeResult decode(BufferTensor q, List<BufferTensor> kPages, List<BufferTensor> vPages, long[] qPos,
+      long[] kPos, AttentionOptions opt, int splitLen) {
+    java.util.Objects.requireNonNull(q, "q");
+    java.util.Objects.requireNonNull(opt, "opt");
+    TokenPages k = TokenPages.of(kPages, "k"), v = TokenPages.of(vPages, "v");
+    if (k.pageCount() != v.pageCount()) {
+      throw new IllegalArgumentException("k has " + k.pageCount() + " pages and v " + v.pageCount()
+          + ": k page i and v page i hold the same tokens");
+    }
+    for (int i = 0; i < k.pageCount(); i++) {
+      if (k.pageTokens(i) != v.pageTokens(i)) {
+        throw new IllegalArgumentException("k page " + i + " holds " + k.pageTokens(i) + " tokens and v page " + i + " "
+            + v.pageTokens(i));
+      }
+    }
+    if (k.batch != v.batch || k.heads != v.heads || k.dim != v.dim) {
+      throw new IllegalArgumentException("k and v must have the same shape, got k " + k.shape() + " and v "
+          + v.shape());
+    }
+    return splitK(new Problem(q, k, v, qPos, kPos, opt), splitLen, null);
+  }
+
+  /**
    * Split-K decoding with the FlashDecoding++ unified maximum: partials use {@code um.phi()}
    * instead of a running max; a (row, split) whose logits leave the bounds is recomputed with the
    * synchronized method, and {@link DecodeResult#recomputedRows()} counts them.
@@ -538,35 +568,27 @@ public final class CpuAttention implements AttentionBackend {
     }
     long[] recomputed = new long[p.batch * p.kvHeads * splits * rowBlocks];
     int tasks = recomputed.length;
+    // Every task runs and the lowest failing one's error is thrown, so that of several bad keys the same
+    // one is named whatever the threads' timing (a paged cache's first bad chunk, say).
+    RuntimeException[] failed = new RuntimeException[tasks];
     parallelFor(tasks, task -> {
-      int rb = task % rowBlocks;
-      int rest = task / rowBlocks;
-      int s = rest % splits;
-      rest /= splits;
-      int kvh = rest % p.kvHeads, b = rest / p.kvHeads;
-      int j0 = s * splitLen, j1 = Math.min(p.tk, j0 + splitLen);
-      int r0 = rb * bq, r1 = Math.min(groupRows, r0 + bq);
-      BlockWorker w = keyLanes ? keyLaneWorker(bq, p.dim) : worker(bq, p.dim);
-      w.startBlock();
-      w.clearFlags();
-      for (int r = r0; r < r1; r++) {
-        w.addRow(p, b, kvh * p.group + r / p.tq, r % p.tq);
+      try {
+        splitTask(p, task, rowBlocks, splits, splitLen, groupRows, bq, keyLanes, partOut, recomputed, um);
+      } catch (RuntimeException e) {
+        failed[task] = e;
       }
-      w.run(p, b, kvh, j0, j1, um);
-      recomputed[task] = w.finish(p, partOut.get(s), um);
-      if (recomputed[task] > 0) {
-        // Rows flagged by the unified-max check: redo them with the running max.
-        w.startBlock();
-        for (int r = r0; r < r1; r++) {
-          if (w.flagged(r - r0)) {
-            w.addRow(p, b, kvh * p.group + r / p.tq, r % p.tq);
-          }
-        }
-        w.run(p, b, kvh, j0, j1, null);
-        w.finish(p, partOut.get(s), null);
-      }
-      TILE_STEPS.add(w.takeSteps());
     });
+    RuntimeException first = null;
+    for (RuntimeException e : failed) {
+      if (first == null) {
+        first = e;
+      } else if (e != null && first.getSuppressed().length < 8) {
+        first.addSuppressed(e);
+      }
+    }
+    if (first != null) {
+      throw first;
+    }
     long total = 0;
     for (long r : recomputed) {
       total += r;
@@ -575,6 +597,38 @@ public final class CpuAttention implements AttentionBackend {
     // rounded to float32 once, at the end.
     AttentionState merged = AttentionState.mergeAllWideLse(partO, partL, p.rows, p.heads, p.dim);
     return new DecodeResult(merged, splits, total);
+  }
+
+  /** Task {@code task} of {@link #splitK}: one row block of one (batch, kv head) over one split's keys. */
+  private void splitTask(Problem p, int task, int rowBlocks, int splits, int splitLen, int groupRows, int bq,
+      boolean keyLanes, List<RowsOut> partOut, long[] recomputed, UnifiedMax um) {
+    int rb = task % rowBlocks;
+    int rest = task / rowBlocks;
+    int s = rest % splits;
+    rest /= splits;
+    int kvh = rest % p.kvHeads, b = rest / p.kvHeads;
+    int j0 = s * splitLen, j1 = Math.min(p.tk, j0 + splitLen);
+    int r0 = rb * bq, r1 = Math.min(groupRows, r0 + bq);
+    BlockWorker w = keyLanes ? keyLaneWorker(bq, p.dim) : worker(bq, p.dim);
+    w.startBlock();
+    w.clearFlags();
+    for (int r = r0; r < r1; r++) {
+      w.addRow(p, b, kvh * p.group + r / p.tq, r % p.tq);
+    }
+    w.run(p, b, kvh, j0, j1, um);
+    recomputed[task] = w.finish(p, partOut.get(s), um);
+    if (recomputed[task] > 0) {
+      // Rows flagged by the unified-max check: redo them with the running max.
+      w.startBlock();
+      for (int r = r0; r < r1; r++) {
+        if (w.flagged(r - r0)) {
+          w.addRow(p, b, kvh * p.group + r / p.tq, r % p.tq);
+        }
+      }
+      w.run(p, b, kvh, j0, j1, null);
+      w.finish(p, partOut.get(s), null);
+    }
+    TILE_STEPS.add(w.takeSteps());
   }
 
   private TileWorker worker(int bq, int dim) {
@@ -642,7 +696,8 @@ public final class CpuAttention implements AttentionBackend {
    */
   static final class Problem {
     final Tensor q, k, v; // null when read from buffers
-    final BufferTensor qb, kb, vb; // null when the inputs are Tensors
+    final BufferTensor qb; // null when the inputs are Tensors
+    final TokenPages kb, vb; // likewise
     final long[] qPos, kPos;
     final AttentionOptions opt;
     final int batch, heads, kvHeads, group, tq, tk, dim, rows;
@@ -655,8 +710,12 @@ public final class CpuAttention implements AttentionBackend {
     }
 
     Problem(BufferTensor q, BufferTensor k, BufferTensor v, long[] qPos, long[] kPos, AttentionOptions opt) {
-      this(null, null, null, sameKv(q, k, v, opt), k, v, q.batch(), q.heads(), q.tokens(), q.dim(), k.batch(),
-          k.heads(), k.tokens(), k.dim(), qPos, kPos, opt);
+      this(q, sameKv(q, k, v, opt), TokenPages.of(v), qPos, kPos, opt);
+    }
+
+    Problem(BufferTensor q, TokenPages k, TokenPages v, long[] qPos, long[] kPos, AttentionOptions opt) {
+      this(null, null, null, q, k, v, q.batch(), q.heads(), q.tokens(), q.dim(), k.batch, k.heads, k.tokens, k.dim,
+          qPos, kPos, opt);
     }
 
     /** The first checks, in their order of old (non-null inputs, then k and v alike); returns q. */
@@ -668,19 +727,14 @@ public final class CpuAttention implements AttentionBackend {
       return q;
     }
 
-    private static BufferTensor sameKv(BufferTensor q, BufferTensor k, BufferTensor v, AttentionOptions opt) {
+    /** The first checks (non-null inputs, then k and v of one shape); k as one page. */
+    private static TokenPages sameKv(BufferTensor q, BufferTensor k, BufferTensor v, AttentionOptions opt) {
       requireNonNull(q, k, v, opt);
-      if (k.batch() != v.batch() || k.heads() != v.heads() || k.tokens() != v.tokens() || k.dim() != v.dim()
-          || k.tokenMajor() != v.tokenMajor()) {
-        throw new IllegalArgumentException("k and v must have the same shape and memory order, got k "
-            + Tensor.shape(k.batch(), k.heads(), k.tokens(), k.dim()) + " stored " + order(k) + " and v "
-            + Tensor.shape(v.batch(), v.heads(), v.tokens(), v.dim()) + " stored " + order(v));
+      if (k.batch() != v.batch() || k.heads() != v.heads() || k.tokens() != v.tokens() || k.dim() != v.dim()) {
+        throw new IllegalArgumentException("k and v must have the same shape, got k " + k.shape() + " and v "
+            + v.shape());
       }
-      return q;
-    }
-
-    private static String order(BufferTensor t) {
-      return t.tokenMajor() ? "[batch, tokens, heads, dim]" : "[batch, heads, tokens, dim]";
+      return TokenPages.of(k);
     }
 
     private static void requireNonNull(Object q, Object k, Object v, AttentionOptions opt) {
@@ -690,7 +744,7 @@ public final class CpuAttention implements AttentionBackend {
       java.util.Objects.requireNonNull(opt, "opt");
     }
 
-    private Problem(Tensor q, Tensor k, Tensor v, BufferTensor qb, BufferTensor kb, BufferTensor vb, int qBatch,
+    private Problem(Tensor q, Tensor k, Tensor v, BufferTensor qb, TokenPages kb, TokenPages vb, int qBatch,
         int qHeads, int qTokens, int qDim, int kBatch, int kHeads, int kTokens, int kDim, long[] qPos, long[] kPos,
         AttentionOptions opt) {
       String qShape = q != null ? q.shape() : qb.shape();

@@ -287,6 +287,11 @@ final class TileWorker implements BlockWorker {
     return x != null ? x.data()[x.offset(b, h, t) + c] : xb.data().get(xb.offset(b, h, t) + c);
   }
 
+  /** The same for keys or values, given as a Tensor or, where that is null, as {@link TokenPages}. */
+  static float entry(Tensor x, TokenPages xb, int b, int h, int t, int c) {
+    return x != null ? x.data()[x.offset(b, h, t) + c] : xb.get(b, h, t, c);
+  }
+
   /** score = cap * tanh(score / cap); the 1/cap is already folded into the score scale. */
   private void softcap(float cap, int n, int lanes) {
     for (int c = 0; c < lanes; c += VL) {

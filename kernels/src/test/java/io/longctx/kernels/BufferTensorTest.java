@@ -42,11 +42,11 @@ class BufferTensorTest {
       AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(rng.nextBoolean())
           .withWindow(rng.nextInt(3) == 0 ? 1 + rng.nextInt(200) : 0)
           .withSoftcap(rng.nextInt(3) == 0 ? 20f : 0f);
-      boolean qTokenMajor = rng.nextBoolean(), kvTokenMajor = rng.nextBoolean();
+      boolean qTokenMajor = rng.nextBoolean(), kTokenMajor = rng.nextBoolean(), vTokenMajor = rng.nextBoolean();
       String where = "seed " + seed + ", round " + round + ": B " + batch + " heads " + kvHeads * group + "/" + kvHeads
           + " Tq " + tq + " Tk " + tk + " D " + dim + " split " + split + " " + opt + ", q token-major " + qTokenMajor
-          + ", k/v token-major " + kvTokenMajor;
-      BufferTensor qb = direct(q, qTokenMajor), kb = direct(k, kvTokenMajor), vb = direct(v, kvTokenMajor);
+          + ", k token-major " + kTokenMajor + ", v token-major " + vTokenMajor;
+      BufferTensor qb = direct(q, qTokenMajor), kb = direct(k, kTokenMajor), vb = direct(v, vTokenMajor);
       assertArrayEquals(q.data(), qb.toTensor().data(), "toTensor, " + where);
       assertArrayEquals(k.data(), kb.toTensor().data(), "toTensor, " + where);
       AttentionState want = CpuAttention.DEFAULT.forward(q, k, v, qp, null, opt);
@@ -99,11 +99,11 @@ class BufferTensorTest {
     IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
         () -> BufferTensor.bhtd(short10, 1, 2, 10, 8));
     assertEquals("tensor of shape [1, 2, 10, 8] needs 160 floats, buffer has 159", e.getMessage());
-    // k and v of other orders, other shapes: named with both.
+    // k and v of other shapes: named with both (each may have its own memory order).
     e = assertThrows(IllegalArgumentException.class, () -> CpuAttention.DEFAULT.forward(direct(q, false),
-        direct(k, false), direct(k, true), null, null, AttentionOptions.DEFAULT));
-    assertEquals("k and v must have the same shape and memory order, got k [1, 2, 10, 8] stored [batch, heads, "
-        + "tokens, dim] and v [1, 2, 10, 8] stored [batch, tokens, heads, dim]", e.getMessage());
+        direct(k, false), direct(k.sliceTokens(0, 9), true), null, null, AttentionOptions.DEFAULT));
+    assertEquals("k and v must have the same shape, got k [1, 2, 10, 8] and v [1, 2, 9, 8] (stored [batch, tokens, "
+        + "heads, dim])", e.getMessage());
     Tensor k3 = Tensor.random(rng, 1, 3, 10, 8);
     sameError(() -> CpuAttention.DEFAULT.forward(q, k3, k3, null, null, AttentionOptions.DEFAULT),
         () -> CpuAttention.DEFAULT.forward(direct(q, false), direct(k3, false), direct(k3, false), null, null,
@@ -127,6 +127,84 @@ class BufferTensorTest {
     sameError(() -> CpuAttention.DEFAULT.decode(q, k, k, null, null, AttentionOptions.DEFAULT, 4),
         () -> CpuAttention.DEFAULT.decode(direct(q, true), direct(k, true), direct(k, true), null, null,
             AttentionOptions.DEFAULT, 4));
+  }
+
+  /**
+   * Decode over K/V cut into pages (random lengths, empty pages among them, each page and k and v in
+   * their own memory orders) gives the bits of one buffer holding the same keys, with every split
+   * length, through both workers.
+   */
+  @Test
+  void decodeOverPagesGivesOneBuffersBits() {
+    long seed = Seeds.forTest();
+    SplittableRandom rng = new SplittableRandom(seed);
+    for (int round = 0; round < 40; round++) {
+      int batch = 1 + rng.nextInt(2);
+      int kvHeads = 1 + rng.nextInt(3);
+      int group = 1 + rng.nextInt(6);
+      int tq = rng.nextBoolean() ? 1 + rng.nextInt(4) : 1 + rng.nextInt(40);
+      int tk = 1 + rng.nextInt(700);
+      int dim = 1 + rng.nextInt(140);
+      int split = 1 + rng.nextInt(tk);
+      Tensor q = Tensor.random(rng, batch, kvHeads * group, tq, dim);
+      Tensor k = Tensor.random(rng, batch, kvHeads, tk, dim);
+      Tensor v = Tensor.random(rng, batch, kvHeads, tk, dim);
+      long[] qp = new long[tq], kp = new long[tk];
+      for (int t = 0; t < tq; t++) {
+        qp[t] = tk - tq + t + rng.nextInt(3);
+      }
+      for (int t = 0; t < tk; t++) {
+        kp[t] = t + (t > tk / 2 ? 5 : 0); // a gap between two pages, as a chunk list's kStart can leave
+      }
+      AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(rng.nextBoolean())
+          .withWindow(rng.nextInt(3) == 0 ? 1 + rng.nextInt(200) : 0)
+          .withSoftcap(rng.nextInt(3) == 0 ? 20f : 0f);
+      java.util.List<BufferTensor> kPages = new java.util.ArrayList<>(), vPages = new java.util.ArrayList<>();
+      StringBuilder cuts = new StringBuilder();
+      for (int t0 = 0; t0 < tk; ) {
+        int t1 = rng.nextInt(5) == 0 ? t0 : Math.min(tk, t0 + 1 + rng.nextInt(rng.nextBoolean() ? 8 : 300));
+        kPages.add(direct(k.sliceTokens(t0, t1), rng.nextBoolean()));
+        vPages.add(direct(v.sliceTokens(t0, t1), rng.nextBoolean()));
+        cuts.append(' ').append(t1 - t0);
+        t0 = t1;
+      }
+      String where = "seed " + seed + ", round " + round + ": B " + batch + " heads " + kvHeads * group + "/" + kvHeads
+          + " Tq " + tq + " Tk " + tk + " D " + dim + " split " + split + " " + opt + ", pages" + cuts;
+      BufferTensor qb = direct(q, rng.nextBoolean());
+      CpuAttention.DecodeResult want = CpuAttention.DEFAULT.decode(qb, direct(k, false), direct(v, true), qp, kp, opt, split);
+      CpuAttention.DecodeResult got = CpuAttention.DEFAULT.decode(qb, kPages, vPages, qp, kp, opt, split);
+      same(want.state(), got.state(), where);
+      assertEquals(want.splits(), got.splits(), where);
+    }
+  }
+
+  @Test
+  void badPagesAreNamed() {
+    SplittableRandom rng = new SplittableRandom(5);
+    BufferTensor q = direct(Tensor.random(rng, 1, 4, 1, 8), false);
+    Tensor k = Tensor.random(rng, 1, 2, 10, 8);
+    BufferTensor a = direct(k.sliceTokens(0, 4), false), b = direct(k.sliceTokens(4, 10), true);
+    java.util.function.BiFunction<java.util.List<BufferTensor>, java.util.List<BufferTensor>, String> error =
+        (kp, vp) -> assertThrows(IllegalArgumentException.class,
+            () -> CpuAttention.DEFAULT.decode(q, kp, vp, null, null, AttentionOptions.DEFAULT, 4)).getMessage();
+    assertEquals("need one or more k pages", error.apply(java.util.List.of(), java.util.List.of(a)));
+    assertEquals("k has 2 pages and v 1: k page i and v page i hold the same tokens",
+        error.apply(java.util.List.of(a, b), java.util.List.of(a)));
+    assertEquals("k page 0 holds 4 tokens and v page 0 6", error.apply(java.util.List.of(a, b), java.util.List.of(b, a)));
+    BufferTensor other = direct(Tensor.random(rng, 1, 1, 6, 8), false);
+    assertEquals("v page 1 has shape [1, 1, 6, 8], page 0 has [1, 2, 4, 8]: pages may differ in tokens only",
+        error.apply(java.util.List.of(a, b), java.util.List.of(a, other)));
+    assertEquals("kPos has 9 positions for 10 key tokens", assertThrows(IllegalArgumentException.class,
+        () -> CpuAttention.DEFAULT.decode(q, java.util.List.of(a, b), java.util.List.of(a, b), null, new long[9],
+            AttentionOptions.DEFAULT, 4)).getMessage());
+    // A NaN under a softcap is named with its page and the page's own (batch, head, token, dim).
+    Tensor bad = k.sliceTokens(4, 10);
+    bad.data()[bad.offset(0, 1, 2) + 3] = Float.NaN;
+    BufferTensor badPage = direct(bad, true);
+    assertEquals("k page 1 (tokens from 4): k [1, 2, 6, 8] (stored [batch, tokens, heads, dim]) holds NaN at (batch 0, "
+        + "head 1, token 2, dim 3): attention inputs must be finite", assertThrows(IllegalArgumentException.class,
+            () -> CpuAttention.DEFAULT.decode(q, java.util.List.of(a, badPage), java.util.List.of(a, b), null, null,
+                AttentionOptions.DEFAULT.withSoftcap(5f), 4)).getMessage());
   }
 
   /** The forward written into buffers (first filled with NaN) holds the state's rows, every entry of them. */
