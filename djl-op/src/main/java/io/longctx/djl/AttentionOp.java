@@ -718,8 +718,11 @@ public final class AttentionOp {
       x = view;
       tokenMajor = !tokenMajor;
     }
-    NDArray flat = x.reshape(-1); // a view of a contiguous array, else libtorch's contiguous copy
-    flat.attach(scope);
+    NDArray flat = x;
+    if (view == null) {
+      flat = x.reshape(-1); // libtorch's contiguous copy
+      flat.attach(scope);
+    }
     FloatBuffer data = flat.toByteBuffer(true).order(ByteOrder.nativeOrder()).asFloatBuffer();
     Shape s = x.getShape();
     int d0 = (int) s.get(0), d1 = (int) s.get(1), d2 = (int) s.get(2), d3 = (int) s.get(3);

@@ -329,6 +329,39 @@ class AttentionOpTest {
     }
   }
 
+  /**
+   * Chunks that are contiguous slices of one array (batch 1, BTHD, cut along T: each starts inside
+   * the array's memory) are read in place from their own first element: the one array's bits.
+   */
+  @Test
+  void contiguousSlicesAreReadFromTheirOwnStart() {
+    long seed = Seeds.forTest();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int tk = 700;
+    Tensor q = Tensor.random(rng, 1, 4, 2, 32), k = Tensor.random(rng, 1, 2, tk, 32), v = Tensor.random(rng, 1, 2, tk, 32);
+    try (NDManager m = manager.newSubManager()) {
+      NDArray qa = OpChecks.nd(m, q, Layout.BTHD), ka = OpChecks.nd(m, k, Layout.BTHD), va = OpChecks.nd(m, v, Layout.BTHD);
+      ka = m.create(ka.toFloatArray(), ka.getShape()); // contiguous in BTHD order
+      va = m.create(va.toFloatArray(), va.getShape());
+      List<NDArray> kc = new ArrayList<>(), vc = new ArrayList<>();
+      int[] cuts = {0, 129, 130, 511, tk};
+      for (int c = 0; c + 1 < cuts.length; c++) {
+        NDArray ks = ka.get(":, " + cuts[c] + ":" + cuts[c + 1]), vs = va.get(":, " + cuts[c] + ":" + cuts[c + 1]);
+        assertTrue(AttentionOp.contiguous(ks) && AttentionOp.contiguous(vs), "chunk " + c + " must be a contiguous slice");
+        kc.add(ks);
+        vc.add(vs);
+      }
+      NDList one = OP.decode(qa, ka, va, null, null, AttentionOptions.DEFAULT, Layout.BTHD);
+      float[][] want = OpChecks.stateOrder(one.get(0), one.get(1), Layout.BTHD);
+      NDList r = OP.decode(qa, kc, vc, null, null, AttentionOptions.DEFAULT, Layout.BTHD);
+      float[][] got = OpChecks.stateOrder(r.get(0), r.get(1), Layout.BTHD);
+      assertTrue(java.util.Arrays.equals(want[0], got[0]) && java.util.Arrays.equals(want[1], got[1]),
+          "seed " + seed + ": chunks as contiguous slices are not the one array's bits");
+      String err = OpChecks.check(got[0], got[1], q, k, v, null, null, AttentionOptions.DEFAULT);
+      assertNull(err, "seed " + seed + ": " + err);
+    }
+  }
+
   /** A chunk (a strided slice) as it is, as an array of its own, or as a transposed view ({@link #otherOrder}). */
   private static NDArray chunkAs(NDManager m, NDArray slice, String kind) {
     return switch (kind) {
