@@ -681,17 +681,72 @@ public final class AttentionOp {
    */
   public NDList decode(NDArray q, NDArray k, NDArray v, long[] qPos, long[] kPos, AttentionOptions opt,
       Layout layout) {
+    return decode(q, k, v, qPos, kPos, opt, layout, MAX_BUFFER_FLOATS);
+  }
+
+  /**
+   * {@link #decode(NDArray, NDArray, NDArray, long[], long[], AttentionOptions, Layout)} with K and V
+   * of more than {@code maxPageFloats} elements read as pages of consecutive tokens (tests lower it):
+   * where their memory is token-major with batch 1 (a cache grown along T), each page is a view read
+   * in place and the answer is the one array's bits; otherwise such a cache is refused (its pages
+   * would be copies of the whole cache).
+   */
+  NDList decode(NDArray q, NDArray k, NDArray v, long[] qPos, long[] kPos, AttentionOptions opt, Layout layout,
+      long maxPageFloats) {
     Objects.requireNonNull(opt, "opt");
     Dims d = Dims.of(q, k, v, layout);
     checkPositions(qPos, d.tq, "qPos");
     checkPositions(kPos, d.tk, "kPos");
-    requireBuffers(q, k, "pass the KV cache as a list of chunks (decode(q, kChunks, vChunks, ...)), or split the batch");
+    String tooLarge = "pass the KV cache as a list of chunks (decode(q, kChunks, vChunks, ...)), or split the batch";
+    String qTooLarge = bufferProblem(q.getShape(), new Shape(0));
+    if (qTooLarge != null) {
+      throw new IllegalArgumentException(qTooLarge + ": split the batch");
+    }
     AttentionState st;
     try (NDManager scope = q.getManager().newSubManager()) {
-      st = kernels.decode(inPlace(q, layout, scope), inPlace(k, layout, scope), inPlace(v, layout, scope), qPos, kPos,
-          opt, CpuAttention.DEFAULT_SPLIT_LEN).state();
+      BufferTensor qb = inPlace(q, layout, scope);
+      if (k.size() <= maxPageFloats) {
+        st = kernels.decode(qb, inPlace(k, layout, scope), inPlace(v, layout, scope), qPos, kPos, opt,
+            CpuAttention.DEFAULT_SPLIT_LEN).state();
+      } else {
+        int pageTokens = (int) Math.max(1, maxPageFloats / ((long) d.batch * d.kvHeads * d.dim));
+        List<BufferTensor> kPages = tokenPages(k, layout, pageTokens, scope), vPages = tokenPages(v, layout, pageTokens,
+            scope);
+        if (kPages == null || vPages == null) {
+          throw new IllegalArgumentException("k " + k.getShape() + " has " + String.format("%,d", k.size())
+              + " elements, more than one direct buffer holds (" + String.format("%,d", maxPageFloats) + " float32 "
+              + "elements), and its memory cannot be read in pages of tokens (only K/V in token-major memory with "
+              + "batch 1 can): " + tooLarge);
+        }
+        st = kernels.decode(qb, kPages, vPages, qPos, kPos, opt, CpuAttention.DEFAULT_SPLIT_LEN).state();
+      }
     }
     return stateToNd(q.getManager(), st, d.batch, d.tq, d.heads, d.dim, layout);
+  }
+
+  /**
+   * a cut along its token axis into pages of {@code pageTokens} tokens (the last shorter), each a view
+   * {@link #inPlace} reads without a copy; null where the pages would not be such views (batch above
+   * 1, or memory not token-major: its token slices are strided).
+   */
+  private static List<BufferTensor> tokenPages(NDArray a, Layout layout, int pageTokens, NDManager scope) {
+    if (a.getDataType() != DataType.FLOAT32 || a.getShape().get(0) != 1) {
+      return null;
+    }
+    int tAxis = layout == Layout.BHTD ? 2 : 1;
+    long tokens = a.getShape().get(tAxis);
+    List<BufferTensor> pages = new ArrayList<>();
+    for (long t0 = 0; t0 < tokens; t0 += pageTokens) {
+      long t1 = Math.min(tokens, t0 + pageTokens);
+      NDArray page = a.get(tAxis == 2 ? ":, :, " + t0 + ":" + t1 : ":, " + t0 + ":" + t1);
+      page.attach(scope);
+      NDArray view = rowMajorView(page, scope);
+      if (view == null) {
+        return null;
+      }
+      pages.add(inPlace(page, layout, scope));
+    }
+    return pages;
   }
 
   /**

@@ -573,6 +573,55 @@ class AttentionOpTest {
     assertTrue(AttentionOp.bufferProblem(new Shape(1, 8, 1048576, 64), q).startsWith("q (1, 8, 1048576, 64)"));
   }
 
+  /**
+   * K/V past the direct-buffer limit (lowered here to a few hundred floats) are read as pages of
+   * tokens where their memory is token-major with batch 1, in either layout: the one array's bits.
+   * Elsewhere the pages would be copies, and the call is refused naming k.
+   */
+  @Test
+  void decodeReadsACacheTooLargeForOneBufferInPages() {
+    long seed = Seeds.forTest();
+    SplittableRandom rng = new SplittableRandom(seed);
+    int tk = 1000;
+    AttentionOptions opt = AttentionOptions.DEFAULT.withCausal(true);
+    long[] qPos = {tk - 2, tk - 1};
+    for (Layout layout : Layout.values()) {
+      for (int batch : new int[] {1, 2}) {
+        Tensor q = Tensor.random(rng, batch, 4, 2, 16), k = Tensor.random(rng, batch, 2, tk, 16);
+        Tensor v = Tensor.random(rng, batch, 2, tk, 16);
+        try (NDManager m = manager.newSubManager()) {
+          NDArray qa = OpChecks.nd(m, q, layout);
+          for (boolean tokenMajorMemory : new boolean[] {true, false}) {
+            NDArray ka = memoryOrder(m, OpChecks.nd(m, k, layout), layout, tokenMajorMemory);
+            NDArray va = memoryOrder(m, OpChecks.nd(m, v, layout), layout, tokenMajorMemory);
+            String what = layout + ", batch " + batch + ", token-major memory " + tokenMajorMemory + ", seed " + seed;
+            NDList one = OP.decode(qa, ka, va, qPos, null, opt, layout);
+            if (batch == 1 && tokenMajorMemory) {
+              NDList paged = OP.decode(qa, ka, va, qPos, null, opt, layout, 16 * 2 * 300); // pages of 300 tokens
+              assertArrayEquals(one.get(0).toFloatArray(), paged.get(0).toFloatArray(), what);
+              assertArrayEquals(one.get(1).toFloatArray(), paged.get(1).toFloatArray(), what);
+            } else {
+              IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                  () -> OP.decode(qa, ka, va, qPos, null, opt, layout, 16 * 2 * 300));
+              assertTrue(e.getMessage().startsWith("k (") && e.getMessage().contains("token-major memory with batch 1"),
+                  what + ": " + e.getMessage());
+            }
+          }
+        }
+      }
+    }
+  }
+
+  /** a (in the layout's shape) with its memory in [B, T, H, D] order where tokenMajor, else in [B, H, T, D]. */
+  private static NDArray memoryOrder(NDManager m, NDArray a, Layout layout, boolean tokenMajor) {
+    boolean same = tokenMajor == (layout == Layout.BTHD);
+    if (same) {
+      return m.create(a.toFloatArray(), a.getShape());
+    }
+    NDArray t = a.transpose(0, 2, 1, 3);
+    return m.create(t.toFloatArray(), t.getShape()).transpose(0, 2, 1, 3);
+  }
+
   @Test
   void aCallLibtorchDoesNotAnswerDoesNotDecideItsShapeClass() {
     assumeAutoStaysOnTheCpu();

@@ -786,7 +786,9 @@ public final class CpuAttention implements AttentionBackend {
       this.dim = qDim;
       this.rows = Math.multiplyExact(batch, tq);
       Math.multiplyExact(Math.multiplyExact(rows, heads), dim);
-      Math.multiplyExact(Math.multiplyExact(Math.multiplyExact(batch, kvHeads), tk), dim);
+      if (k != null) { // arrays index K and V with ints; pages each bound their own buffer, not their sum
+        Math.multiplyExact(Math.multiplyExact(Math.multiplyExact(batch, kvHeads), tk), dim);
+      }
       // The scale (divided by the softcap when capping) multiplies each finished q.k (TileWorker).
       this.softcap = opt.softcap();
       this.qScale = opt.scoreScale(dim);

@@ -178,6 +178,30 @@ class BufferTensorTest {
     }
   }
 
+  /**
+   * Pages holding more floats in all than an int counts (here one 8 MiB page given 1,025 times: 2^31
+   * + 2^21 floats): decoded like the one page with each key weighed 1,025 times (o the same, lse + ln
+   * 1025).
+   */
+  @Test
+  void pagesMayHoldMoreThanAnIntOfFloatsInAll() {
+    SplittableRandom rng = new SplittableRandom(17);
+    Tensor q = Tensor.random(rng, 1, 2, 1, 64), k = Tensor.random(rng, 1, 1, 32768, 64);
+    Tensor v = Tensor.random(rng, 1, 1, 32768, 64);
+    BufferTensor qb = direct(q, false), kb = direct(k, false), vb = direct(v, false);
+    int n = 1025;
+    assertTrue((long) n * k.data().length > Integer.MAX_VALUE);
+    AttentionState one = CpuAttention.DEFAULT.decode(qb, kb, vb, null, null, AttentionOptions.DEFAULT, 4096).state();
+    AttentionState all = CpuAttention.DEFAULT.decode(qb, java.util.Collections.nCopies(n, kb),
+        java.util.Collections.nCopies(n, vb), null, null, AttentionOptions.DEFAULT, 1 << 18).state();
+    for (int i = 0; i < one.lse().length; i++) {
+      assertEquals(one.lse()[i] + Math.log(n), all.lse()[i], 1e-4, "lse of row " + i);
+    }
+    for (int i = 0; i < one.o().length; i++) {
+      assertEquals(one.o()[i], all.o()[i], 1e-5, "o entry " + i);
+    }
+  }
+
   @Test
   void badPagesAreNamed() {
     SplittableRandom rng = new SplittableRandom(5);
