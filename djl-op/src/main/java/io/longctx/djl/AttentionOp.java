@@ -713,10 +713,13 @@ public final class AttentionOp {
         List<BufferTensor> kPages = tokenPages(k, layout, pageTokens, scope), vPages = tokenPages(v, layout, pageTokens,
             scope);
         if (kPages == null || vPages == null) {
-          throw new IllegalArgumentException("k " + k.getShape() + " has " + String.format("%,d", k.size())
-              + " elements, more than one direct buffer holds (" + String.format("%,d", maxPageFloats) + " float32 "
-              + "elements), and its memory cannot be read in pages of tokens (only K/V in token-major memory with "
-              + "batch 1 can): " + tooLarge);
+          NDArray bad = kPages == null ? k : v;
+          throw new IllegalArgumentException((bad == k ? "k " : "v ") + bad.getShape() + " has "
+              + String.format("%,d", bad.size()) + " elements, more than one direct buffer holds ("
+              + String.format("%,d", maxPageFloats) + " float32 elements), and "
+              + (bad.getDataType() != DataType.FLOAT32 ? "it is " + bad.getDataType() + ", not float32"
+                  : "its memory cannot be read in pages of tokens (only K/V in token-major memory with batch 1 can)")
+              + ": " + tooLarge);
         }
         st = kernels.decode(qb, kPages, vPages, qPos, kPos, opt, CpuAttention.DEFAULT_SPLIT_LEN).state();
       }
@@ -730,7 +733,7 @@ public final class AttentionOp {
    * 1, or memory not token-major: its token slices are strided).
    */
   private static List<BufferTensor> tokenPages(NDArray a, Layout layout, int pageTokens, NDManager scope) {
-    if (a.getDataType() != DataType.FLOAT32 || a.getShape().get(0) != 1) {
+    if (a.getShape().get(0) != 1) {
       return null;
     }
     int tAxis = layout == Layout.BHTD ? 2 : 1;
@@ -740,20 +743,19 @@ public final class AttentionOp {
       long t1 = Math.min(tokens, t0 + pageTokens);
       NDArray page = a.get(tAxis == 2 ? ":, :, " + t0 + ":" + t1 : ":, " + t0 + ":" + t1);
       page.attach(scope);
-      NDArray view = rowMajorView(page, scope);
-      if (view == null) {
+      BufferTensor b = view(page, layout, scope);
+      if (b == null) {
         return null;
       }
-      pages.add(inPlace(page, layout, scope));
+      pages.add(b);
     }
     return pages;
   }
 
   /**
    * a as a {@link BufferTensor} in the layout's order, valid while {@code scope} is open, for the Java
-   * kernels to read in place (a query row as its block starts, a key tile at a time): a view of a's
-   * own memory when a is a contiguous float32 array (its flat reshape is a view), else libtorch's
-   * float32 conversion or contiguous copy, put in scope. a itself stays with its manager (another
+   * kernels to read in place (a query row as its block starts, a key tile at a time): a's own memory
+   * where {@link #view} reads it, else libtorch's float32 conversion or contiguous copy, put in scope. a itself stays with its manager (another
    * thread may be reading it). Before, q, k and v were copied whole into float[] first: 4-5 ms of a
    * 17 ms call at [1,8,1024,128] causal, and a long KV cache's copies cost more than its decode
    * (docs/BENCHMARKS.md, "Decode with the keys in the lanes", "The operator reads its inputs and writes its
@@ -765,21 +767,38 @@ public final class AttentionOp {
       x = x.toType(DataType.FLOAT32, false); // keeps a's strides
       x.attach(scope);
     }
-    boolean tokenMajor = layout == Layout.BTHD;
-    // A transposed view (BHTD memory given as BTHD, or the reverse) is read in its memory's own order;
-    // libtorch's contiguous copy of it cost as much as the kernel at [1,8,1024,128] (docs/BENCHMARKS.md).
-    NDArray view = rowMajorView(x, scope);
-    if (view != null && view != x) {
-      x = view;
-      tokenMajor = !tokenMajor;
+    BufferTensor b = view(x, layout, scope);
+    if (b != null) {
+      return b;
     }
-    NDArray flat = x;
-    if (view == null) {
-      flat = x.reshape(-1); // libtorch's contiguous copy
-      flat.attach(scope);
+    NDArray flat = x.reshape(-1); // libtorch's contiguous copy
+    flat.attach(scope);
+    return buffer(flat, x.getShape(), layout == Layout.BTHD);
+  }
+
+  /**
+   * a (float32) as a {@link BufferTensor} over its own memory, without a copy: where that memory is
+   * a's shape row-major, or its transpose's (a transposed view, BHTD memory given as BTHD or the
+   * reverse, read in its memory's own order: libtorch's contiguous copy of it cost as much as the
+   * kernel at [1,8,1024,128], docs/BENCHMARKS.md); else null. The array's own direct buffer starts at
+   * its first element (a slice's too) and skips the flat reshape per array that a chunk list paid
+   * 1.1-1.3x one array's decode time for ("Chunk-list decode as pages").
+   */
+  private static BufferTensor view(NDArray a, Layout layout, NDManager scope) {
+    if (a.getDataType() != DataType.FLOAT32 || !contiguityKnown()) {
+      return null;
     }
-    FloatBuffer data = flat.toByteBuffer(true).order(ByteOrder.nativeOrder()).asFloatBuffer();
-    Shape s = x.getShape();
+    NDArray x = rowMajorView(a, scope);
+    if (x == null) {
+      return null;
+    }
+    boolean tokenMajor = (layout == Layout.BTHD) == (x == a);
+    return buffer(x, x.getShape(), tokenMajor);
+  }
+
+  /** A contiguous array's memory as a BufferTensor of the 4-d shape s, in the given order. */
+  private static BufferTensor buffer(NDArray contiguous, Shape s, boolean tokenMajor) {
+    FloatBuffer data = contiguous.toByteBuffer(true).order(ByteOrder.nativeOrder()).asFloatBuffer();
     int d0 = (int) s.get(0), d1 = (int) s.get(1), d2 = (int) s.get(2), d3 = (int) s.get(3);
     return tokenMajor ? BufferTensor.bthd(data, d0, d1, d2, d3) : BufferTensor.bhtd(data, d0, d1, d2, d3);
   }
@@ -839,12 +858,15 @@ public final class AttentionOp {
 
   /**
    * Decoding over a KV cache held as a list of chunks (k chunk i and v chunk i of equal shape, each
-   * [B, Hkv, Tk_i, D] or [B, Tk_i, Hkv, D] by layout), without concatenating them: the chunks are
-   * read in place as pages of one K and one V ({@link CpuAttention#decode(BufferTensor, List, List,
-   * long[], long[], AttentionOptions, int)}), so the result is {@link #decode(NDArray, NDArray, NDArray,
-   * long[], long[], AttentionOptions, Layout)}'s on the chunks concatenated, bit for bit, however the
-   * cache is cut. Chunks that are not float32, or strided other than as a transposed view, are
-   * converted or copied by libtorch for the call, as one such array would be.
+   * [B, Hkv, Tk_i, D] or [B, Tk_i, Hkv, D] by layout), without concatenating them. Where every chunk
+   * is float32 in memory of its own order or its transpose's (an array of its own, a transposed view
+   * of one, a slice along T of a batch-1 array in token-major memory), the chunks are read in place
+   * as pages of one K and one V ({@link CpuAttention#decode(BufferTensor, List, List, long[], long[],
+   * AttentionOptions, int)}): the result is {@link #decode(NDArray, NDArray, NDArray, long[], long[],
+   * AttentionOptions, Layout)}'s on the chunks concatenated, bit for bit, however the cache is cut.
+   * Otherwise (float16 chunks, strided slices) each chunk is converted or copied and decoded alone,
+   * one at a time so the cache is never copied whole, and the states are merged in chunk order
+   * ({@link AttentionState#mergeAll}): within the tolerance, not the one array's bits.
    *
    * @param kStart absolute position of each chunk's first key (keys inside a chunk are
    *     consecutive), or null for chunks laid end to end from position 0
@@ -899,13 +921,30 @@ public final class AttentionOp {
     }
     AttentionState st;
     try (NDManager scope = q.getManager().newSubManager()) {
+      BufferTensor qb = inPlace(q, layout, scope);
       List<BufferTensor> kPages = new ArrayList<>(n), vPages = new ArrayList<>(n);
-      for (int i = 0; i < n; i++) {
-        kPages.add(inPlace(kChunks.get(i), layout, scope));
-        vPages.add(inPlace(vChunks.get(i), layout, scope));
+      for (int i = 0; i < n && kPages.size() == i; i++) {
+        BufferTensor kb = view(kChunks.get(i), layout, scope), vb = view(vChunks.get(i), layout, scope);
+        if (kb != null && vb != null) {
+          kPages.add(kb);
+          vPages.add(vb);
+        }
       }
-      st = kernels.decode(inPlace(q, layout, scope), kPages, vPages, qPos, kPos, opt, CpuAttention.DEFAULT_SPLIT_LEN)
-          .state();
+      if (kPages.size() == n) {
+        st = kernels.decode(qb, kPages, vPages, qPos, kPos, opt, CpuAttention.DEFAULT_SPLIT_LEN).state();
+      } else {
+        // Some chunk needs a conversion or copy: holding every chunk's copy at once could double a cache's
+        // memory, so each chunk is decoded alone, its copy freed after it, and the states merged in order.
+        List<AttentionState> states = new ArrayList<>(n);
+        for (int i = 0, at = 0; i < n; at += dims[i].tk, i++) {
+          try (NDManager chunkScope = q.getManager().newSubManager()) {
+            states.add(kernels.decode(qb, inPlace(kChunks.get(i), layout, chunkScope),
+                inPlace(vChunks.get(i), layout, chunkScope), qPos, Arrays.copyOfRange(kPos, at, at + dims[i].tk), opt,
+                CpuAttention.DEFAULT_SPLIT_LEN).state());
+          }
+        }
+        st = AttentionState.mergeAll(states);
+      }
     }
     return stateToNd(q.getManager(), st, first.batch, first.tq, first.heads, first.dim, layout);
   }
@@ -1116,7 +1155,7 @@ public final class AttentionOp {
     float[] out = new float[n];
     // For a strided array toByteBuffer would make its contiguous copy on a's manager (the caller's),
     // where nothing closes it. The flat reshape is a view of a contiguous array and a contiguous copy
-    // of any other, moved to a scope of ours at once (inPlace does the same); a itself stays where it
+    // of any other, moved to a scope of ours at once (inPlace copies so too); a itself stays where it
     // is (another thread may be reading it: lending it to a scope broke two callers sharing one input).
     try (NDManager scope = a.getManager().newSubManager()) {
       NDArray flat = a.reshape(-1);

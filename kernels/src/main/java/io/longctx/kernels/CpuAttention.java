@@ -610,25 +610,28 @@ public final class CpuAttention implements AttentionBackend {
     int j0 = s * splitLen, j1 = Math.min(p.tk, j0 + splitLen);
     int r0 = rb * bq, r1 = Math.min(groupRows, r0 + bq);
     BlockWorker w = keyLanes ? keyLaneWorker(bq, p.dim) : worker(bq, p.dim);
-    w.startBlock();
-    w.clearFlags();
-    for (int r = r0; r < r1; r++) {
-      w.addRow(p, b, kvh * p.group + r / p.tq, r % p.tq);
-    }
-    w.run(p, b, kvh, j0, j1, um);
-    recomputed[task] = w.finish(p, partOut.get(s), um);
-    if (recomputed[task] > 0) {
-      // Rows flagged by the unified-max check: redo them with the running max.
+    try {
       w.startBlock();
+      w.clearFlags();
       for (int r = r0; r < r1; r++) {
-        if (w.flagged(r - r0)) {
-          w.addRow(p, b, kvh * p.group + r / p.tq, r % p.tq);
-        }
+        w.addRow(p, b, kvh * p.group + r / p.tq, r % p.tq);
       }
-      w.run(p, b, kvh, j0, j1, null);
-      w.finish(p, partOut.get(s), null);
+      w.run(p, b, kvh, j0, j1, um);
+      recomputed[task] = w.finish(p, partOut.get(s), um);
+      if (recomputed[task] > 0) {
+        // Rows flagged by the unified-max check: redo them with the running max.
+        w.startBlock();
+        for (int r = r0; r < r1; r++) {
+          if (w.flagged(r - r0)) {
+            w.addRow(p, b, kvh * p.group + r / p.tq, r % p.tq);
+          }
+        }
+        w.run(p, b, kvh, j0, j1, null);
+        w.finish(p, partOut.get(s), null);
+      }
+    } finally {
+      TILE_STEPS.add(w.takeSteps()); // a failed task's steps are its own, not the next task's
     }
-    TILE_STEPS.add(w.takeSteps());
   }
 
   private TileWorker worker(int bq, int dim) {

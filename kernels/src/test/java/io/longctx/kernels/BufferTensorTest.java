@@ -202,6 +202,29 @@ class BufferTensorTest {
     }
   }
 
+  /**
+   * Of bad keys in several split-K tasks (kv head 1's first split, kv head 0's sixth), every call names
+   * the same one, the lowest task's (kv head 0), whatever order the threads reach them in.
+   */
+  @Test
+  void ofSeveralBadKeysTheLowestTasksIsNamedEveryTime() {
+    SplittableRandom rng = new SplittableRandom(23);
+    Tensor q = Tensor.random(rng, 1, 2, 1, 8), k = Tensor.random(rng, 1, 2, 64, 8), v = Tensor.random(rng, 1, 2, 64, 8);
+    k.data()[k.offset(0, 1, 1) + 2] = Float.POSITIVE_INFINITY;
+    k.data()[k.offset(0, 0, 21) + 5] = Float.POSITIVE_INFINITY;
+    String first = null;
+    for (int run = 0; run < 40; run++) {
+      RuntimeException e = assertThrows(RuntimeException.class,
+          () -> CpuAttention.DEFAULT.decode(q, k, v, null, null, AttentionOptions.DEFAULT, 4));
+      String msg = e.getMessage() + " (suppressed " + e.getSuppressed().length + ")";
+      if (first == null) {
+        first = msg;
+        assertTrue(msg.contains("head 0") && msg.contains("(suppressed 1)"), msg);
+      }
+      assertEquals(first, msg, "run " + run);
+    }
+  }
+
   @Test
   void badPagesAreNamed() {
     SplittableRandom rng = new SplittableRandom(5);

@@ -223,6 +223,22 @@ class BadInputTest {
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "12", "--queries-per-doc", "0",
         "--overwrite", "--output", g}, System.out, e));
     assertTrue(err.toString().contains("from an earlier run, and --queries-per-doc 0 writes none"), err.toString());
+    // A bad -D setting of the operator or of ppl ended in a stack trace (bench) or a "MODEL dir" error (ppl);
+    // every command now refuses it first, naming the property.
+    String before = System.setProperty(io.longctx.djl.AttentionOp.PATH_PROPERTY, "fastest");
+    try {
+      assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "10", "--output", g + "2"},
+          System.out, e));
+      assertTrue(err.toString().contains("longctx gen: error: -Dlongctx.op.path must be auto, java or libtorch, got "
+          + "'fastest'"), err.toString());
+      assertTrue(!java.nio.file.Files.exists(tmp.resolve("g2")), "nothing written");
+    } finally {
+      if (before == null) {
+        System.clearProperty(io.longctx.djl.AttentionOp.PATH_PROPERTY);
+      } else {
+        System.setProperty(io.longctx.djl.AttentionOp.PATH_PROPERTY, before);
+      }
+    }
     ByteArrayOutputStream out = new ByteArrayOutputStream();
     for (String cmd : new String[] {"score", "gen", "demo"}) {
       assertEquals(0, LongctxMain.run(new String[] {cmd, "--help"}, new PrintStream(out, true), e));
