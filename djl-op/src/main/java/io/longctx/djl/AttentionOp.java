@@ -1063,7 +1063,8 @@ public final class AttentionOp {
         throw new IllegalArgumentException("head dim " + d + " above the supported " + CpuAttention.MAX_DIM);
       }
       if (q.size() > Integer.MAX_VALUE || k.size() > Integer.MAX_VALUE) {
-        throw new IllegalArgumentException("arrays above 2^31 elements are not supported, got q " + qs + ", k " + ks);
+        throw new IllegalArgumentException("arrays above 2^31 elements are not supported, got q " + qs + ", k " + ks
+            + " (decode takes a larger KV cache as a list of chunks)");
       }
       return new Dims((int) b, (int) h, (int) hk, (int) tq, (int) tk, (int) d);
     }
