@@ -73,7 +73,8 @@ public final class PplJob {
       renamed to OUT at the end (as score).
 
       Options:
-        --model DIR           checkpoint directory (required)
+        --model DIR           checkpoint directory (required): a local path, read at the same place
+                              on the driver and on every executor (a shared mount on a cluster)
         --input PATH          documents (required)
         --output OUT          output directory (required; must not exist unless --overwrite)
         --overwrite           replace OUT if it is a previous longctx output
@@ -184,8 +185,15 @@ public final class PplJob {
     }
     Options o = new Options();
     // Absolute from the driver's directory: executors read it with their own working directory.
-    o.model = a.get("--model") == null ? null
-        : java.nio.file.Path.of(a.get("--model")).toAbsolutePath().normalize().toString();
+    String model = a.get("--model");
+    if (model != null && model.matches("[A-Za-z][A-Za-z0-9+.-]*://.*")) {
+      if (!model.startsWith("file://")) { // hdfs://, s3a://: the model is read with java.nio, not Hadoop
+        throw new InputError("--model " + model + ": the checkpoint must be a local directory, read at the same path on "
+            + "the driver and every executor (copy it there, or onto a shared mount)");
+      }
+      model = java.nio.file.Path.of(java.net.URI.create(model)).toString();
+    }
+    o.model = model == null ? null : java.nio.file.Path.of(model).toAbsolutePath().normalize().toString();
     o.input = a.get("--input");
     o.output = a.get("--output");
     o.format = a.get("--format") == null ? null : a.get("--format").toLowerCase(Locale.ROOT);

@@ -325,6 +325,17 @@ class PplJobTest {
     assertEquals(0, run(err, "ppl", "--model", relative.toString(), "--input", in.toString(), "--output",
         tmp.resolve("rel").toString()), err.toString());
     assertTrue(err.toString().contains("(model " + model.toAbsolutePath() + ","), err.toString());
+    // A file: URI names the same directory; another scheme is refused: the model is read with java.nio.
+    err = new ByteArrayOutputStream();
+    assertEquals(0, run(err, "ppl", "--model", model.toAbsolutePath().toUri().toString(), "--input", in.toString(),
+        "--output", tmp.resolve("uri").toString()), err.toString());
+    assertTrue(err.toString().contains("(model " + model.toAbsolutePath() + ","), err.toString());
+    err = new ByteArrayOutputStream();
+    assertEquals(2, run(err, "ppl", "--model", "hdfs://nn:8020/models/x", "--input", in.toString(), "--output",
+        tmp.resolve("hdfs").toString()), err.toString());
+    assertTrue(err.toString().contains("--model hdfs://nn:8020/models/x: the checkpoint must be a local directory"),
+        err.toString());
+    assertFalse(Files.exists(tmp.resolve("hdfs")), "nothing written");
     // A one-token text row (a tokenizer without special tokens) scores nothing: no rate, as no ppl.
     Row one = PplJob.row("d", 1, 0.0, null, 5, true, false);
     assertTrue(one.isNullAt(3) && one.isNullAt(4), one.toString());
