@@ -755,11 +755,11 @@ public final class AttentionOp {
   /**
    * a as a {@link BufferTensor} in the layout's order, valid while {@code scope} is open, for the Java
    * kernels to read in place (a query row as its block starts, a key tile at a time): a's own memory
-   * where {@link #view} reads it, else libtorch's float32 conversion or contiguous copy, put in scope. a itself stays with its manager (another
-   * thread may be reading it). Before, q, k and v were copied whole into float[] first: 4-5 ms of a
-   * 17 ms call at [1,8,1024,128] causal, and a long KV cache's copies cost more than its decode
-   * (docs/BENCHMARKS.md, "Decode with the keys in the lanes", "The operator reads its inputs and writes its
-   * output in place").
+   * where {@link #view} reads it, else libtorch's float32 conversion or contiguous copy, put in
+   * scope. a itself stays with its manager (another thread may be reading it). Before, q, k and v
+   * were copied whole into float[] first: 4-5 ms of a 17 ms call at [1,8,1024,128] causal, and a long
+   * KV cache's copies cost more than its decode (docs/BENCHMARKS.md, "Decode with the keys in the
+   * lanes", "The operator reads its inputs and writes its output in place").
    */
   private static BufferTensor inPlace(NDArray a, Layout layout, NDManager scope) {
     NDArray x = a;

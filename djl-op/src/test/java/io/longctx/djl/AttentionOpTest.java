@@ -325,7 +325,8 @@ class AttentionOpTest {
           for (int c = 0; c < 3; c++) {
             String idx = tAxis == 2 ? ":, :, " + cuts[c] + ":" + cuts[c + 1] : ":, " + cuts[c] + ":" + cuts[c + 1];
             String kKind = kind.equals("views mixed") ? kinds[c % 2] : kind.equals("slices mixed") ? kinds[c] : kind;
-            String vKind = kind.equals("views mixed") ? kinds[1 - c % 2] : kind.equals("slices mixed") ? kinds[2 - c] : kind;
+            String vKind = kind.equals("views mixed") ? kinds[1 - c % 2]
+                : kind.equals("slices mixed") ? kinds[2 - c] : kind;
             NDArray ks = chunkAs(m, ka.get(idx), kKind), vs = chunkAs(m, va.get(idx), vKind);
             kc.add(ks);
             vc.add(vs);
@@ -353,16 +354,19 @@ class AttentionOpTest {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);
     int tk = 700;
-    Tensor q = Tensor.random(rng, 1, 4, 2, 32), k = Tensor.random(rng, 1, 2, tk, 32), v = Tensor.random(rng, 1, 2, tk, 32);
+    Tensor q = Tensor.random(rng, 1, 4, 2, 32), k = Tensor.random(rng, 1, 2, tk, 32);
+    Tensor v = Tensor.random(rng, 1, 2, tk, 32);
     try (NDManager m = manager.newSubManager()) {
-      NDArray qa = OpChecks.nd(m, q, Layout.BTHD), ka = OpChecks.nd(m, k, Layout.BTHD), va = OpChecks.nd(m, v, Layout.BTHD);
+      NDArray qa = OpChecks.nd(m, q, Layout.BTHD), ka = OpChecks.nd(m, k, Layout.BTHD);
+      NDArray va = OpChecks.nd(m, v, Layout.BTHD);
       ka = m.create(ka.toFloatArray(), ka.getShape()); // contiguous in BTHD order
       va = m.create(va.toFloatArray(), va.getShape());
       List<NDArray> kc = new ArrayList<>(), vc = new ArrayList<>();
       int[] cuts = {0, 129, 130, 511, tk};
       for (int c = 0; c + 1 < cuts.length; c++) {
         NDArray ks = ka.get(":, " + cuts[c] + ":" + cuts[c + 1]), vs = va.get(":, " + cuts[c] + ":" + cuts[c + 1]);
-        assertTrue(AttentionOp.contiguous(ks) && AttentionOp.contiguous(vs), "chunk " + c + " must be a contiguous slice");
+        assertTrue(AttentionOp.contiguous(ks) && AttentionOp.contiguous(vs),
+            "chunk " + c + " must be a contiguous slice");
         kc.add(ks);
         vc.add(vs);
       }

@@ -120,7 +120,8 @@ final class TokenPages {
         if (pages.length == 1) {
           throw e;
         }
-        throw new IllegalArgumentException(name + " page " + i + " (tokens from " + starts[i] + "): " + e.getMessage(), e);
+        throw new IllegalArgumentException(name + " page " + i + " (tokens from " + starts[i] + "): " + e.getMessage(),
+            e);
       }
     }
   }

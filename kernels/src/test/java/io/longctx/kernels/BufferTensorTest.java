@@ -171,7 +171,8 @@ class BufferTensorTest {
       String where = "seed " + seed + ", round " + round + ": B " + batch + " heads " + kvHeads * group + "/" + kvHeads
           + " Tq " + tq + " Tk " + tk + " D " + dim + " split " + split + " " + opt + ", pages" + cuts;
       BufferTensor qb = direct(q, rng.nextBoolean());
-      CpuAttention.DecodeResult want = CpuAttention.DEFAULT.decode(qb, direct(k, false), direct(v, true), qp, kp, opt, split);
+      CpuAttention.DecodeResult want = CpuAttention.DEFAULT.decode(qb, direct(k, false), direct(v, true), qp, kp, opt,
+          split);
       CpuAttention.DecodeResult got = CpuAttention.DEFAULT.decode(qb, kPages, vPages, qp, kp, opt, split);
       same(want.state(), got.state(), where);
       assertEquals(want.splits(), got.splits(), where);
@@ -237,7 +238,8 @@ class BufferTensorTest {
     assertEquals("need one or more k pages", error.apply(java.util.List.of(), java.util.List.of(a)));
     assertEquals("k has 2 pages and v 1: k page i and v page i hold the same tokens",
         error.apply(java.util.List.of(a, b), java.util.List.of(a)));
-    assertEquals("k page 0 holds 4 tokens and v page 0 6", error.apply(java.util.List.of(a, b), java.util.List.of(b, a)));
+    assertEquals("k page 0 holds 4 tokens and v page 0 6",
+        error.apply(java.util.List.of(a, b), java.util.List.of(b, a)));
     BufferTensor other = direct(Tensor.random(rng, 1, 1, 6, 8), false);
     assertEquals("v page 1 has shape [1, 1, 6, 8], page 0 has [1, 2, 4, 8]: pages may differ in tokens only",
         error.apply(java.util.List.of(a, b), java.util.List.of(a, other)));

@@ -188,8 +188,8 @@ public final class PplJob {
     String model = a.get("--model");
     if (model != null && model.matches("[A-Za-z][A-Za-z0-9+.-]*://.*")) {
       if (!model.startsWith("file://")) { // hdfs://, s3a://: the model is read with java.nio, not Hadoop
-        throw new InputError("--model " + model + ": the checkpoint must be a local directory, read at the same path on "
-            + "the driver and every executor (copy it there, or onto a shared mount)");
+        throw new InputError("--model " + model + ": the checkpoint must be a local directory, read at the same "
+            + "path on the driver and every executor (copy it there, or onto a shared mount)");
       }
       model = java.nio.file.Path.of(java.net.URI.create(model)).toString();
     }
