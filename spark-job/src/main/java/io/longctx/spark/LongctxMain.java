@@ -123,6 +123,8 @@ public final class LongctxMain {
     System.exit(run(args, System.out, System.err));
   }
 
+  private static final java.util.Set<String> COMMANDS = java.util.Set.of("score", "gen", "demo", "spark-bench", "ppl");
+
   public static int run(String[] args, PrintStream out, PrintStream err) {
     if (args.length == 0 || args[0].equals("-h") || args[0].equals("--help") || args[0].equals("help")) {
       out.print(MAIN_HELP);
@@ -131,7 +133,10 @@ public final class LongctxMain {
     String cmd = args[0];
     String[] rest = java.util.Arrays.copyOfRange(args, 1, args.length);
     try {
-      AttentionOp.checkSettings(); // a bad -Dlongctx... value: exit 2 now, not at the first attention call
+      boolean help = java.util.Arrays.stream(rest).anyMatch(a -> a.equals("-h") || a.equals("--help"));
+      if (COMMANDS.contains(cmd) && !help) {
+        AttentionOp.checkSettings(); // a bad -Dlongctx... value: exit 2 now, not at the first attention call
+      }
       return switch (cmd) {
         case "score" -> score(rest, out, err);
         case "gen" -> gen(rest, out, err);

@@ -232,6 +232,11 @@ class BadInputTest {
       assertTrue(err.toString().contains("longctx gen: error: -Dlongctx.op.path must be auto, java or libtorch, got "
           + "'fastest'"), err.toString());
       assertTrue(!java.nio.file.Files.exists(tmp.resolve("g2")), "nothing written");
+      // Help and an unknown command are answered as they are.
+      assertEquals(0, LongctxMain.run(new String[] {"gen", "--help"}, new PrintStream(new ByteArrayOutputStream()), e));
+      ByteArrayOutputStream unknown = new ByteArrayOutputStream();
+      assertEquals(2, LongctxMain.run(new String[] {"bogus"}, System.out, new PrintStream(unknown, true)));
+      assertTrue(unknown.toString().startsWith("longctx: unknown command 'bogus'"), unknown.toString());
     } finally {
       if (before == null) {
         System.clearProperty(io.longctx.djl.AttentionOp.PATH_PROPERTY);
