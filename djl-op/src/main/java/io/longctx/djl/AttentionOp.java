@@ -923,12 +923,13 @@ public final class AttentionOp {
     try (NDManager scope = q.getManager().newSubManager()) {
       BufferTensor qb = inPlace(q, layout, scope);
       List<BufferTensor> kPages = new ArrayList<>(n), vPages = new ArrayList<>(n);
-      for (int i = 0; i < n && kPages.size() == i; i++) {
+      for (int i = 0; i < n; i++) {
         BufferTensor kb = view(kChunks.get(i), layout, scope), vb = view(vChunks.get(i), layout, scope);
-        if (kb != null && vb != null) {
-          kPages.add(kb);
-          vPages.add(vb);
+        if (kb == null || vb == null) {
+          break; // this chunk needs a copy: all go one at a time below
         }
+        kPages.add(kb);
+        vPages.add(vb);
       }
       if (kPages.size() == n) {
         st = kernels.decode(qb, kPages, vPages, qPos, kPos, opt, CpuAttention.DEFAULT_SPLIT_LEN).state();
