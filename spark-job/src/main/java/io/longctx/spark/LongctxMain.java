@@ -123,7 +123,17 @@ public final class LongctxMain {
     System.exit(run(args, System.out, System.err));
   }
 
-  private static final java.util.Set<String> COMMANDS = java.util.Set.of("score", "gen", "demo", "spark-bench", "ppl");
+  /** A command's entry point: its arguments after the name; returns the exit status. */
+  private interface Command {
+    int run(String[] argv, PrintStream out, PrintStream err) throws Exception;
+  }
+
+  private static final java.util.Map<String, Command> COMMANDS = java.util.Map.of(
+      "score", LongctxMain::score,
+      "gen", LongctxMain::gen,
+      "demo", LongctxMain::demo,
+      "spark-bench", (argv, out, err) -> OverheadBench.run(argv, out),
+      "ppl", PplJob::cli);
 
   public static int run(String[] args, PrintStream out, PrintStream err) {
     if (args.length == 0 || args[0].equals("-h") || args[0].equals("--help") || args[0].equals("help")) {
@@ -133,22 +143,16 @@ public final class LongctxMain {
     String cmd = args[0];
     String[] rest = java.util.Arrays.copyOfRange(args, 1, args.length);
     try {
-      boolean help = java.util.Arrays.stream(rest).anyMatch(a -> a.equals("-h") || a.equals("--help"));
-      if (COMMANDS.contains(cmd) && !help) {
+      Command command = COMMANDS.get(cmd);
+      if (command == null) {
+        err.println("longctx: unknown command '" + cmd + "'");
+        err.print(MAIN_HELP);
+        return 2;
+      }
+      if (java.util.Arrays.stream(rest).noneMatch(a -> a.equals("-h") || a.equals("--help"))) {
         AttentionOp.checkSettings(); // a bad -Dlongctx... value: exit 2 now, not at the first attention call
       }
-      return switch (cmd) {
-        case "score" -> score(rest, out, err);
-        case "gen" -> gen(rest, out, err);
-        case "demo" -> demo(rest, out, err);
-        case "spark-bench" -> OverheadBench.run(rest, out);
-        case "ppl" -> PplJob.cli(rest, out, err);
-        default -> {
-          err.println("longctx: unknown command '" + cmd + "'");
-          err.print(MAIN_HELP);
-          yield 2;
-        }
-      };
+      return command.run(rest, out, err);
     } catch (IllegalArgumentException e) {
       InputError ie = InputError.find(e);
       err.println("longctx " + cmd + ": error: " + (ie != null ? ie.getMessage() : e.getMessage()));
