@@ -36,7 +36,9 @@ public final class LlamaTranslator<I> implements NoBatchifyTranslator<I, Documen
   private static final String N_TOKENS = "longctx.nTokens";
 
   private final Class<I> type;
-  private HuggingFaceTokenizer tokenizer;
+  /** Opened by the first predictor's prepare and shared by the later ones (of the same checkpoint). */
+  private volatile HuggingFaceTokenizer tokenizer;
+  private Path tokenizerDir;
 
   private LlamaTranslator(Class<I> type) {
     this.type = type;
@@ -114,7 +116,17 @@ public final class LlamaTranslator<I> implements NoBatchifyTranslator<I, Documen
       }
     }
     if (type == String.class) {
-      tokenizer = openTokenizer(dir);
+      // One translator serves every predictor of its model: the tokenizer is opened once (a
+      // predictor each would leak the native tokenizer it replaced).
+      synchronized (this) {
+        if (tokenizer == null) {
+          tokenizer = openTokenizer(dir);
+          tokenizerDir = dir;
+        } else if (!tokenizerDir.equals(dir)) { // its tokenizer would be the other checkpoint's
+          throw new IllegalStateException("this LlamaTranslator serves the checkpoint " + tokenizerDir
+              + ", not " + dir + ": make one per checkpoint (LlamaTranslator.text())");
+        }
+      }
     }
   }
 

@@ -79,7 +79,7 @@ public final class ModelGenerator {
         --layers N              decoder layers (default 2)
         --hidden E              hidden size (default 64)
         --heads H, --kv-heads K attention heads and kv heads (default 4, 2; H % K == 0)
-        --ffn F                 MLP width (default 8*hidden/3 rounded up to a multiple of 16)
+        --ffn F                 MLP width (default, or 0: 8*hidden/3 rounded up to a multiple of 16)
         --vocab V               vocabulary size (default 300; at least 259: 3 special tokens + 256 bytes)
         --seed S                weight seed (default 1)
         --dtype D               bf16 (default), f16 or f32: how weights are stored
@@ -88,7 +88,7 @@ public final class ModelGenerator {
         --rope-theta T          rotary base (default 10000)
         --rope-scaling S        none (default), linear:F or llama3:F
         --shards N              split the weights over N files with an index (default 1)
-        --init-std S            weight std (default 1/sqrt(hidden))
+        --init-std S            weight std (default, or 0: 1/sqrt(hidden))
       """;
 
   public static void main(String[] args) throws IOException {
@@ -179,6 +179,15 @@ public final class ModelGenerator {
     }
     if (s.shards < 1) {
       throw new IllegalArgumentException("--shards must be >= 1, got " + s.shards);
+    }
+    if (s.slidingWindow < 0) {
+      throw new IllegalArgumentException("--sliding-window must be >= 1 (leave it out for none), got " + s.slidingWindow);
+    }
+    if (s.ffn < 0) {
+      throw new IllegalArgumentException("--ffn must be >= 0 (0: the default), got " + s.ffn);
+    }
+    if (!(s.initStd >= 0) || Double.isInfinite(s.initStd)) { // NaN too
+      throw new IllegalArgumentException("--init-std must be a finite number >= 0 (0: the default), got " + s.initStd);
     }
     Tokenizer tok = Tokenizer.train(s.vocab, SAMPLE_TEXT);
     String configJson = configJson(s);
@@ -303,7 +312,9 @@ public final class ModelGenerator {
       }
       c.add("rope_scaling", r);
     }
-    return new GsonBuilder().setPrettyPrinting().create().toJson(c);
+    // serializeNulls: Mistral's "sliding_window": null (no window) must be written, not dropped; an
+    // absent field is Hugging Face's default window of 4096.
+    return new GsonBuilder().serializeNulls().setPrettyPrinting().create().toJson(c);
   }
 
   /** Seeded weights in the config's tensor order; norms near 1 so that they matter, not exactly 1. */
@@ -420,20 +431,23 @@ public final class ModelGenerator {
       return t;
     }
 
-    /** Adds unused byte pairs (in byte order) as merges until the vocabulary has {@code size} entries. */
+    /**
+     * Adds unused merges until the vocabulary has {@code size} entries: each token in vocabulary order
+     * (the bytes first, so byte pairs come first) followed by each byte. Every merge joins two tokens
+     * already in the vocabulary, and each round makes new tokens to extend, so any size is reached
+     * (Llama-3's 128,256 takes byte triples).
+     */
     private static void fill(Tokenizer t, java.util.Set<String> known, char[] byteChar, int size) {
-      for (int a = 0; a < 256 && t.vocab.size() < size; a++) {
+      for (int i = SPECIALS.length; t.vocab.size() < size; i++) {
+        String x = t.vocab.get(i);
         for (int b = 0; b < 256 && t.vocab.size() < size; b++) {
-          String x = String.valueOf(byteChar[a]), y = String.valueOf(byteChar[b]);
+          String y = String.valueOf(byteChar[b]);
           if (!known.contains(x + y)) {
             t.merges.add(new String[] {x, y});
             t.vocab.add(x + y);
             known.add(x + y);
           }
         }
-      }
-      if (t.vocab.size() < size) {
-        throw new IllegalStateException("no merge left");
       }
     }
 

@@ -88,4 +88,28 @@ class LlamaTranslatorTest {
           1e-5 * Math.abs(directRandom.sumLogprob()));
     }
   }
+
+  /** One translator's predictors share its tokenizer; given a second checkpoint it refuses, never tokenizes with the first's. */
+  @Test
+  void aTextTranslatorServesOneCheckpoint(@TempDir Path tmp) throws Exception {
+    ModelGenerator.Spec s = LlamaTesting.tiny(Seeds.forTest());
+    Path dir = LlamaTesting.generate(s, tmp.resolve("m"));
+    LlamaTranslator<String> shared = LlamaTranslator.text();
+    try (ZooModel<String, DocumentScore> zm = LlamaTranslator.criteria(dir, shared, String.class, 16).loadModel();
+        Predictor<String, DocumentScore> p1 = zm.newPredictor();
+        Predictor<String, DocumentScore> p2 = zm.newPredictor()) {
+      assertEquals(p1.predict(TEXT).sumLogprob(), p2.predict(TEXT).sumLogprob(), 0.0);
+    }
+    s.vocab = 400; // another tokenizer
+    Path other = LlamaTesting.generate(s, tmp.resolve("m2"));
+    try (ZooModel<String, DocumentScore> zm = LlamaTranslator.criteria(other, shared, String.class, 16).loadModel();
+        Predictor<String, DocumentScore> p = zm.newPredictor()) {
+      Exception e = org.junit.jupiter.api.Assertions.assertThrows(Exception.class, () -> p.predict(TEXT));
+      Throwable c = e;
+      while (c != null && !String.valueOf(c.getMessage()).contains("make one per checkpoint")) {
+        c = c.getCause();
+      }
+      assertTrue(c != null, "the error says why: " + e);
+    }
+  }
 }

@@ -58,4 +58,42 @@ class ModelGeneratorTest {
     }
     assertTrue(!Files.exists(Path.of("x")), "nothing written on bad usage");
   }
+
+  /** Mistral without --sliding-window has no window: "sliding_window": null is written (absent would be 4096). */
+  @Test
+  void mistralWithoutAWindowHasNone() throws Exception {
+    ModelGenerator.Spec s = new ModelGenerator.Spec();
+    s.modelType = "mistral";
+    s.layers = 1;
+    Path dir = tmp.resolve("m");
+    ModelGenerator.generate(s, dir);
+    assertTrue(Files.readString(dir.resolve("config.json")).contains("\"sliding_window\": null"));
+    assertEquals(0, LlamaConfig.read(dir).slidingWindow);
+    s.slidingWindow = 5;
+    ModelGenerator.generate(s, tmp.resolve("w"));
+    assertEquals(5, LlamaConfig.read(tmp.resolve("w")).slidingWindow);
+  }
+
+  /** Values that would have fallen back to a default, or worse, without a word are refused naming the option. */
+  @Test
+  void outOfRangeValuesAreRefused() {
+    String[][] cases = {{"--sliding-window", "-4", "--model-type", "mistral"}, {"--ffn", "-1"}, {"--init-std", "-0.1"},
+        {"--init-std", "NaN"}};
+    for (String[] c : cases) {
+      String[] args = java.util.stream.Stream.concat(Stream.of(c), Stream.of("--output", tmp.resolve("x").toString()))
+          .toArray(String[]::new);
+      IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> ModelGenerator.run(args));
+      assertTrue(e.getMessage().startsWith(c[0] + " must be"), String.join(" ", c) + ": " + e.getMessage());
+    }
+    assertTrue(!Files.exists(tmp.resolve("x")), "nothing written on bad usage");
+  }
+
+  /** Any vocabulary size is filled exactly, Llama-3's 128,256 included (byte pairs alone ran out near 66,000). */
+  @Test
+  void largeVocabulariesAreFilledExactly() {
+    ModelGenerator.Tokenizer t = ModelGenerator.Tokenizer.train(128256, "a small text");
+    assertEquals(128256, t.vocab.size());
+    assertEquals(128256 - 259, t.merges.size());
+    assertEquals(t.vocab.size(), new java.util.HashSet<>(t.vocab).size(), "no token twice");
+  }
 }

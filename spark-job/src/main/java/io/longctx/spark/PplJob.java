@@ -68,13 +68,15 @@ public final class PplJob {
       Output rows (same format): doc_id, n_tokens long, sum_logprob double (natural log, sum over
       i = 1..n-1 of log p(t_i | t_<i); 0 for one token or none, an empty tokens array), ppl double
       (exp(-sum_logprob/(n_tokens-1)); null below 2 tokens), bits_per_byte double (only when the
-      input has a text column: -sum_logprob/ln 2/UTF-8 bytes; null below 2 tokens and for tokens rows),
+      input has a text column, as JSON input always does: -sum_logprob/ln 2/UTF-8 bytes; null below 2
+      tokens and for tokens rows),
       and with --per-token logprobs array<float> (n_tokens-1 values). Written to a hidden sibling and
       renamed to OUT at the end (as score).
 
       Options:
-        --model DIR           checkpoint directory (required): a local path, read at the same place
-                              on the driver and on every executor (a shared mount on a cluster)
+        --model DIR           checkpoint directory (required): a local path or file: URI, read at the
+                              same place on the driver and on every executor (a shared mount on a
+                              cluster; hdfs:// and other schemes are refused)
         --input PATH          documents (required)
         --output OUT          output directory (required; must not exist unless --overwrite)
         --overwrite           replace OUT if it is a previous longctx output
@@ -86,8 +88,9 @@ public final class PplJob {
         --partitions N        tasks of the one-document-per-task path (default: one per document)
         --split-above N       split documents longer than N tokens (0: every document of 2+ tokens).
                               Default: what one task can hold, a fifth of the executor heap
-                              (spark.executor.memory; the driver's heap with a local master) shared by
-                              the executor's concurrent tasks, over the KV cache per token (layers x
+                              (spark.executor.memory, default 1g; the driver's heap with a local
+                              master) shared by the executor's concurrent tasks (spark.executor.cores
+                              / spark.task.cpus), over the KV cache per token (layers x
                               kv heads x head dim x 8 bytes); never for a sliding-window model whose
                               window fits (its one-task cache is bounded): set N to spread long
                               documents for speed. The summary prints the value used
@@ -185,14 +188,7 @@ public final class PplJob {
     }
     Options o = new Options();
     // Absolute from the driver's directory: executors read it with their own working directory.
-    String model = a.get("--model");
-    if (model != null && model.matches("[A-Za-z][A-Za-z0-9+.-]*://.*")) {
-      if (!model.startsWith("file://")) { // hdfs://, s3a://: the model is read with java.nio, not Hadoop
-        throw new InputError("--model " + model + ": the checkpoint must be a local directory, read at the same "
-            + "path on the driver and every executor (copy it there, or onto a shared mount)");
-      }
-      model = java.nio.file.Path.of(java.net.URI.create(model)).toString();
-    }
+    String model = modelPath(a.get("--model"));
     o.model = model == null ? null : java.nio.file.Path.of(model).toAbsolutePath().normalize().toString();
     o.input = a.get("--input");
     o.output = a.get("--output");
@@ -297,11 +293,17 @@ public final class PplJob {
     Dataset<Row> df = read(spark, fmt, opt.input);
     boolean hasText = Arrays.asList(df.columns()).contains("text");
     boolean hasTokens = Arrays.asList(df.columns()).contains("tokens");
-    // JSON input always has a text column (its schema is fixed): without a tokenizer.json, look for a
-    // row that uses it before asking for one (a scan paid only then).
-    if (hasText && (java.nio.file.Files.exists(LlamaTranslator.tokenizerFile(java.nio.file.Path.of(opt.model)))
-        || !df.where(functions.col("text").isNotNull()).isEmpty())) {
-      checkTokenizer(opt.model);
+    // JSON input always has a text column (its schema is fixed): where the tokenizer is missing or
+    // unreadable, look for a row that uses it before failing (a scan paid only then); a tokens-only
+    // input runs without one.
+    if (hasText) {
+      try {
+        checkTokenizer(opt.model);
+      } catch (InputError e) {
+        if (!df.where(functions.col("text").isNotNull()).isEmpty()) {
+          throw e;
+        }
+      }
     }
     List<Column> cols = new ArrayList<>();
     cols.add(functions.col("doc_id"));
@@ -440,21 +442,59 @@ public final class PplJob {
   }
 
   /**
+   * --model as a local path: a {@code file:} URI ({@code file:/m}, {@code file:///m},
+   * {@code file://localhost/m}) names its path; another scheme ({@code hdfs://}, {@code s3a://}) or
+   * host is refused, since the checkpoint is read with java.nio at the same path on the driver and
+   * every executor. Anything else is a path as given.
+   */
+  static String modelPath(String model) {
+    if (model == null || !model.matches("(?i)file:.*|[A-Za-z][A-Za-z0-9+.-]*://.*")) {
+      return model;
+    }
+    String local = " the checkpoint must be a local directory, read at the same path on the driver and every "
+        + "executor (copy it there, or onto a shared mount)";
+    java.net.URI u;
+    try {
+      u = new java.net.URI(model);
+    } catch (java.net.URISyntaxException e) {
+      throw new InputError("--model " + model + ": not a valid URI (" + e.getReason() + ")");
+    }
+    if (!"file".equalsIgnoreCase(u.getScheme())) { // hdfs://, s3a://: the model is read with java.nio, not Hadoop
+      throw new InputError("--model " + model + ":" + local);
+    }
+    if (u.getAuthority() != null && !u.getAuthority().equalsIgnoreCase("localhost")) {
+      throw new InputError("--model " + model + ": a file URI on host '" + u.getAuthority() + "';" + local);
+    }
+    if (u.getPath() == null || !u.getPath().startsWith("/")) {
+      throw new InputError("--model " + model + ": a file URI needs an absolute path (file:/dir or file:///dir)");
+    }
+    return u.getPath();
+  }
+
+  /**
    * Documents longer than this take the split path by default: a fifth of an executor's heap, shared
    * by its concurrent tasks, is what one task may keep as KV cache ({@link LlamaConfig#kvCacheBytesPerToken}
    * per token; the rest is for Spark and the chunk's temporaries; the weights are off-heap). Executor
-   * heap: spark.executor.memory, or this JVM's heap with a local master; tasks at once:
-   * spark.executor.cores / spark.task.cpus, or the local master's threads. A sliding-window model
+   * heap: this JVM's heap with a local master, else spark.executor.memory (Spark's default 1g where
+   * unset); tasks at once: the local master's threads, else spark.executor.cores / spark.task.cpus,
+   * where unset one core on YARN and Kubernetes (their default) and, on a standalone master (whose
+   * executors take every core of their worker), the cluster's cores known now: an upper bound, so
+   * the budget errs on the small side. A sliding-window model
    * keeps only the chunks its window reaches (window + 2 chunks at most): when that fits, no length
    * needs splitting for memory and the default is {@link Long#MAX_VALUE} (never).
    */
   static long defaultSplitAbove(SparkSession spark, LlamaConfig cfg, int chunkLen) {
     org.apache.spark.SparkContext sc = spark.sparkContext();
-    boolean local = sc.isLocal();
-    long heap = local || !sc.conf().contains("spark.executor.memory") ? Runtime.getRuntime().maxMemory()
-        : sc.conf().getSizeAsBytes("spark.executor.memory");
-    int slots = local ? sc.defaultParallelism()
-        : Math.max(1, sc.conf().getInt("spark.executor.cores", 1) / Math.max(1, sc.conf().getInt("spark.task.cpus", 1)));
+    return defaultSplitAbove(sc.isLocal(), sc.master(), sc.conf(), sc.defaultParallelism(), cfg, chunkLen);
+  }
+
+  /** {@link #defaultSplitAbove(SparkSession, LlamaConfig, int)} from the context's master, conf and parallelism. */
+  static long defaultSplitAbove(boolean local, String master, org.apache.spark.SparkConf conf, int parallelism,
+      LlamaConfig cfg, int chunkLen) {
+    long heap = local ? Runtime.getRuntime().maxMemory() : conf.getSizeAsBytes("spark.executor.memory", "1g");
+    int cores = conf.contains("spark.executor.cores") ? conf.getInt("spark.executor.cores", 1)
+        : master.startsWith("spark://") ? parallelism : 1;
+    int slots = local ? parallelism : Math.max(1, cores / Math.max(1, conf.getInt("spark.task.cpus", 1)));
     long budgetTokens = Math.max(1, heap / 5 / Math.max(1, slots) / cfg.kvCacheBytesPerToken());
     if (cfg.slidingWindow > 0 && cfg.slidingWindow + 2L * chunkLen <= budgetTokens) {
       return Long.MAX_VALUE;
@@ -523,10 +563,10 @@ public final class PplJob {
   }
 
   /** Opens tokenizer.json on the driver: a missing or malformed one fails before any task. */
-  private static void checkTokenizer(String dir) throws IOException {
+  private static void checkTokenizer(String dir) {
     try {
       LlamaTranslator.openTokenizer(java.nio.file.Path.of(dir)).close();
-    } catch (IllegalArgumentException e) {
+    } catch (IllegalArgumentException | IOException e) {
       throw new InputError("MODEL " + dir + ": text input needs a tokenizer: " + e.getMessage());
     }
   }

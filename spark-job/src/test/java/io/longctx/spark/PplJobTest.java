@@ -164,7 +164,7 @@ class PplJobTest {
   /**
    * JSON Lines rows with tokens only, over a checkpoint without tokenizer.json: JSON input always
    * has a text column (its schema is fixed), and the driver used to demand a tokenizer (exit 2)
-   * though no row had text; Parquet with the same rows scored.
+   * though no row had text; Parquet with the same rows scored. A malformed tokenizer.json likewise.
    */
   @Test
   void tokenRowsInJsonNeedNoTokenizer() throws Exception {
@@ -178,6 +178,15 @@ class PplJobTest {
     assertEquals(2, run(err, "ppl", "--model", noTokenizer.toString(), "--input", text.toString(), "--output",
         tmp.resolve("out2").toString()), err.toString());
     assertTrue(err.toString().contains("text input needs a tokenizer"), err.toString());
+    // A tokenizer.json that cannot be read stops only an input with text rows.
+    Files.writeString(noTokenizer.resolve("tokenizer.json"), "{\"version\": \"1.0\", \"model\": {");
+    err.reset();
+    assertEquals(0, run(err, "ppl", "--model", noTokenizer.toString(), "--input", in.toString(), "--output",
+        tmp.resolve("out3").toString()), err.toString());
+    err.reset();
+    assertEquals(2, run(err, "ppl", "--model", noTokenizer.toString(), "--input", text.toString(), "--output",
+        tmp.resolve("out4").toString()), err.toString());
+    assertTrue(err.toString().contains("not a valid tokenizer.json"), err.toString());
   }
 
   @Test
@@ -336,6 +345,18 @@ class PplJobTest {
     assertTrue(err.toString().contains("--model hdfs://nn:8020/models/x: the checkpoint must be a local directory"),
         err.toString());
     assertFalse(Files.exists(tmp.resolve("hdfs")), "nothing written");
+    // Every form of a local file URI, Spark's own "file:/dir" included; a host or a relative one is refused.
+    for (String uri : List.of("file:/m/x%20y", "file:///m/x%20y", "file://localhost/m/x%20y", "FILE:/m/x%20y")) {
+      assertEquals("/m/x y", PplJob.modelPath(uri), uri);
+    }
+    assertEquals("rel/m", PplJob.modelPath("rel/m"));
+    assertEquals("/abs/m", PplJob.modelPath("/abs/m"));
+    for (String[] bad : new String[][] {{"file://nn/m", "on host 'nn'"}, {"file:m", "needs an absolute path"},
+        {"file:/a b", "not a valid URI"}, {"s3a://b/m", "must be a local directory"}}) {
+      InputError e = assertThrows(InputError.class, () -> PplJob.modelPath(bad[0]));
+      assertTrue(e.getMessage().startsWith("--model " + bad[0] + ": ") && e.getMessage().contains(bad[1]),
+          e.getMessage());
+    }
     // A one-token text row (a tokenizer without special tokens) scores nothing: no rate, as no ppl.
     Row one = PplJob.row("d", 1, 0.0, null, 5, true, false);
     assertTrue(one.isNullAt(3) && one.isNullAt(4), one.toString());

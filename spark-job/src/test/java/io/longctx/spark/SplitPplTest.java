@@ -248,6 +248,16 @@ class SplitPplTest {
     assertEquals(3L * 32 / 4 * 2 * 2 * 4, full.kvCacheBytesPerToken()); // layers x kv heads x head dim x K,V x 4
     // A window of 23 tokens bounds the one-task cache: no length needs splitting for memory.
     assertEquals(Long.MAX_VALUE, PplJob.defaultSplitAbove(spark, configOf(windowed), 16));
+    // On a cluster: the executors' heap and cores, Spark's defaults where unset (1g; one core on YARN and
+    // Kubernetes; a standalone executor takes its worker's cores: bounded by the cluster's), never the driver's heap.
+    long per = full.kvCacheBytesPerToken();
+    org.apache.spark.SparkConf none = new org.apache.spark.SparkConf(false);
+    assertEquals((1L << 30) / 5 / per, PplJob.defaultSplitAbove(false, "yarn", none, 12, full, 16));
+    assertEquals((1L << 30) / 5 / 12 / per, PplJob.defaultSplitAbove(false, "spark://m:7077", none, 12, full, 16));
+    org.apache.spark.SparkConf set = new org.apache.spark.SparkConf(false).set("spark.executor.memory", "8g")
+        .set("spark.executor.cores", "4").set("spark.task.cpus", "2");
+    assertEquals((8L << 30) / 5 / 2 / per, PplJob.defaultSplitAbove(false, "spark://m:7077", set, 12, full, 16));
+    assertEquals((8L << 30) / 5 / 2 / per, PplJob.defaultSplitAbove(false, "k8s://https://api", set, 12, full, 16));
   }
 
   @Test
