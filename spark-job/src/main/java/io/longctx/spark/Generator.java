@@ -40,6 +40,10 @@ public final class Generator implements Serializable {
     return docs == 1 ? tokens : tokens - Math.multiplyExact(tokens - min, (long) i) / (docs - 1);
   }
 
+  /** Floats in one generated vector at most (q is heads x dim; a row holds q, k and v). */
+  static final long MAX_VECTOR = 1 << 24;
+  static final int MAX_DOCS = 100_000_000;
+
   /** Refuses, before any Spark work, a corpus that cannot be made: shape, counts, format, total. */
   public void check() {
     if (docs < 1 || tokens < 1 || heads < 1 || kvHeads < 1 || dim < 1 || heads % kvHeads != 0 || queriesPerDoc < 0
@@ -47,6 +51,17 @@ public final class Generator implements Serializable {
       throw new IllegalArgumentException("needs docs, tokens, heads, kv-heads, dim >= 1, heads % kv-heads == 0, "
           + "queries-per-doc >= 0 and format parquet|json; got docs " + docs + ", tokens " + tokens + ", heads " + heads
           + ", kv-heads " + kvHeads + ", dim " + dim + ", queries-per-doc " + queriesPerDoc + ", format " + format);
+    }
+    if (dim > io.longctx.kernels.CpuAttention.MAX_DIM) { // score would refuse the corpus
+      throw new IllegalArgumentException("--dim " + dim + " is above the kernels' maximum " + io.longctx.kernels.CpuAttention.MAX_DIM);
+    }
+    if ((long) heads * dim > MAX_VECTOR) { // an int product wrapped to 0 wrote empty vectors
+      throw new IllegalArgumentException("--heads " + heads + " x --dim " + dim + " floats per vector is above "
+          + MAX_VECTOR);
+    }
+    if (docs > MAX_DOCS) {
+      throw new IllegalArgumentException("--docs must be <= " + MAX_DOCS + " (each document's start is held in memory), got "
+          + docs);
     }
     if (minTokens != null && (minTokens < 1 || minTokens > tokens)) {
       throw new IllegalArgumentException("--min-tokens must be 1.." + tokens + " (--tokens), got " + minTokens);

@@ -107,7 +107,9 @@ public final class LongctxMain {
       exactly; chunk length 1000 within 1e-5). Exit 1 if a check does not match.
 
         --ppl-only            run only the ppl part
-        --dir DIR             where to write the corpus and scores (default: a temp directory, deleted at the end)
+        --dir DIR             where to write the corpus and scores: a new or empty directory, or one an
+                              earlier demo wrote (its outputs are replaced); default a temp directory,
+                              deleted at the end
       """ + COMMON_HELP;
 
   public static final String MAIN_HELP = """
@@ -155,7 +157,7 @@ public final class LongctxMain {
       return command.run(rest, out, err);
     } catch (IllegalArgumentException e) {
       InputError ie = InputError.find(e);
-      err.println("longctx " + cmd + ": error: " + (ie != null ? ie.getMessage() : e.getMessage()));
+      err.println("longctx " + cmd + ": error: " + (ie != null ? ie.getMessage() : withCauses(e)));
       return 2;
     } catch (Throwable e) {
       InputError ie = InputError.find(e);
@@ -175,6 +177,21 @@ public final class LongctxMain {
     } finally {
       Sessions.stopFailed(); // after the error is printed: a failed job's other tasks may still be ending
     }
+  }
+
+  /**
+   * The message and those of its causes that add something: Spark wraps a bad --conf value as "Error
+   * while instantiating '...SessionStateBuilder':", and only the cause names the property and value.
+   */
+  static String withCauses(Throwable e) {
+    StringBuilder m = new StringBuilder(String.valueOf(e.getMessage()));
+    Throwable c = e.getCause();
+    for (int depth = 0; c != null && depth < 8; c = c.getCause(), depth++) {
+      if (c.getMessage() != null && !m.toString().contains(c.getMessage())) {
+        m.append(m.toString().endsWith(":") ? " " : ": ").append(c.getMessage());
+      }
+    }
+    return m.toString();
   }
 
   static int score(String[] argv, PrintStream out, PrintStream err) throws Exception {
@@ -272,6 +289,9 @@ public final class LongctxMain {
     }
     boolean temp = a.get("--dir") == null;
     Path dir = temp ? Files.createTempDirectory("longctx-demo-") : Path.of(a.get("--dir"));
+    if (!temp) {
+      Demo.claimDir(dir);
+    }
     try {
       return Sessions.run("longctx demo", a.get("--master"), a.confs, spark -> {
         boolean ok = a.flag("--ppl-only")

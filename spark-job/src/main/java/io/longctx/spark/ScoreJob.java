@@ -150,6 +150,11 @@ public final class ScoreJob {
     Dataset<Token> queryRows = prefill ? null : read(spark, opt.queriesFormat(), opt.queries, false, true);
     Sessions.label(spark, "longctx score: first rows (shape)");
     Shape shape = resolveShape(opt, keyRows, queryRows, prefill);
+    try { // an option's fault, said before the jobs run (a task named the data's first pair instead)
+      attn.scoreScale(shape.dim());
+    } catch (IllegalArgumentException e) {
+      throw new InputError("--scale / --softcap: " + e.getMessage());
+    }
 
     final String keysPath = opt.keys;
     final int chunkLen = opt.chunkLen;

@@ -148,7 +148,14 @@ public final class Sessions {
   public static SparkSession create(String appName, String master, List<String> confs) {
     SparkSession.Builder b = SparkSession.builder().appName(appName);
     settings(master, confs).forEach(b::config);
-    return b.getOrCreate();
+    try {
+      return b.getOrCreate();
+    } catch (Exception e) { // Scala throws SparkException unchecked
+      if (String.valueOf(e.getMessage()).startsWith("Could not parse Master URL")) { // bad usage: exit 2, one line
+        throw new InputError("--master: " + e.getMessage());
+      }
+      throw e;
+    }
   }
 
   /** The session's properties in precedence order (see the class comment). */

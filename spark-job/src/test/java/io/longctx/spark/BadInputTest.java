@@ -163,7 +163,7 @@ class BadInputTest {
   }
 
   @Test
-  void usageErrors() {
+  void usageErrors() throws Exception {
     ByteArrayOutputStream err = new ByteArrayOutputStream();
     PrintStream e = new PrintStream(err, true);
     assertEquals(2, LongctxMain.run(new String[] {"score", "--keys", "k"}, System.out, e));
@@ -212,12 +212,41 @@ class BadInputTest {
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--heads", "3", "--kv-heads", "2", "--output", g}, System.out, e));
     assertTrue(err.toString().contains("heads % kv-heads == 0") && err.toString().contains("heads 3, kv-heads 2"),
         err.toString());
+    // Shapes and counts past what the generator (or score) can handle: an int product wrapped to 0 wrote
+    // empty vectors, --docs 2^31-1 and a huge dim ended in stack traces, --dim 1025 wrote what score refuses.
+    String[][] big = {{"--heads", "65536", "--kv-heads", "65536", "--dim", "1024"}, {"--docs", "2147483647"},
+        {"--dim", "1025"}};
+    String[] says = {"--heads 65536 x --dim 1024 floats per vector is above", "--docs must be <= 100000000",
+        "--dim 1025 is above the kernels' maximum 1024"};
+    for (int i = 0; i < big.length; i++) {
+      err.reset();
+      List<String> args = new ArrayList<>(List.of("gen", "--output", g));
+      args.addAll(List.of(big[i]));
+      assertEquals(2, LongctxMain.run(args.toArray(String[]::new), System.out, e), err.toString());
+      assertTrue(err.toString().contains(says[i]), err.toString());
+    }
     assertTrue(!java.nio.file.Files.exists(tmp.resolve("g")), "nothing written");
     // spark-bench --runs 0 ran once; demo --tokens 0 failed inside the job. Both refused before any work.
     assertEquals(2, LongctxMain.run(new String[] {"spark-bench", "--runs", "0"}, System.out, e));
     assertTrue(err.toString().contains("--chunk-len and --runs must be >= 1, got 8192 and 0"), err.toString());
     assertEquals(2, LongctxMain.run(new String[] {"demo", "--tokens", "0"}, System.out, e));
     assertTrue(err.toString().contains("demo needs --tokens >= 1"), err.toString());
+    // A bad --conf value: Spark's own message names neither property nor value, its cause does.
+    assertEquals("Error while instantiating 'B': spark.sql.shuffle.partitions should be int, but was abc",
+        LongctxMain.withCauses(new IllegalArgumentException("Error while instantiating 'B':",
+            new IllegalArgumentException("spark.sql.shuffle.partitions should be int, but was abc"))));
+    // demo --dir over a user's folder replaced its keys.parquet and scores.parquet: now refused, untouched.
+    java.nio.file.Path mine = java.nio.file.Files.createDirectories(tmp.resolve("mine").resolve("scores.parquet"));
+    assertEquals(2, LongctxMain.run(new String[] {"demo", "--dir", mine.getParent().toString()}, System.out, e));
+    assertTrue(err.toString().contains("holds files the demo did not make (scores.parquet)"), err.toString());
+    try (java.util.stream.Stream<Path> left = Files.list(mine.getParent())) {
+      assertEquals(List.of(mine), left.toList(), "nothing added");
+    }
+    java.nio.file.Path fresh = tmp.resolve("fresh-demo");
+    Demo.claimDir(fresh); // a new directory is marked as the demo's: a re-run may use it
+    Files.createDirectories(fresh.resolve("scores.parquet"));
+    Demo.claimDir(fresh);
+    assertTrue(Files.exists(fresh.resolve(Demo.MARKER)));
     // gen --queries-per-doc 0 over an earlier run's output left its queries beside the new keys.
     assertEquals(0, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "10", "--output", g}, System.out, e));
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "12", "--queries-per-doc", "0",
@@ -330,6 +359,24 @@ class BadInputTest {
     }
     TestData.write(spark, rows, TestData.keysSchema(true), "parquet", twice, 2);
     fails(twice, null, "doc 'alpha'", "the token at pos 7", "key at pos 4", "overflows");
+  }
+
+  /**
+   * A --scale (or softcap) float32 cannot apply is the option's fault, said before any job: it ran the
+   * jobs and a task named the data's first pair as the cause.
+   */
+  @Test
+  void scaleOutsideFloat32IsNamedAsTheOption() throws Exception {
+    TestData d = good();
+    Path keys = d.writeKeys(spark, tmp, "parquet", false), queries = d.writeQueries(spark, tmp, "parquet");
+    for (String[] opt : new String[][] {{"--scale", "1e300"}, {"--scale", "1e-50"}, {"--softcap", "1e-40"}}) {
+      ByteArrayOutputStream err = new ByteArrayOutputStream();
+      int rc = LongctxMain.run(new String[] {"score", "--keys", keys.toString(), "--queries", queries.toString(),
+          "--output", tmp.resolve("out").toString(), "--dim", "8", opt[0], opt[1]}, System.out, new PrintStream(err, true));
+      assertEquals(2, rc, err.toString());
+      assertTrue(err.toString().contains("--scale / --softcap: the score scale"), err.toString());
+      assertFalse(Files.exists(tmp.resolve("out")));
+    }
   }
 
   /** A Parquet file read as JSON is named as such (not its raw bytes); --output-format is separate. */
