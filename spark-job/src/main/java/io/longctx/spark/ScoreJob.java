@@ -109,7 +109,15 @@ public final class ScoreJob {
       Encoders.LONG());
 
   /** Resolved tensor shape of the job. */
-  record Shape(int heads, int kvHeads, int dim) implements Serializable {}
+  /**
+   * Resolved tensor shape of the job; {@code origin} says, where a count was inferred, from which rows
+   * (a length error then names both rows: the first one may be the odd one).
+   */
+  record Shape(int heads, int kvHeads, int dim, String origin) implements Serializable {
+    Shape(int heads, int kvHeads, int dim) {
+      this(heads, kvHeads, dim, "");
+    }
+  }
 
   public static Summary run(SparkSession spark, ScoreOptions opt) {
     long t0 = System.nanoTime();
@@ -502,7 +510,14 @@ public final class ScoreJob {
     if (heads % kvHeads != 0) {
       throw new InputError("heads (" + heads + ") must be a multiple of kv-heads (" + kvHeads + ")" + where);
     }
-    return new Shape(heads, kvHeads, dim);
+    java.util.List<String> inferred = new java.util.ArrayList<>();
+    for (String[] c : new String[][] {{"heads", "" + opt.heads}, {"kv-heads", "" + opt.kvHeads}, {"dim", "" + opt.dim}}) {
+      if (c[1].equals("0")) {
+        inferred.add(c[0]);
+      }
+    }
+    return new Shape(heads, kvHeads, dim, inferred.isEmpty() ? "" : "; " + String.join(", ", inferred)
+        + " inferred from the first rows: " + where.substring(" (first rows: ".length(), where.length() - 1));
   }
 
   static Token validateKey(Token t, Shape s, boolean prefill) {
@@ -519,10 +534,10 @@ public final class ScoreJob {
     if (t.getPos() == null) {
       throw new InputError(where + ": column 'pos' is missing or null");
     }
-    checkVector(t.getK(), "k", s.kvHeads() * s.dim(), "kv-heads*dim", where);
-    checkVector(t.getV(), "v", s.kvHeads() * s.dim(), "kv-heads*dim", where);
+    checkVector(t.getK(), "k", s.kvHeads() * s.dim(), "kv-heads*dim" + s.origin(), where);
+    checkVector(t.getV(), "v", s.kvHeads() * s.dim(), "kv-heads*dim" + s.origin(), where);
     if (prefill) {
-      checkVector(t.getQ(), "q", s.heads() * s.dim(), "heads*dim", where);
+      checkVector(t.getQ(), "q", s.heads() * s.dim(), "heads*dim" + s.origin(), where);
     }
     t.setFile(null);
     return t;
@@ -548,7 +563,7 @@ public final class ScoreJob {
     if (t.getDocId() == null) {
       throw new InputError(where + ": column 'doc_id' is missing or null");
     }
-    checkVector(t.getQ(), "q", s.heads() * s.dim(), "heads*dim", where);
+    checkVector(t.getQ(), "q", s.heads() * s.dim(), "heads*dim" + s.origin(), where);
     t.setFile(null);
     return t;
   }
