@@ -76,6 +76,8 @@ public final class OutputCommit {
   private final Map<String, String> inputs;
   /** Every input file's length and modification time at {@link #prepare}, checked again at commit. */
   private Map<Path, InputFile> inputFiles = Map.of();
+  /** OUT's nearest ancestor that existed at {@link #prepare}: a failed run removes the empty folders below it. */
+  private Path existingAncestor;
 
   private OutputCommit(FileSystem fs, FileContext fc, Path out, String command, boolean overwrite, Configuration conf,
       Map<String, String> inputs) {
@@ -127,6 +129,7 @@ public final class OutputCommit {
             + "neither writes through nor replaces a link; give the path it points to, or another");
       }
     }
+    Path existing = null;
     for (Path a = out.getParent(); a != null; a = a.getParent()) { // the nearest existing ancestor
       FileStatus st;
       try {
@@ -137,10 +140,12 @@ public final class OutputCommit {
       if (!st.isDirectory()) {
         throw new InputError("output " + out + " lies under " + a + ", which is a file: give a path in a directory");
       }
+      existing = a;
       break;
     }
     OutputCommit c = new OutputCommit(fs, FileContext.getFileContext(out.toUri(), conf), out, command, overwrite, conf,
         inputs);
+    c.existingAncestor = existing;
     c.checkReplaceable();
     c.inputFiles = listInputs(conf, inputs); // after the cheap refusals: a listing can take long
     return c;
@@ -439,11 +444,22 @@ public final class OutputCommit {
     }
   }
 
-  /** Deletes the staging directory after a failed job: ours alone (a random name made by this run). */
+  /**
+   * Deletes the staging directory after a failed job (ours alone: a random name made by this run),
+   * then the folders above it that did not exist at {@link #prepare} and are empty now (made for OUT
+   * by the write; a folder that holds anything is left, whoever made it).
+   */
   public void abort() {
     try {
       if (fs.exists(staging)) {
         fs.delete(staging, true);
+      }
+      for (Path a = out.getParent(); a != null && existingAncestor != null && !a.equals(existingAncestor);
+          a = a.getParent()) {
+        FileStatus[] left = fs.exists(a) ? fs.listStatus(a) : null;
+        if (left == null || left.length > 0 || !fs.delete(a, false)) {
+          break;
+        }
       }
     } catch (IOException e) {
       // best effort: a hidden staging directory without a marker is documented as safe to delete

@@ -100,6 +100,30 @@ class OutputCommitTest {
     assertEquals(List.of(), hidden(), "no staging directory left behind");
   }
 
+  /** A failed run removes the folders it made for OUT (left behind empty before), and only empty ones it made. */
+  @Test
+  void aFailedRunLeavesNoFoldersItMade() throws Exception {
+    org.apache.hadoop.conf.Configuration conf = spark.sparkContext().hadoopConfiguration();
+    Path out = tmp.resolve("new1").resolve("new2").resolve("out");
+    OutputCommit c = OutputCommit.prepare(conf, out.toString(), false, "score", Map.of("KEYS", keys.toString()));
+    Files.createDirectories(Path.of(c.staging().toUri()).resolve("part")); // as the write makes it
+    c.abort();
+    assertFalse(Files.exists(tmp.resolve("new1")), "new1 and new2 were made for OUT: gone");
+    assertTrue(Files.isDirectory(tmp));
+    // A made folder that holds something else by then is left, with what it holds.
+    c = OutputCommit.prepare(conf, out.toString(), false, "score", Map.of("KEYS", keys.toString()));
+    Files.createDirectories(Path.of(c.staging().toUri()));
+    Files.writeString(tmp.resolve("new1").resolve("notes.txt"), "mine");
+    c.abort();
+    assertEquals(List.of("notes.txt"), names(tmp.resolve("new1")));
+  }
+
+  static List<String> names(Path dir) throws IOException {
+    try (Stream<Path> s = Files.list(dir)) {
+      return s.map(p -> p.getFileName().toString()).sorted().toList();
+    }
+  }
+
   @Test
   void aDirectoryOfSomeoneElsesFilesIsNeverReplaced() throws Exception {
     Path mine = tmp.resolve("mine");
