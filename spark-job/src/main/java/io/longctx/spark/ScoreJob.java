@@ -332,7 +332,11 @@ public final class ScoreJob {
           + (isKeys ? "doc_id string, pos long, k array<float>, v array<float>" + (withQ ? ", q array<float>" : "")
               : "query_id string, doc_id string, q array<float>, optional pos long") + ")");
     }
-    checkTypes(df.schema(), what, path);
+    List<String> read = new ArrayList<>(need);
+    if (!isKeys) {
+      read.add("pos"); // optional, read where present
+    }
+    checkTypes(df.schema(), what, path, read);
     // A problem of the row found while reading, reported by validateKey / validateQuery with the row's place:
     // a malformed JSON line, else the first vector holding a null or NaN element (the bean encoder would fail on a
     // null with a message that names neither the file nor the row), kept whole in suspectVec for readProblem.
@@ -416,9 +420,15 @@ public final class ScoreJob {
     return null;
   }
 
-  /** Column types that cannot be read as the expected ones are an error naming the input and the column. */
-  static void checkTypes(StructType schema, String what, String path) {
+  /**
+   * Column types that cannot be read as the expected ones are an error naming the input and the
+   * column; only the columns this mode reads ({@code read}) are judged: JSON input reads those alone.
+   */
+  static void checkTypes(StructType schema, String what, String path, List<String> read) {
     for (StructField f : schema.fields()) {
+      if (!read.contains(f.name())) {
+        continue;
+      }
       DataType t = f.dataType();
       String expected = switch (f.name()) {
         case "doc_id", "query_id" -> t instanceof StringType || integral(t) ? null : "string";

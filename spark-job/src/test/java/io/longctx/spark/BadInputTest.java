@@ -432,6 +432,15 @@ class BadInputTest {
     spark.createDataFrame(d.keyRows(false), TestData.keysSchema(false)).withColumn("k",
         org.apache.spark.sql.functions.lit(1.5f)).write().parquet(scalarK.toString());
     fails(scalarK, queries, "KEYS", "scalar-k.parquet", "column 'k' has type float", "expected array<float>");
+    // A column the mode does not read is not judged (decode KEYS with a string 'q'): as JSON, which reads the
+    // columns it needs alone, already did.
+    Path extraQ = tmp.resolve("extra-q.parquet");
+    spark.createDataFrame(d.keyRows(false), TestData.keysSchema(false)).withColumn("q",
+        org.apache.spark.sql.functions.lit("note")).write().parquet(extraQ.toString());
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    assertEquals(0, LongctxMain.run(new String[] {"score", "--keys", extraQ.toString(), "--queries", queries.toString(),
+        "--output", tmp.resolve("extra-out").toString(), "--dim", "8"}, System.out, new PrintStream(err, true)),
+        err.toString());
     // JSON: a value of the wrong type in one line names the file and the line.
     Path kj = d.writeKeys(spark, tmp.resolve("j"), "json", false);
     Path qj = tmp.resolve("queries-bad-line.jsonl");
