@@ -956,7 +956,8 @@ public final class AttentionOp {
   /**
    * The LSE merge of attention states given as NDArrays (each an {@code NDList(o, lse)} as this
    * operator returns, all of one shape and layout), in list order as a balanced tree. Empty states
-   * (lse = -inf) are the identity; NaN or +inf lse is rejected.
+   * (lse = -inf) are the identity; NaN or +inf lse is rejected. The result belongs to the first
+   * state's {@code o} manager (there is no q here).
    */
   public NDList merge(List<NDList> states, Layout layout) {
     Objects.requireNonNull(states, "states");
@@ -1100,6 +1101,9 @@ public final class AttentionOp {
 
   static void checkType(NDArray a, String name) {
     checkType(a.getDataType(), a.getManager().getEngine().getEngineName(), name);
+    if (a.getSparseFormat() != ai.djl.ndarray.types.SparseFormat.DENSE) { // libtorch would fail deep inside, unnamed
+      throw new IllegalArgumentException(name + " is a sparse (" + a.getSparseFormat() + ") array: pass a dense one");
+    }
   }
 
   /** The dtype and engine rule alone (a bfloat16 NDArray cannot even be made in DJL 0.35.1 without a crash). */

@@ -32,8 +32,8 @@ import java.util.zip.ZipOutputStream;
  * the PyTorch engine. Each returns the normalized output {@code o [B, H, Tq, D]} and the natural-log
  * {@code lse [B, H, Tq]}, with the default scale {@code 1/sqrt(D)}, no dropout, no softcap.
  *
- * <p>Causal is libtorch's top-left aligned square mask: query t sees keys {@code <= t}; callers
- * pass {@code Tq == Tk} when causal. GQA/MQA ({@code k.heads < q.heads}) is expanded inside the
+ * <p>Causal is libtorch's top-left aligned mask: query row t sees keys {@code 0..t}, also when
+ * {@code Tq != Tk} ({@link AttentionOp} passes such calls only where that is its positions' mask). GQA/MQA ({@code k.heads < q.heads}) is expanded inside the
  * TorchScript code with {@code repeat_interleave} on the head axis, so query head h reads kv head
  * {@code h / (H / Hkv)} (contiguous groups, as docs/CONVENTIONS.md); with {@code Hkv == H} nothing is copied.
  *

@@ -24,7 +24,7 @@ import io.longctx.kernels.AttentionOptions;
  * <p>Inputs, as the DJL block: {@code (x)} self-attention, {@code (x, mask)}, {@code (key, query,
  * value)} or {@code (key, query, value, mask)}; embeddings are [B, T, E]; the mask is [B, Tq, Tk]
  * with 1 for visible keys (or an additive 4-d offset; a row whose 0/1 mask hides every key attends
- * all of them evenly, as in DJL's block). Output: {@code (y [B, Tq, E])}. Positions
+ * them as if unmasked, as in DJL's block: the same offset on every score cancels in the softmax). Output: {@code (y [B, Tq, E])}. Positions
  * come from the forward {@code params}: {@link #Q_POSITIONS} and {@link #K_POSITIONS} as
  * {@code long[]} (default 0..T-1); they drive the causal/window masks and the rotary angles. In
  * self-attention, {@code (x)} or {@code (x, x, x)} with one array as key and query, the keys take the
@@ -206,7 +206,8 @@ public final class MultiHeadAttentionBlock extends AbstractBlock {
   /**
    * DJL's convention: a [B, Tq, Tk] 0/1 mask becomes an offset of -100000 on hidden keys; a 4-d mask
    * [B or 1, 1 or H, Tq, Tk] is taken as additive already. The offset is finite, as in DJL's block,
-   * so a query row whose 0/1 mask hides every key attends all of them evenly; under the operator's
+   * so a query row whose 0/1 mask hides every key attends them as if unmasked (one offset on every
+   * score cancels in the softmax, up to float32 rounding near 1e5); under the operator's
    * convention (docs/CONVENTIONS.md) such a row sees no key and its output is 0: pass an additive
    * mask of -Infinity (or a causal option) to get that.
    */
@@ -340,6 +341,9 @@ public final class MultiHeadAttentionBlock extends AbstractBlock {
       }
       if (embeddingSize % heads != 0) {
         throw new IllegalStateException("embedding size " + embeddingSize + " is not divisible by head count " + heads);
+      }
+      if (kvHeads < 0) {
+        throw new IllegalStateException("kv head count must be >= 1 (or 0: the head count), got " + kvHeads);
       }
       int hkv = kvHeads > 0 ? kvHeads : heads;
       if (heads % hkv != 0) {

@@ -27,6 +27,12 @@ public final class PlainAttention {
   public static NDList forward(NDArray q, NDArray k, NDArray v, long[] qPos, long[] kPos, AttentionOptions opt,
       NDArray additiveMask) {
     LibtorchWarmup.ensure();
+    for (NDArray a : new NDArray[] {q, k, v}) { // an int array was cast without a word
+      if (!a.getDataType().isFloating()) {
+        throw new IllegalArgumentException("q, k, v must be floating point, got " + q.getDataType() + ", "
+            + k.getDataType() + ", " + v.getDataType());
+      }
+    }
     // float32 arithmetic whatever the inputs: the masks are float32, and mixing them into float16
     // scores made libtorch refuse the P V product (float against Half).
     q = q.toType(DataType.FLOAT32, false);
@@ -35,6 +41,11 @@ public final class PlainAttention {
     if (q.getShape().dimension() != 4 || k.getShape().dimension() != 4 || v.getShape().dimension() != 4) {
       throw new IllegalArgumentException("q, k, v must be 4-d [B, H, T, D], got q " + q.getShape() + ", k "
           + k.getShape() + ", v " + v.getShape());
+    }
+    if (!k.getShape().equals(v.getShape()) || q.getShape().get(0) != k.getShape().get(0)
+        || q.getShape().get(3) != k.getShape().get(3)) { // libtorch's broadcast error named no argument
+      throw new IllegalArgumentException("k and v must have one shape, and share q's batch and head dim: q "
+          + q.getShape() + ", k " + k.getShape() + ", v " + v.getShape());
     }
     long heads = q.getShape().get(1), kvHeads = k.getShape().get(1);
     long tq = q.getShape().get(2), tk = k.getShape().get(2);

@@ -252,6 +252,35 @@ class AttentionOpInputsTest {
       IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
           () -> PlainAttention.forward(x, x, x, new long[] {0, 1, 2}, null, AttentionOptions.DEFAULT.withCausal(true), null));
       assertTrue(e.getMessage().contains("qPos has 3 for 4 queries"), e.getMessage());
+      // Shapes libtorch would only broadcast-fail on, and an int array it would have cast without a word.
+      NDArray shortD = m.randomNormal(new Shape(1, 2, 4, 6)), otherBatch = m.randomNormal(new Shape(2, 2, 4, 8));
+      for (NDArray[] bad : new NDArray[][] {{x, shortD, shortD}, {x, otherBatch, otherBatch}, {x, x, shortD}}) {
+        e = assertThrows(IllegalArgumentException.class,
+            () -> PlainAttention.forward(bad[0], bad[1], bad[2], null, null, AttentionOptions.DEFAULT, null));
+        assertTrue(e.getMessage().startsWith("k and v must have one shape"), e.getMessage());
+      }
+      NDArray ints = m.zeros(new Shape(1, 2, 4, 8), ai.djl.ndarray.types.DataType.INT32);
+      e = assertThrows(IllegalArgumentException.class,
+          () -> PlainAttention.forward(ints, x, x, null, null, AttentionOptions.DEFAULT, null));
+      assertTrue(e.getMessage().contains("must be floating point"), e.getMessage());
+    }
+  }
+
+  /** A sparse array is refused naming it (libtorch failed inside "reshape", naming nothing). */
+  @Test
+  void sparseArraysAreRefusedByName() {
+    try (NDManager m = manager.newSubManager()) {
+      NDArray q = m.randomNormal(new Shape(1, 1, 2, 4));
+      NDArray k = m.createCoo(java.nio.FloatBuffer.wrap(new float[] {1f, 2f}), new long[][] {{0, 0}, {0, 0}, {0, 1},
+          {1, 3}}, new Shape(1, 1, 2, 4));
+      for (Path path : Path.values()) {
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+            () -> AttentionOp.cpu().forward(q, k, q, null, null, AttentionOptions.DEFAULT, Layout.BHTD, path));
+        assertTrue(e.getMessage().startsWith("k is a sparse (COO) array"), path + ": " + e.getMessage());
+      }
+      IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+          () -> AttentionOp.cpu().decode(q, k, q, null, null, AttentionOptions.DEFAULT, Layout.BHTD));
+      assertTrue(e.getMessage().startsWith("k is a sparse (COO) array"), e.getMessage());
     }
   }
 

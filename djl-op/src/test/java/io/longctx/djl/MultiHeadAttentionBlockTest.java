@@ -267,6 +267,8 @@ class MultiHeadAttentionBlockTest {
         .setHeadCount(4).build());
     assertThrows(IllegalStateException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(32)
         .setHeadCount(4).optKvHeadCount(3).build());
+    assertThrows(IllegalStateException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(32)
+        .setHeadCount(4).optKvHeadCount(-3).build()); // was taken as the head count
     assertThrows(IllegalStateException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(12)
         .setHeadCount(4).optRotary(10000).build());
     try (NDManager m = manager.newSubManager()) {
