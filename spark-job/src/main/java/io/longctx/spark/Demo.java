@@ -21,33 +21,6 @@ import org.apache.spark.sql.SparkSession;
 public final class Demo {
   private Demo() {}
 
-  /** Marks a --dir as the demo's: a re-run may replace the demo's outputs there, and nothing else. */
-  static final String MARKER = ".longctx-demo";
-
-  /**
-   * Takes {@code dir} for the demo's files: made if missing, or an empty directory, or one an earlier
-   * demo marked ({@link #MARKER}), whose outputs a re-run replaces. A directory holding anything else
-   * is refused: the demo writes its corpus and scores by fixed names (keys.parquet, scores.parquet,
-   * ...) and would replace a user's outputs of the same names.
-   */
-  static void claimDir(Path dir) throws java.io.IOException {
-    if (Files.exists(dir) && !Files.isDirectory(dir)) {
-      throw new InputError("--dir " + dir + " exists and is not a directory");
-    }
-    if (Files.isDirectory(dir) && !Files.exists(dir.resolve(MARKER))) {
-      try (java.util.stream.Stream<Path> s = Files.list(dir)) {
-        List<String> names = s.map(p -> p.getFileName().toString()).sorted().limit(4).toList();
-        if (!names.isEmpty()) {
-          throw new InputError("--dir " + dir + " holds files the demo did not make (" + String.join(", ", names)
-              + (names.size() == 4 ? ", ..." : "") + "): give a new or empty directory (a re-run may use the"
-              + " demo's own directory)");
-        }
-      }
-    }
-    Files.createDirectories(dir);
-    Files.writeString(dir.resolve(MARKER), "made by longctx demo: a re-run replaces the demo's outputs here\n");
-  }
-
   public static boolean run(SparkSession spark, Path dir, int longest, int sample, PrintStream out) throws Exception {
     Generator g = new Generator();
     g.docs = 3;

@@ -290,7 +290,7 @@ public final class LongctxMain {
     boolean temp = a.get("--dir") == null;
     Path dir = temp ? Files.createTempDirectory("longctx-demo-") : Path.of(a.get("--dir"));
     if (!temp) {
-      Demo.claimDir(dir);
+      OutputCommit.claimWorkDir(dir, "demo");
     }
     try {
       return Sessions.run("longctx demo", a.get("--master"), a.confs, spark -> {

@@ -91,6 +91,32 @@ public final class OutputCommit {
     this.staging = new Path(out.getParent(), "." + out.getName() + "-tmp-" + UUID.randomUUID());
   }
 
+  /**
+   * Takes a local {@code --dir} into which {@code command} writes files by fixed names (demo's
+   * keys.parquet and scores.parquet, spark-bench's prefill-out.parquet) and replaces them on a re-run:
+   * made if missing, or an empty directory, or one this command marked on an earlier run (a marker
+   * file {@code .longctx-COMMAND}). A directory holding anything else is refused, since a user's
+   * outputs of the same names would be replaced.
+   */
+  static void claimWorkDir(java.nio.file.Path dir, String command) throws IOException {
+    java.nio.file.Path marker = dir.resolve(".longctx-" + command);
+    if (Files.exists(dir) && !Files.isDirectory(dir)) {
+      throw new InputError("--dir " + dir + " exists and is not a directory");
+    }
+    if (Files.isDirectory(dir) && !Files.exists(marker)) {
+      try (java.util.stream.Stream<java.nio.file.Path> s = Files.list(dir)) {
+        List<String> names = s.map(p -> p.getFileName().toString()).sorted().limit(4).toList();
+        if (!names.isEmpty()) {
+          throw new InputError("--dir " + dir + " holds files " + command + " did not make (" + String.join(", ", names)
+              + (names.size() == 4 ? ", ..." : "") + "): give a new or empty directory (a re-run may use the one "
+              + command + " made)");
+        }
+      }
+    }
+    Files.createDirectories(dir);
+    Files.writeString(marker, "made by longctx " + command + ": a re-run replaces its outputs here\n");
+  }
+
   /** An input file as listed: its input's label ("KEYS"), length and modification time. */
   record InputFile(String label, long length, long modified) {}
 

@@ -28,8 +28,8 @@ final class OverheadBench {
     if (a.help) {
       out.println("usage: longctx spark-bench [--tokens 65536] [--heads 8] [--kv-heads 2] [--dim 64] [--chunk-len 8192]"
           + " [--runs 2] [--dir DIR] [--master URL] [--conf k=v]");
-      out.println("  --dir DIR: where the generated document and the job's output go (default: a temporary folder,"
-          + " deleted at the end).");
+      out.println("  --dir DIR: where the generated document and the job's output go: a new or empty directory, or"
+          + " one an earlier spark-bench wrote (default: a temporary folder, deleted at the end).");
       out.println("  Runs the job --runs times in one JVM: the first (\"cold\") run is the JVM's first score job,"
           + " paying the JIT's compiles of Spark's and our job code, but after the generator's write job and with"
           + " the kernel already compiled (it ran before, as the kernel-only pass); later runs show a warm,"
@@ -54,6 +54,9 @@ final class OverheadBench {
     // folder made here and deleted at the end; a --dir of the caller's is left as it is.
     boolean ownDir = a.get("--dir") == null;
     Path dir = ownDir ? Files.createTempDirectory("longctx-bench-") : Path.of(a.get("--dir"));
+    if (!ownDir) {
+      OutputCommit.claimWorkDir(dir, "spark-bench");
+    }
     try {
       return measure(a, g, chunkLen, runs, dir, out);
     } finally {

@@ -2,6 +2,7 @@ package io.longctx.spark;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.longctx.kernels.Seeds;
@@ -246,15 +247,18 @@ class BadInputTest {
     // demo --dir over a user's folder replaced its keys.parquet and scores.parquet: now refused, untouched.
     java.nio.file.Path mine = java.nio.file.Files.createDirectories(tmp.resolve("mine").resolve("scores.parquet"));
     assertEquals(2, LongctxMain.run(new String[] {"demo", "--dir", mine.getParent().toString()}, System.out, e));
-    assertTrue(err.toString().contains("holds files the demo did not make (scores.parquet)"), err.toString());
+    assertTrue(err.toString().contains("holds files demo did not make (scores.parquet)"), err.toString());
     try (java.util.stream.Stream<Path> left = Files.list(mine.getParent())) {
       assertEquals(List.of(mine), left.toList(), "nothing added");
     }
+    assertEquals(2, LongctxMain.run(new String[] {"spark-bench", "--dir", mine.getParent().toString()}, System.out, e));
+    assertTrue(err.toString().contains("holds files spark-bench did not make (scores.parquet)"), err.toString());
     java.nio.file.Path fresh = tmp.resolve("fresh-demo");
-    Demo.claimDir(fresh); // a new directory is marked as the demo's: a re-run may use it
+    OutputCommit.claimWorkDir(fresh, "demo"); // a new directory is marked as the demo's: a re-run may use it
     Files.createDirectories(fresh.resolve("scores.parquet"));
-    Demo.claimDir(fresh);
-    assertTrue(Files.exists(fresh.resolve(Demo.MARKER)));
+    OutputCommit.claimWorkDir(fresh, "demo");
+    assertTrue(Files.exists(fresh.resolve(".longctx-demo")));
+    assertThrows(InputError.class, () -> OutputCommit.claimWorkDir(fresh, "spark-bench"), "the demo's, not spark-bench's");
     // gen --queries-per-doc 0 over an earlier run's output left its queries beside the new keys.
     assertEquals(0, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "10", "--output", g}, System.out, e));
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "12", "--queries-per-doc", "0",
