@@ -93,6 +93,9 @@ public final class ModelGenerator {
 
   public static void main(String[] args) throws IOException {
     try {
+      if (java.util.Arrays.stream(args).noneMatch(a -> a.equals("--help") || a.equals("-h"))) {
+        AttentionOp.checkSettings(); // as every command: a bad -Dlongctx... value is exit 2, though unused here
+      }
       run(args);
     } catch (IllegalArgumentException e) { // bad usage: one line, exit 2
       System.err.println("longctx gen-model: error: " + e.getMessage());

@@ -108,8 +108,9 @@ public final class LongctxMain {
 
         --ppl-only            run only the ppl part
         --dir DIR             where to write the corpus and scores: a new or empty directory, or one an
-                              earlier demo wrote (its outputs are replaced); default a temp directory,
-                              deleted at the end
+                              earlier demo wrote (the outputs this run makes replace that run's; a
+                              part not run leaves its old output); default a temp directory, deleted
+                              at the end
       """ + COMMON_HELP;
 
   public static final String MAIN_HELP = """
