@@ -506,9 +506,10 @@ public final class ScoreJob {
     if (kvHeads == 0) {
       kvHeads = kLen / dim;
     }
-    String where = " (first rows: KEYS " + k0.getFile() + " doc '" + k0.getDocId() + "' pos " + k0.getPos() + ", "
+    String rows = "KEYS " + k0.getFile() + " doc '" + k0.getDocId() + "' pos " + k0.getPos() + ", "
         + (prefill ? "" : "QUERIES " + q0.getFile() + " query '" + q0.getQueryId() + "', ") + "k " + kLen + " floats, q "
-        + qLen + " floats)";
+        + qLen + " floats";
+    String where = " (first rows: " + rows + ")";
     if (dim > CpuAttention.MAX_DIM) {
       throw new InputError("head dim " + dim + " is above the kernels' maximum " + CpuAttention.MAX_DIM + where);
     }
@@ -520,14 +521,18 @@ public final class ScoreJob {
     if (heads % kvHeads != 0) {
       throw new InputError("heads (" + heads + ") must be a multiple of kv-heads (" + kvHeads + ")" + where);
     }
-    java.util.List<String> inferred = new java.util.ArrayList<>();
-    for (String[] c : new String[][] {{"heads", "" + opt.heads}, {"kv-heads", "" + opt.kvHeads}, {"dim", "" + opt.dim}}) {
-      if (c[1].equals("0")) {
-        inferred.add(c[0]);
-      }
+    List<String> inferred = new ArrayList<>(); // the options left out (0)
+    if (opt.heads == 0) {
+      inferred.add("heads");
     }
-    return new Shape(heads, kvHeads, dim, inferred.isEmpty() ? "" : "; " + String.join(", ", inferred)
-        + " inferred from the first rows: " + where.substring(" (first rows: ".length(), where.length() - 1));
+    if (opt.kvHeads == 0) {
+      inferred.add("kv-heads");
+    }
+    if (opt.dim == 0) {
+      inferred.add("dim");
+    }
+    return new Shape(heads, kvHeads, dim, inferred.isEmpty() ? ""
+        : "; " + String.join(", ", inferred) + " inferred from the first rows: " + rows);
   }
 
   static Token validateKey(Token t, Shape s, boolean prefill) {
