@@ -1,6 +1,7 @@
 package io.longctx.spark;
 
 import java.io.IOException;
+import java.util.List;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.FileSystem;
@@ -10,7 +11,7 @@ import org.apache.hadoop.fs.Path;
  * Bad input: the message names the input (file or path), the document and the position where
  * known. The launcher prints the message alone and exits with status 2.
  */
-public final class InputError extends RuntimeException {
+public sealed class InputError extends RuntimeException permits InputError.DuplicateKey {
   private static final long serialVersionUID = 1L;
 
   public InputError(String message) {
@@ -39,6 +40,28 @@ public final class InputError extends RuntimeException {
     if ((name.startsWith("_") || name.startsWith(".")) && fs.getFileStatus(p).isFile()) {
       throw new InputError(what + " " + path + ": Spark skips files whose names start with '_' or '.' (as hidden), "
           + "so none of its rows would be read: rename the file");
+    }
+  }
+
+  /**
+   * Two key rows at one (doc_id, pos). Found where a chunk is assembled, after the shuffle that dropped
+   * the rows' file names; the driver then looks the rows up ({@link #inFiles}) and names their files.
+   */
+  static final class DuplicateKey extends InputError {
+    private static final long serialVersionUID = 1L;
+    final String doc;
+    final long pos;
+
+    DuplicateKey(String keysPath, String doc, long pos) {
+      super("KEYS " + keysPath + ": duplicate key for doc '" + doc + "' at pos " + pos + " ((doc_id, pos) must be unique)");
+      this.doc = doc;
+      this.pos = pos;
+    }
+
+    /** This error with the files holding the rows and their counts, as "file (n)", appended. */
+    InputError inFiles(List<String> filesWithCounts) {
+      return filesWithCounts.isEmpty() ? this
+          : new InputError(getMessage() + "; the rows are in " + String.join(", ", filesWithCounts));
     }
   }
 

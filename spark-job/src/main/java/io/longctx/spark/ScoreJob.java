@@ -273,7 +273,14 @@ public final class ScoreJob {
 
       Sessions.label(spark, "longctx score: " + (prefill ? "route keys, attention" : "chunks, attention, lse_merge")
           + ", write");
-      commit.write(spark, Formats.output(result.write(), opt.resolvedOutputFormat()));
+      try {
+        commit.write(spark, Formats.output(result.write(), opt.resolvedOutputFormat()));
+      } catch (Exception e) { // also Spark's SparkException, undeclared by Scala: rethrown as it is
+        if (InputError.find(e) instanceof InputError.DuplicateKey dup) {
+          throw dup.inFiles(filesHolding(spark, keyRows, dup.doc, dup.pos));
+        }
+        throw e;
+      }
       double wall = (System.nanoTime() - t0) / 1e9;
       java.util.TreeSet<String> ran = new java.util.TreeSet<>(used.value());
       String backendUsed = backend.name + (ran.isEmpty() ? " (no pair computed)" : " (tasks ran on " + String.join(", ",
@@ -289,6 +296,22 @@ public final class ScoreJob {
   }
 
   // ---------------------------------------------------------------- reading and validation
+
+  /**
+   * The files holding key rows at (doc, pos), each as "file (rows)", at most 10, for a duplicate key's
+   * message: one more pass over KEYS, on the failure path only (Parquet skips the row groups whose
+   * statistics rule the key out). Empty where the look-up itself fails: the message stays as it was.
+   */
+  static List<String> filesHolding(SparkSession spark, Dataset<Token> keys, String doc, long pos) {
+    try {
+      Sessions.label(spark, "longctx score: locate the duplicate key");
+      return keys.toDF().filter(col("docId").equalTo(doc).and(col("pos").equalTo(pos)))
+          .groupBy(col("file")).count().orderBy(col("file")).limit(10).collectAsList().stream()
+          .map(r -> r.getString(0) + " (" + r.getLong(1) + (r.getLong(1) == 1 ? " row)" : " rows)")).toList();
+    } catch (RuntimeException e) {
+      return List.of();
+    }
+  }
 
   static StructType keysSchema(boolean withQ) {
     StructType s = new StructType()
@@ -622,8 +645,7 @@ public final class ScoreJob {
       KeyVectors x = toks.get(t);
       pos[t] = x.getPos();
       if (t > 0 && pos[t] == pos[t - 1]) {
-        throw new InputError("KEYS " + keysPath + ": duplicate key for doc '" + x.getDocId() + "' at pos " + pos[t]
-            + " ((doc_id, pos) must be unique)");
+        throw new InputError.DuplicateKey(keysPath, x.getDocId(), pos[t]);
       }
       if (withKv) {
         for (int h = 0; h < s.kvHeads(); h++) {

@@ -120,10 +120,31 @@ class BadInputTest {
   void duplicateDocAndPos() throws Exception {
     TestData d = good();
     List<Row> rows = d.keyRows(false);
-    rows.add(rows.get(12)); // alpha @ 12 twice
     Path keys = tmp.resolve("dup.parquet");
-    TestData.write(spark, rows, TestData.keysSchema(false), "parquet", keys, 2);
-    fails(keys, d.writeQueries(spark, tmp, "parquet"), "dup.parquet", "duplicate key", "doc 'alpha'", "pos 12");
+    TestData.write(spark, rows, TestData.keysSchema(false), "parquet", keys, 1);
+    // The second copy of alpha @ 12 in a file of its own: the message names both files, each with its row.
+    spark.createDataFrame(List.of(rows.get(12)), TestData.keysSchema(false)).write().mode("append").parquet(
+        keys.toString());
+    List<String> parts;
+    try (var s = Files.list(keys)) {
+      parts = s.map(p -> p.getFileName().toString()).filter(n -> n.startsWith("part-")).sorted().toList();
+    }
+    assertEquals(2, parts.size(), parts.toString());
+    Path queries = d.writeQueries(spark, tmp, "parquet");
+    String msg = fails(keys, queries, "dup.parquet", "duplicate key", "doc 'alpha'", "pos 12", "the rows are in ");
+    for (String part : parts) {
+      assertTrue(msg.contains(part + " (1 row)"), part + " should be named with its row: " + msg);
+    }
+    // Prefill assembles its chunks elsewhere: the same message.
+    TestData.write(spark, d.keyRows(true), TestData.keysSchema(true), "parquet", tmp.resolve("dupq.parquet"), 1);
+    spark.createDataFrame(List.of(d.keyRows(true).get(12)), TestData.keysSchema(true)).write().mode("append")
+        .parquet(tmp.resolve("dupq.parquet").toString());
+    fails(tmp.resolve("dupq.parquet"), null, "duplicate key", "doc 'alpha'", "pos 12", "the rows are in ", " (1 row), ");
+    // Both rows in one file: that file, with its two rows.
+    List<Row> twice = new ArrayList<>(rows);
+    twice.add(rows.get(12));
+    TestData.write(spark, twice, TestData.keysSchema(false), "parquet", tmp.resolve("dup1.parquet"), 1);
+    fails(tmp.resolve("dup1.parquet"), queries, "duplicate key", "pos 12", ".parquet (2 rows)");
   }
 
   @Test
