@@ -7,8 +7,10 @@
 // GpuCheckFakeDeviceTest, CudaForwardTcFakeDeviceTest). A kernel name it does not know returns
 // CUDA_ERROR_NOT_SUPPORTED (801). With $LONGCTX_FAKE_FORWARD_RC set, every forward launch returns
 // that code instead; a sticky code (700, 714-719: a kernel fault) then makes cuCtxSynchronize
-// return it, as a lost context does. Only the driver calls longctx makes exist here.
+// return it, as a lost context does. With $LONGCTX_FAKE_LAUNCH_LOG set, each launch appends the
+// kernel's name to that file. Only the driver calls longctx makes exist here.
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -95,6 +97,12 @@ int cuGetErrorString(int, const char** text) { *text = "fake libcuda (host emula
 int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                    unsigned smem, void*, void** p, void**) {
   const std::string& name = static_cast<Function*>(fn)->name;
+  if (const char* log = std::getenv("LONGCTX_FAKE_LAUNCH_LOG")) { // the kernels a test's calls launched, in order
+    if (FILE* f = std::fopen(log, "a")) {
+      std::fprintf(f, "%s\n", name.c_str());
+      std::fclose(f);
+    }
+  }
   if (smem > sizeof(emu::smem)) return 1;
   // A block size other than the one the kernel's code assumes is CUDA_ERROR_INVALID_VALUE here (on a
   // GPU it would run, wrongly, or fail past __launch_bounds__).

@@ -54,12 +54,13 @@ import java.util.function.LongSupplier;
  * score, where libtorch's would take the overflow as a masked key) or our Java kernel
  * ({@link CpuAttention}; the kernel reads {@code float[]}, so q, k, v are copied once into the JVM
  * and o, lse once out, O(T*D) each). Memory is O(T*D) on both paths; no T x T matrix is formed.
- * Decoding and merging always use the Java kernels. Where the one backend selector
+ * Decoding uses the Java kernels on the CPU, merging always. Where the one backend selector
  * ({@link AttentionBackends}, {@code -Dlongctx.backend}) picks CUDA (named, or {@code auto} with a
- * usable device), forward calls go to the JCuda backend ({@link Path#CUDA}) from host arrays:
- * DJL gives no CUDA data pointer, so arrays stay on the CPU device here (non-CPU arrays are
- * rejected at {@link #requireCpu}) and the backend copies them over. That path has not run on a GPU
- * yet (docs/CUDA.md).
+ * usable device), forward and decode calls go to the JCuda backend ({@link Path#CUDA}) from host
+ * arrays: DJL gives no CUDA data pointer, so arrays stay on the CPU device here (non-CPU arrays are
+ * rejected at {@link #requireCpu}) and the backend copies them over, float32, the whole KV cache at
+ * once in decode. CI runs that path over a host emulation of the kernels (a fake libcuda,
+ * {@code AttentionOpCudaEmulationTest}); it has not run on a GPU yet (docs/CUDA.md).
  *
  * <p><b>Gradients.</b> This operator is inference-only: the Java kernel has no backward, and
  * gradients through the TorchScript path are neither relied on nor tested (its results are always
@@ -436,11 +437,18 @@ public final class AttentionOp {
     LlamaModel.kvGroupFloatsSetting();
   }
 
+  /**
+   * Whether a call of head size {@code dim} goes to CUDA: the one selector (-Dlongctx.backend) says
+   * cuda, or auto where CUDA is usable (named but missing, the CUDA path then fails loudly); cpu and
+   * other providers keep the CPU paths, as do head sizes above the CUDA kernels' largest.
+   */
+  private static boolean cudaPicked(int dim) {
+    return dim <= CudaAttention.MAX_DIM && AttentionBackends.provider(AttentionBackends.choice()).name().equals("cuda");
+  }
+
   private Path choose(NDArray q, NDArray k, NDArray v, Dims d, long[] qPos, long[] kPos, AttentionOptions opt,
       Layout layout) {
-    // The one selector (-Dlongctx.backend): cuda, or auto where CUDA is usable, takes the CUDA path
-    // (which fails loudly when CUDA was named but is missing); cpu and other providers the CPU paths.
-    if (d.dim <= CudaAttention.MAX_DIM && AttentionBackends.provider(AttentionBackends.choice()).name().equals("cuda")) {
+    if (cudaPicked(d.dim)) {
       return Path.CUDA;
     }
     LibtorchSdpa s = libtorchUnsupported(d, qPos, kPos, opt) == null ? sdpa() : null;
@@ -675,9 +683,11 @@ public final class AttentionOp {
 
   /**
    * Decoding: q (few tokens, typically one per sequence) over a KV cache k, v, with split-K on the
-   * Java kernel (splits of {@link CpuAttention#DEFAULT_SPLIT_LEN} keys from key 0, merged in a fixed
-   * order, so the result does not depend on the rest of the batch). Layout and positions as in
-   * {@link #forward}; for causal decoding pass qPos (e.g. the query's absolute position).
+   * Java kernel, or on the CUDA kernel where the backend selector picks CUDA (as {@link #choose}; the
+   * cache copied to the device whole, so it must fit one array): splits of
+   * {@link CpuAttention#DEFAULT_SPLIT_LEN} keys from key 0, merged in a fixed order, so the result
+   * does not depend on the rest of the batch. Layout and positions as in {@link #forward}; for
+   * causal decoding pass qPos (e.g. the query's absolute position).
    */
   public NDList decode(NDArray q, NDArray k, NDArray v, long[] qPos, long[] kPos, AttentionOptions opt,
       Layout layout) {
@@ -703,6 +713,12 @@ public final class AttentionOp {
       throw new IllegalArgumentException(qTooLarge + ": split the batch");
     }
     AttentionState st;
+    if (cudaPicked(d.dim)) {
+      requireBuffers(q, k, tooLarge);
+      st = CudaAttention.instance().decode(toTensor(q, layout), toTensor(k, layout), toTensor(v, layout), qPos, kPos,
+          opt, CpuAttention.DEFAULT_SPLIT_LEN).state();
+      return stateToNd(q.getManager(), st, d.batch, d.tq, d.heads, d.dim, layout);
+    }
     try (NDManager scope = q.getManager().newSubManager()) {
       BufferTensor qb = inPlace(q, layout, scope);
       if (k.size() <= maxPageFloats) {
@@ -866,7 +882,9 @@ public final class AttentionOp {
    * AttentionOptions, Layout)}'s on the chunks concatenated, bit for bit, however the cache is cut.
    * Otherwise (float16 chunks, strided slices) each chunk is converted or copied and decoded alone,
    * one at a time so the cache is never copied whole, and the states are merged in chunk order
-   * ({@link AttentionState#mergeAll}): within the tolerance, not the one array's bits.
+   * ({@link AttentionState#mergeAll}): within the tolerance, not the one array's bits. Where the
+   * backend selector picks CUDA, the chunks go to the device as they are, one buffer each (converted
+   * to float32 on the host on the way), and the answer is the one array's CUDA decode, bit for bit.
    *
    * @param kStart absolute position of each chunk's first key (keys inside a chunk are
    *     consecutive), or null for chunks laid end to end from position 0
@@ -920,6 +938,16 @@ public final class AttentionOp {
       }
     }
     AttentionState st;
+    if (cudaPicked(first.dim)) {
+      List<Tensor> ks = new ArrayList<>(n), vs = new ArrayList<>(n);
+      for (int i = 0; i < n; i++) {
+        ks.add(toTensor(kChunks.get(i), layout));
+        vs.add(toTensor(vChunks.get(i), layout));
+      }
+      st = CudaAttention.instance().decodeChunks(toTensor(q, layout), ks, vs, qPos, kPos, opt,
+          CpuAttention.DEFAULT_SPLIT_LEN, null, CudaAttention.DType.F32).state();
+      return stateToNd(q.getManager(), st, first.batch, first.tq, first.heads, first.dim, layout);
+    }
     try (NDManager scope = q.getManager().newSubManager()) {
       BufferTensor qb = inPlace(q, layout, scope);
       List<BufferTensor> kPages = new ArrayList<>(n), vPages = new ArrayList<>(n);

@@ -1,8 +1,6 @@
 package io.longctx.kernels;
 
 import static org.junit.jupiter.api.Assertions.assertTrue;
-import static org.junit.jupiter.api.Assumptions.assumeFalse;
-import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -22,23 +20,9 @@ import org.junit.jupiter.api.Timeout;
  */
 class CudaDecodeFakeDeviceTest {
 
-  /**
-   * Builds src/test/cuda/fake_libcuda_emulated.cpp into target/{@code name}/libcuda.so.1 and returns
-   * that folder (for LD_LIBRARY_PATH); skips the calling test without g++, the CUDA headers or nvcc.
-   */
+  /** {@link FakeLibcuda#build} into target/{@code name} (skips the calling test where it cannot). */
   static Path buildFakeLibcuda(String name) throws Exception {
-    assumeFalse(CudaProbe.status().available(), "a real GPU is present: bin/gpu-check covers this");
-    assumeTrue(CudaBackendTest.nvccOnPath(), "needs the fatbins (nvcc), so that the probe accepts the fake driver");
-    Path include = CudaDecodeEmulationTest.cudaInclude();
-    assumeTrue(include != null && CudaDecodeEmulationTest.onPath("g++"), "needs g++ and the CUDA headers");
-    Path dir = Paths.get("target", name).toAbsolutePath();
-    Files.createDirectories(dir);
-    Child gcc = Child.run(new ProcessBuilder("g++", "-shared", "-fPIC", "-std=c++20", "-O1", "-pthread", "-I" + include,
-        "-I" + Paths.get("src", "main", "cuda").toAbsolutePath(), "-I" + Paths.get("src", "test", "cuda").toAbsolutePath(),
-        "-o", dir.resolve("libcuda.so.1").toString(),
-        Paths.get("src", "test", "cuda", "fake_libcuda_emulated.cpp").toAbsolutePath().toString()), 170);
-    assertTrue(gcc.exit() == 0, "g++ failed: " + gcc.output());
-    return dir;
+    return FakeLibcuda.build(Paths.get(""), Paths.get("target", name));
   }
 
   @Test
