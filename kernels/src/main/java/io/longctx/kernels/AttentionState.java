@@ -195,7 +195,7 @@ public final class AttentionState {
     checkRanges(aO, aL, aL.length, aAt, bO, bL, bL.length, bAt, outO, outL, outL.length, outAt, pairs, dim);
     for (int p = 0; p < pairs; p++) {
       outL[outAt + p] = (float) mergeEntry(aO, aL[aAt + p], (aAt + p) * dim, bO, bL[bAt + p], (bAt + p) * dim,
-          outO, (outAt + p) * dim, dim, p);
+          outO, (outAt + p) * dim, dim, aAt + p, bAt + p);
     }
   }
 
@@ -211,7 +211,7 @@ public final class AttentionState {
     checkRanges(aO, aL, aL.length, aAt, bO, bL, bL.length, bAt, outO, outL, outL.length, outAt, pairs, dim);
     for (int p = 0; p < pairs; p++) {
       outL[outAt + p] = mergeEntry(aO, aL[aAt + p], (aAt + p) * dim, bO, bL[bAt + p], (bAt + p) * dim,
-          outO, (outAt + p) * dim, dim, p);
+          outO, (outAt + p) * dim, dim, aAt + p, bAt + p);
     }
   }
 
@@ -286,12 +286,14 @@ public final class AttentionState {
    * The merge of one (row, head) entry, the only copy of the merge arithmetic: o of a at
    * {@code ao} with lse {@code la}, o of b at {@code bo} with lse {@code lb}, into out at
    * {@code oo}; returns the merged lse in float64 (callers round or keep it). Reads both inputs
-   * of a dim before writing it, so out may alias a or b. {@code p} names the entry in errors.
+   * of a dim before writing it, so out may alias a or b. {@code aEntry} and {@code bEntry} (row * heads
+   * + head in a and in b) name the entries in errors.
    */
   private static double mergeEntry(float[] aO, double la, int ao, float[] bO, double lb, int bo,
-      float[] outO, int oo, int dim, int p) {
+      float[] outO, int oo, int dim, int aEntry, int bEntry) {
     if (!(la < Double.POSITIVE_INFINITY) || !(lb < Double.POSITIVE_INFINITY)) {
-      throw new IllegalArgumentException("cannot merge attention state entry " + p + ": lse is "
+      throw new IllegalArgumentException("cannot merge attention state entry " + (aEntry == bEntry ? aEntry
+          : aEntry + " of a with entry " + bEntry + " of b") + " (row * heads + head): lse is "
           + (Double.isNaN(la) || Double.isNaN(lb) ? "NaN" : "+Infinity (convert foreign states with fromForeign)")
           + " (a=" + la + ", b=" + lb + ")");
     }
@@ -317,8 +319,9 @@ public final class AttentionState {
       // Infinite o is refused as NaN is: a weight of 0 (lse far below the other's) times inf, or +inf
       // beside -inf, would write NaN without a word.
       if (!Float.isFinite(x) || !Float.isFinite(y)) {
-        throw new IllegalArgumentException("cannot merge attention state entry " + p + ": "
-            + (Float.isFinite(x) ? y : x) + " in o at dim " + d);
+        boolean inA = !Float.isFinite(x);
+        throw new IllegalArgumentException("cannot merge attention state entry " + (inA ? aEntry + " of a" : bEntry
+            + " of b") + " (row * heads + head): " + (inA ? x : y) + " in o at dim " + d);
       }
       outO[oo + d] = (float) (wa * x + wb * y);
     }

@@ -29,6 +29,10 @@ import java.util.stream.IntStream;
  */
 public final class CpuAttention implements AttentionBackend {
 
+  static { // before the fields below touch TileMath, whose vectors need the module: its message, not a bare
+    VectorSupport.require(); // NoClassDefFoundError of a Vector class, is then the first failure's cause
+  }
+
   /** Head dims above this are rejected (workspaces are sized by it). */
   public static final int MAX_DIM = 1024;
   /** Default split length for split-K decoding, in keys. */
@@ -317,6 +321,10 @@ public final class CpuAttention implements AttentionBackend {
       throw new IllegalArgumentException("lse must hold " + p.rows * p.heads + " floats (batch x heads x query tokens),"
           + " got a buffer of " + lse.limit());
     }
+    if (o.data().isReadOnly() || lse.isReadOnly()) { // else a bare ReadOnlyBufferException, after some of the work
+      throw new IllegalArgumentException((o.data().isReadOnly() ? "o" : "lse") + " is a read-only buffer: the kernel "
+          + "writes its result there");
+    }
     forward(p, RowsOut.buffers(o, lse));
   }
 
@@ -393,8 +401,8 @@ public final class CpuAttention implements AttentionBackend {
       // while it sits in cache (one block sweeping all keys streamed K/V from memory at long T).
       KvTile kv = ws[0].kvTile; // this thread's: a tile copied from buffers lands in arrays already in cache
       try {
-        for (int jt = 0; jt < p.tk; jt += blockK) {
-          int n = Math.min(blockK, p.tk - jt);
+        for (int jt = 0, n; jt < p.tk; jt += n) { // += n: jt + blockK could pass Integer.MAX_VALUE
+          n = Math.min(blockK, p.tk - jt);
           long[] kRange = TileWorker.keyRange(p.opt, p.kPos, jt, jt + n);
           kv.load(p, b, kvh, jt, n);
           for (int i = 0; i < qb1 - qb0; i++) {
@@ -599,6 +607,15 @@ public final class CpuAttention implements AttentionBackend {
     return new DecodeResult(merged, splits, total);
   }
 
+  /**
+   * The end (exclusive) of the split starting at key {@code j0}: in long, since j0 + splitLen passes
+   * Integer.MAX_VALUE for the last split of a cache of more than 2^30 keys (pages hold that many),
+   * and a wrapped end made that split empty, its keys silently left out.
+   */
+  static int splitEnd(int tk, int j0, int splitLen) {
+    return (int) Math.min(tk, (long) j0 + splitLen);
+  }
+
   /** Task {@code task} of {@link #splitK}: one row block of one (batch, kv head) over one split's keys. */
   private void splitTask(Problem p, int task, int rowBlocks, int splits, int splitLen, int groupRows, int bq,
       boolean keyLanes, List<RowsOut> partOut, long[] recomputed, UnifiedMax um) {
@@ -607,7 +624,7 @@ public final class CpuAttention implements AttentionBackend {
     int s = rest % splits;
     rest /= splits;
     int kvh = rest % p.kvHeads, b = rest / p.kvHeads;
-    int j0 = s * splitLen, j1 = Math.min(p.tk, j0 + splitLen);
+    int j0 = s * splitLen, j1 = splitEnd(p.tk, j0, splitLen);
     int r0 = rb * bq, r1 = Math.min(groupRows, r0 + bq);
     BlockWorker w = keyLanes ? keyLaneWorker(bq, p.dim) : worker(bq, p.dim);
     try {

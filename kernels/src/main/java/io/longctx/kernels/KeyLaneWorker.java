@@ -117,8 +117,8 @@ final class KeyLaneWorker implements BlockWorker {
     Arrays.fill(seenMin, 0, rows, Float.POSITIVE_INFINITY);
     Arrays.fill(seenMax, 0, rows, Float.NEGATIVE_INFINITY);
     try {
-      for (int jt = j0; jt < j1; jt += blockK) {
-        int n = Math.min(blockK, j1 - jt);
+      for (int jt = j0, n; jt < j1; jt += n) { // += n: jt + blockK could pass Integer.MAX_VALUE
+        n = Math.min(blockK, j1 - jt);
         tile(p, b, kvh, jt, n, TileWorker.keyRange(p.opt, p.kPos, jt, jt + n), um);
       }
     } finally {

@@ -130,8 +130,8 @@ final class TileWorker implements BlockWorker {
   public void run(CpuAttention.Problem p, int b, int kvh, int j0, int j1, UnifiedMax um) {
     begin(p, um);
     try {
-      for (int jt = j0; jt < j1; jt += blockK) {
-        int n = Math.min(blockK, j1 - jt);
+      for (int jt = j0, n; jt < j1; jt += n) { // += n: jt + blockK could pass Integer.MAX_VALUE
+        n = Math.min(blockK, j1 - jt);
         long[] kRange = keyRange(p.opt, p.kPos, jt, jt + n);
         if (classify(p.opt, kRange, rowPosMin, rowPosMax) != Visibility.NONE) { // (tile() skips it too: no load)
           tile(p, kvTile.load(p, b, kvh, jt, n), jt, n, kRange, um);
@@ -272,12 +272,19 @@ final class TileWorker implements BlockWorker {
     int row = out / p.heads, h = out % p.heads, b = row / p.tq, t = row % p.tq;
     // The cause, read off the two rows (an error path only).
     String cause = null;
+    double dot = 0;
     for (int c = 0; c < p.dim && cause == null; c++) {
       float x = entry(p.q, p.qb, b, h, t, c), y = entry(p.k, p.kb, b, h / p.group, key, c);
       cause = !Float.isFinite(x) ? "q is " + x + " at dim " + c : !Float.isFinite(y) ? "k is " + y + " at dim " + c : null;
+      dot += (double) x * y;
     }
     if (cause == null) {
-      cause = "q.k overflows float32 (q and k hold values too large for float32 attention)";
+      // q.k itself within float32: the scale the kernel multiplies it by (over the softcap, when capping) overflowed it.
+      cause = Math.abs(dot) <= Float.MAX_VALUE && Math.abs(dot) * p.qScale > Float.MAX_VALUE
+          ? "q.k (" + (float) dot + ") times the score scale (" + p.qScale + (p.softcap > 0 ? ", the scale over the softcap"
+              : "") + ") overflows float32" + (p.softcap > 0 ? ": the softcap is too small for this scale and these values"
+              : "")
+          : "q.k overflows float32 (q and k hold values too large for float32 attention)";
     }
     return new NonFiniteScoreException(b, h, t, qPos, key, p.kPos[key], score, cause);
   }

@@ -35,9 +35,11 @@ public record UnifiedMax(float phi, float lower, float upper) {
   /**
    * Calibrates phi on real data: the median over sampled query rows of each row's largest logit
    * against up to 4096 evenly spaced keys (masks ignored: phi only needs to be typical; rows it does
-   * not suit are recomputed, never wrong).
+   * not suit are recomputed, never wrong). q and k must fit one decode call (as {@link CpuAttention#decode}
+   * checks them: same batch and head dim, heads a multiple of kv heads), else IllegalArgumentException.
    */
   public static UnifiedMax calibrate(Tensor q, Tensor k, AttentionOptions opt) {
+    new CpuAttention.Problem(q, k, k, null, null, opt); // the decode's own shape checks, named as it names them
     int group = q.heads() / k.heads();
     double scale = opt.scaleFor(q.dim());
     int rowStep = Math.max(1, q.tokens() / 8);

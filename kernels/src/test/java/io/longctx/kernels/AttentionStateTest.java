@@ -219,6 +219,16 @@ class AttentionStateTest {
     e = assertThrows(IllegalArgumentException.class,
         () -> AttentionState.mergeInto(new float[1], bad, 0, new float[1], new float[] {0}, 0, new float[1], new float[1], 0, 1, 1));
     assertTrue(e.getMessage().contains("NaN"), e.getMessage());
+    // mergeInto from an offset names the entries of a and b, not the index within the range.
+    float[] aL = new float[8], bO = new float[8];
+    aL[5] = Float.NaN;
+    e = assertThrows(IllegalArgumentException.class,
+        () -> AttentionState.mergeInto(new float[8], aL, 4, new float[8], new float[8], 2, new float[8], new float[8], 4, 4, 1));
+    assertTrue(e.getMessage().contains("entry 5 of a with entry 3 of b") && e.getMessage().contains("NaN"), e.getMessage());
+    bO[3] = Float.POSITIVE_INFINITY;
+    e = assertThrows(IllegalArgumentException.class,
+        () -> AttentionState.mergeInto(new float[8], new float[8], 0, bO, new float[8], 0, new float[8], new float[8], 0, 8, 1));
+    assertTrue(e.getMessage().contains("entry 3 of b") && e.getMessage().contains("Infinity in o at dim 0"), e.getMessage());
     assertThrows(IllegalArgumentException.class, () -> AttentionState.of(new float[3], new float[1], 1, 1, 2));
   }
 
@@ -255,8 +265,8 @@ class AttentionStateTest {
       e = assertThrows(IllegalArgumentException.class, () -> AttentionState.mergeInto(new float[] {c[0], c[1]},
           new float[] {c[2]}, 0, new float[] {c[3], c[4]}, new float[] {c[5]}, 0, outO, outL, 0, 1, 2));
       int dim = Float.isFinite(c[0]) && Float.isFinite(c[3]) ? 1 : 0;
-      assertTrue(e.getMessage().contains("entry 0: " + (Float.isFinite(c[0]) ? c[dim + 3] : c[0]) + " in o at dim " + dim),
-          e.getMessage());
+      assertTrue(e.getMessage().contains("entry 0 of " + (Float.isFinite(c[0]) ? "b" : "a") + " (row * heads + head): "
+          + (Float.isFinite(c[0]) ? c[dim + 3] : c[0]) + " in o at dim " + dim), e.getMessage());
     }
   }
 
@@ -298,7 +308,8 @@ class AttentionStateTest {
       bO[2 * dim + at] = Float.NaN;
       IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
           () -> AttentionState.mergeInto(aO, aL, 0, bO, bL, 0, outO, outL, 0, pairs, dim));
-      assertTrue(e.getMessage().contains("entry 2: NaN in o at dim " + at), e.getMessage() + " (seed " + seed + ")");
+      assertTrue(e.getMessage().contains("entry 2 of b (row * heads + head): NaN in o at dim " + at),
+          e.getMessage() + " (seed " + seed + ")");
     }
   }
 

@@ -209,4 +209,61 @@ class BadInputTest {
     assertEquals(0, c.keyToken);
     assertEquals(Float.POSITIVE_INFINITY, c.score);
   }
+
+  /**
+   * A softcap much smaller than the scale: q.k (1e36) is finite, but the kernel multiplies it by
+   * scale / softcap (1e5) and that overflows. The error said "q.k overflows float32"; it names the
+   * scale now. (Refused rather than capped: the kernel cannot tell it from an overflowed q.k.)
+   */
+  @Test
+  void aScaleOverTheSoftcapThatOverflowsIsNamed() {
+    Tensor q = new Tensor(new float[] {1e18f}, 1, 1, 1, 1), v = new Tensor(new float[] {2f}, 1, 1, 1, 1);
+    AttentionOptions opt = AttentionOptions.DEFAULT.withScale(1e-3).withSoftcap(1e-8f);
+    for (Executable call : new Executable[] {() -> cpu.forward(q, q, v, null, null, opt),
+        () -> cpu.decode(q, q, v, null, null, opt)}) {
+      NonFiniteScoreException e = assertThrows(NonFiniteScoreException.class, call);
+      assertTrue(e.getMessage().contains("q.k (1.0E36) times the score scale (100000.0, the scale over the softcap) "
+          + "overflows float32: the softcap is too small"), e.getMessage());
+    }
+  }
+
+  /** UnifiedMax.calibrate checks shapes as decode does (it indexed past arrays or divided by zero). */
+  @Test
+  void calibrateChecksShapes() {
+    AttentionOptions opt = AttentionOptions.DEFAULT;
+    assertMessage(() -> UnifiedMax.calibrate(Tensor.random(rng, 1, 3, 2, 4), Tensor.random(rng, 1, 2, 5, 4), opt),
+        "query heads (3) must be a multiple of kv heads (2)");
+    assertMessage(() -> UnifiedMax.calibrate(Tensor.random(rng, 1, 2, 2, 4), Tensor.random(rng, 1, 4, 5, 4), opt),
+        "must be a multiple of kv heads");
+    assertMessage(() -> UnifiedMax.calibrate(Tensor.random(rng, 1, 2, 2, 4), Tensor.random(rng, 1, 2, 5, 3), opt),
+        "same head dim");
+    assertMessage(() -> UnifiedMax.calibrate(Tensor.random(rng, 1, 2, 2, 4), Tensor.random(rng, 2, 2, 5, 4), opt),
+        "same batch");
+  }
+
+  /** A read-only output buffer is refused before any work (it was a bare ReadOnlyBufferException). */
+  @Test
+  void readOnlyOutputBuffersAreRefused() {
+    Tensor q = Tensor.random(rng, 1, 2, 5, 8), k = Tensor.random(rng, 1, 2, 7, 8);
+    BufferTensor qb = BufferTensor.bhtd(java.nio.FloatBuffer.wrap(q.data()), 1, 2, 5, 8);
+    BufferTensor kb = BufferTensor.bhtd(java.nio.FloatBuffer.wrap(k.data()), 1, 2, 7, 8);
+    java.nio.FloatBuffer o = java.nio.FloatBuffer.allocate(2 * 5 * 8), lse = java.nio.FloatBuffer.allocate(10);
+    assertMessage(() -> cpu.forward(qb, kb, kb, null, null, AttentionOptions.DEFAULT,
+        BufferTensor.bhtd(o.asReadOnlyBuffer(), 1, 2, 5, 8), lse), "o is a read-only buffer");
+    assertMessage(() -> cpu.forward(qb, kb, kb, null, null, AttentionOptions.DEFAULT, BufferTensor.bhtd(o, 1, 2, 5, 8),
+        lse.asReadOnlyBuffer()), "lse is a read-only buffer");
+  }
+
+  /**
+   * The end of a split is computed in long: for a cache of more than 2^30 keys the last split's
+   * j0 + splitLen passed Integer.MAX_VALUE and the split was taken as empty, its keys left out of the
+   * answer in silence (too large to run here: about 2^30 keys).
+   */
+  @Test
+  void theLastSplitOfAVeryLongCacheKeepsItsKeys() {
+    int splitLen = (1 << 30) + 5, tk = Integer.MAX_VALUE - 3;
+    assertEquals(tk, CpuAttention.splitEnd(tk, splitLen, splitLen));
+    assertEquals(splitLen, CpuAttention.splitEnd(tk, 0, splitLen));
+    assertEquals(100, CpuAttention.splitEnd(100, 64, 64));
+  }
 }
