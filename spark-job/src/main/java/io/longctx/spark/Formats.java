@@ -57,8 +57,14 @@ final class Formats {
    */
   static org.apache.spark.sql.Dataset<org.apache.spark.sql.Row> load(org.apache.spark.sql.SparkSession spark,
       String fmt, String path, String what) {
+    return load(spark, fmt, path, what, false);
+  }
+
+  /** The same; {@code mergeSchema}: Parquet files' schemas merged (every footer read) instead of one file's taken. */
+  static org.apache.spark.sql.Dataset<org.apache.spark.sql.Row> load(org.apache.spark.sql.SparkSession spark,
+      String fmt, String path, String what, boolean mergeSchema) {
     try {
-      return spark.read().format(fmt).load(path);
+      return spark.read().format(fmt).option("mergeSchema", mergeSchema).load(path);
     } catch (Exception e) { // SparkException is a checked exception that Scala code throws undeclared
       // parquet-mr's "FILE is not a Parquet file ..."
       String why = fmt.equals("parquet") ? InputError.causeLine(e, "is not a Parquet file") : null;

@@ -126,18 +126,22 @@ public final class OutputCommit {
    */
   public static OutputCommit prepare(Configuration conf, String output, boolean overwrite, String command,
       Map<String, String> inputs) throws IOException {
-    Path p = new Path(output);
+    Path p = hadoopPath("output", output);
     FileSystem fs = p.getFileSystem(conf);
     Path out = fs.makeQualified(p);
     if (out.getParent() == null) {
       throw new InputError("output " + out + " is a file system root: give a directory to create");
+    }
+    if (out.getName().contains(":")) { // the staging and set-aside folders are named after it, and Hadoop reads
+      throw new InputError("output " + output + ": a ':' in its name, which Hadoop reads as a URI scheme in the "
+          + "folders named after it: rename it"); // "x:y-tmp-..." as a scheme and fails
     }
     String outReal = realPath(fs, out);
     for (Map.Entry<String, String> in : inputs.entrySet()) {
       if (in.getValue() == null) {
         continue;
       }
-      Path raw = globFree(new Path(in.getValue()));
+      Path raw = globFree(hadoopPath(in.getKey(), in.getValue()));
       Path ip = raw.getFileSystem(conf).makeQualified(raw);
       if (!sameFileSystem(ip, out)) {
         continue; // cannot overlap
@@ -182,15 +186,37 @@ public final class OutputCommit {
    * them: the names Spark does not read are skipped by Spark's own rule. An input absent now is left
    * to the reader to report.
    */
+  /**
+   * A command-line path as a Hadoop Path, or bad input naming it: Hadoop reads a name with a ':' in it
+   * ("m o:d") as a URI and fails with a bare URISyntaxException.
+   */
+  static Path hadoopPath(String what, String path) {
+    try {
+      return new Path(path);
+    } catch (IllegalArgumentException e) {
+      throw unusable(what, path, e);
+    }
+  }
+
+  private static InputError unusable(String what, String path, IllegalArgumentException e) {
+    return new InputError(what + " " + path + ": Hadoop cannot take this path (" + (e.getCause() != null ? e.getCause()
+        : e).getMessage() + "; a ':' in a file or folder name reads as a URI scheme): rename it");
+  }
+
   private static Map<Path, InputFile> listInputs(Configuration conf, Map<String, String> inputs) throws IOException {
     Map<Path, InputFile> files = new java.util.LinkedHashMap<>();
     for (Map.Entry<String, String> in : inputs.entrySet()) {
       if (in.getValue() == null) {
         continue;
       }
-      Path p = new Path(in.getValue());
+      Path p = hadoopPath(in.getKey(), in.getValue());
       FileSystem fs = p.getFileSystem(conf);
-      FileStatus[] matches = fs.globStatus(p);
+      FileStatus[] matches;
+      try {
+        matches = fs.globStatus(p);
+      } catch (IllegalArgumentException e) { // the glob walks the path a name at a time: "m o:d" fails there
+        throw unusable(in.getKey(), in.getValue(), e);
+      }
       if (matches == null) {
         continue;
       }

@@ -348,6 +348,7 @@ public final class PplJob {
     Path checkpoints = null;
     SplitPpl.Result split = null;
     Dataset<Row> result = null;
+    boolean written = false;
     try {
       Sessions.label(spark, "longctx ppl: score documents");
       JavaRDD<Row> rows = tokenized.filter(d -> !splits(d, splitAbove)).map(d -> {
@@ -398,6 +399,7 @@ public final class PplJob {
       long tokens = totals.isNullAt(1) ? 0 : totals.getLong(1);
       Sessions.label(spark, "longctx ppl: write");
       commit.write(spark, Formats.output(result.write(), opt.resolvedOutputFormat()));
+      written = true;
       double wall = (System.nanoTime() - t0) / 1e9;
       return new Summary(docCount, tokens, wall, opt.model, commit.output().toString(), splitAbove,
           split == null ? null : split.stats);
@@ -414,6 +416,9 @@ public final class PplJob {
       }
       if (checkpoints != null) {
         checkpoints.getFileSystem(hconf).delete(checkpoints, true); // made by this run, named by its UUID
+      }
+      if (!written) { // a failure before the write: the checkpoint's folder beside OUT may have made OUT's parents
+        commit.abort();
       }
     }
   }
@@ -600,7 +605,9 @@ public final class PplJob {
           .withColumn(TEXT_TYPE, functions.expr("schema_of_variant(text)"))
           .withColumn("text", functions.expr("variant_get(text, '$', 'string')"));
     } else {
-      df = Formats.load(spark, fmt, path, "INPUT");
+      // Files with different columns (some text, some tokens) are one input: their schemas merged, a column a
+      // file lacks reads as null there (without it, Spark took one file's columns for all).
+      df = Formats.load(spark, fmt, path, "INPUT", true);
     }
     Set<String> have = new HashSet<>(Arrays.asList(df.columns()));
     if (!have.contains("doc_id") || (!have.contains("text") && !have.contains("tokens"))) {
@@ -683,9 +690,10 @@ public final class PplJob {
       }
     }
     try {
-      Loaded.get(o.model).model.checkTokens(ids); // a tokenizer that does not fit the model
+      Loaded.get(o.model).model.checkTokens(ids); // token rows were checked above: this is the tokenizer's id
     } catch (IllegalArgumentException e) {
-      throw new InputError(where + ": " + e.getMessage());
+      throw new InputError("MODEL " + o.model + ": tokenizer.json does not fit config.json's vocab_size: on the text of "
+          + where + " it made " + e.getMessage());
     }
     return new SplitPpl.Doc(index, doc, ids, bytes);
   }

@@ -283,6 +283,43 @@ class PplJobTest {
     assertFalse(Files.exists(out), "no output after a failure");
   }
 
+  /**
+   * Parquet files of one INPUT with different columns (text in one, tokens in another): Spark took
+   * one file's columns, and the other's rows were refused as having "neither" text nor tokens.
+   */
+  @Test
+  void parquetFilesWithDifferentColumnsAreOneInput() throws Exception {
+    Path in = tmp.resolve("mixed");
+    spark.createDataFrame(List.of(RowFactory.create("t", TEXT)), new StructType().add("doc_id", DataTypes.StringType)
+        .add("text", DataTypes.StringType)).write().parquet(in.toString());
+    spark.createDataFrame(List.of(RowFactory.create("k", List.of(4, 5, 6, 7))), new StructType()
+        .add("doc_id", DataTypes.StringType).add("tokens", DataTypes.createArrayType(DataTypes.IntegerType)))
+        .write().mode("append").parquet(in.toString());
+    Path out = tmp.resolve("mixed-out");
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    assertEquals(0, run(err, "ppl", "--model", model.toString(), "--input", in.toString(), "--output", out.toString(),
+        "--output-format", "json"), err.toString());
+    Map<String, Long> tokens = new HashMap<>();
+    for (Row r : spark.read().json(out.toString()).collectAsList()) {
+      tokens.put(r.getAs("doc_id"), r.getAs("n_tokens"));
+    }
+    assertEquals(4L, tokens.get("k"), tokens.toString());
+    assertTrue(tokens.containsKey("t") && tokens.size() == 2, tokens.toString());
+  }
+
+  /** A tokenizer whose ids pass the model's vocabulary: the checkpoint is named, not the document. */
+  @Test
+  void aTokenizerThatDoesNotFitTheModelIsNamed() throws Exception {
+    ModelGenerator.Spec s = TestModels.small(seed, 1);
+    s.vocab = 259;
+    Path small = tmp.resolve("vocab259");
+    ModelGenerator.generate(s, small);
+    Files.copy(model.resolve("tokenizer.json"), small.resolve("tokenizer.json"),
+        java.nio.file.StandardCopyOption.REPLACE_EXISTING);
+    fails(jsonl("tx.jsonl", "{\"doc_id\": \"tx\", \"text\": \"The quick brown fox jumps over the lazy dog\"}"), small,
+        "MODEL " + small, "tokenizer.json does not fit config.json's vocab_size", "doc 'tx'", "outside the vocabulary [0, 259)");
+  }
+
   @Test
   void badInputNamesTheDocument() throws Exception {
     fails(jsonl("a.jsonl", "{\"doc_id\": \"ok\", \"tokens\": [1, 2]}", "{\"doc_id\": \"big\", \"tokens\": [1, 300]}"),
@@ -322,6 +359,19 @@ class PplJobTest {
   @Test
   void usageEdges() throws Exception {
     Path in = jsonl("z.jsonl", "{\"doc_id\": \"a\", \"tokens\": [1, 2, 3]}");
+    // A ':' in a name: Hadoop's bare URISyntaxException before; now the argument it concerns (a colon in a folder
+    // above OUT is fine: only OUT's own name is a problem).
+    Path colon = copyOfModel("m o:d", null);
+    for (String[] bad : new String[][] {
+        {"--model", colon.toString(), "MODEL file://" + colon + ": Hadoop cannot take this path"},
+        {"--output", tmp.resolve("o u:t").toString(), "output " + tmp.resolve("o u:t") + ": a ':' in its name"}}) {
+      ByteArrayOutputStream err = new ByteArrayOutputStream();
+      List<String> args = new ArrayList<>(List.of("ppl", "--model", model.toString(), "--input", in.toString(),
+          "--output", tmp.resolve("out").toString()));
+      args.set(args.indexOf(bad[0]) + 1, bad[1]);
+      assertEquals(2, run(err, args.toArray(String[]::new)), err.toString());
+      assertTrue(err.toString().contains(bad[2]), err.toString());
+    }
     for (String opt : List.of("--partitions", "--split-partitions")) {
       ByteArrayOutputStream err = new ByteArrayOutputStream();
       assertEquals(2, run(err, "ppl", "--model", model.toString(), "--input", in.toString(), "--output",

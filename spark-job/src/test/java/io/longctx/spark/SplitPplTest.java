@@ -216,6 +216,30 @@ class SplitPplTest {
     }
   }
 
+  /**
+   * A split run that fails after its checkpoint folder was made beside OUT: that folder made OUT's
+   * parents, which stayed behind (OutputCommit.abort ran only for a failed write).
+   */
+  @Test
+  void aFailedSplitRunLeavesNoFoldersItMade() throws Exception {
+    org.apache.spark.SparkConf conf = org.apache.spark.SparkEnv.get().conf();
+    conf.set(FaultHooks.FAIL_FIRST_ATTEMPTS, "1");
+    conf.set(FaultHooks.FAIL_STAGE, FaultHooks.layerStage(1, FaultHooks.REDUCE));
+    System.setProperty(FaultHooks.ENABLE_PROPERTY, "true");
+    try {
+      Path out = tmp.resolve("new1").resolve("new2").resolve("out");
+      ByteArrayOutputStream err = new ByteArrayOutputStream();
+      int rc = LongctxMain.run(new String[] {"ppl", "--model", causal.toString(), "--input", input.toString(),
+          "--output", out.toString(), "--chunk-len", "16", "--split-above", "0"}, System.out, new PrintStream(err, true));
+      assertTrue(rc != 0 && err.toString().contains("injected test failure"), rc + ": " + err);
+      assertFalse(Files.exists(tmp.resolve("new1")), "the folders made for OUT and the checkpoints are gone: " + err);
+    } finally {
+      System.clearProperty(FaultHooks.ENABLE_PROPERTY);
+      conf.remove(FaultHooks.FAIL_FIRST_ATTEMPTS);
+      conf.remove(FaultHooks.FAIL_STAGE);
+    }
+  }
+
   @Test
   void planSeesWhatTheWindowAllowsAndBalancesCausalWork() {
     io.longctx.djl.LlamaConfig cfg = configOf(windowed);
