@@ -103,7 +103,8 @@ public sealed class InputError extends RuntimeException permits InputError.Dupli
   /**
    * The first InputError in a cause chain (Spark wraps task failures); else, for Parquet files of one
    * input whose column types differ (Spark took the schema from one of them, which the jobs checked,
-   * and a task failed reading another), a new one from Spark's line naming file and column; or null.
+   * and a task failed reading another), a new one from Spark's line naming file and column; likewise
+   * for a file among them that is not Parquet; or null.
    */
   public static InputError find(Throwable t) {
     InputError e = first(t);
@@ -111,8 +112,16 @@ public sealed class InputError extends RuntimeException permits InputError.Dupli
       return e;
     }
     String mismatch = causeLine(t, "PARQUET_COLUMN_DATA_TYPE_MISMATCH");
-    return mismatch == null ? null : new InputError(mismatch.replaceFirst("^\\[[A-Z_.]+\\] *", "")
-        + " (the input's Parquet files disagree on this column's type: write them with one schema)");
+    if (mismatch != null) {
+      return new InputError(mismatch.replaceFirst("^\\[[A-Z_.]+\\] *", "")
+          + " (the input's Parquet files disagree on this column's type: write them with one schema)");
+    }
+    // A file that is not Parquet among Parquet ones, found by the task reading it (where Spark took the
+    // schema from it, Formats.load reports it before any job).
+    String notParquet = causeLine(t, "is not a Parquet file");
+    return notParquet == null ? null : new InputError(notParquet.replaceFirst("^\\[[A-Z_.]+\\] *", "")
+        + " (a file that is not Parquet among the input's Parquet files: move it out, or start its name with '_' or"
+        + " '.', which Spark skips)");
   }
 
   private static InputError first(Throwable t) {

@@ -9,6 +9,7 @@ import java.time.Instant;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.UUID;
 import java.util.regex.Pattern;
 import org.apache.hadoop.conf.Configuration;
@@ -141,15 +142,34 @@ public final class OutputCommit {
       if (in.getValue() == null) {
         continue;
       }
-      Path raw = globFree(hadoopPath(in.getKey(), in.getValue()));
-      Path ip = raw.getFileSystem(conf).makeQualified(raw);
-      if (!sameFileSystem(ip, out)) {
+      Path given = hadoopPath(in.getKey(), in.getValue());
+      FileSystem inFs = given.getFileSystem(conf);
+      if (!sameFileSystem(inFs.makeQualified(given), out)) {
         continue; // cannot overlap
       }
-      String inReal = realPath(fs, ip);
-      if (inReal.equals(outReal) || inReal.startsWith(slash(outReal)) || outReal.startsWith(slash(inReal))) {
-        throw new InputError("output " + out + (inReal.equals(outReal) ? " is " : inReal.startsWith(slash(outReal))
-            ? " contains " : " is inside ") + in.getKey() + " " + in.getValue() + ": choose an output directory apart from the inputs");
+      // A glob is the paths it matches now (its folder above the pattern, compared before, took a glob in
+      // the first name, c[1]/keys, as the whole working directory); a path matched later is never read.
+      List<Path> paths = new ArrayList<>();
+      FileStatus[] matched;
+      try {
+        matched = InputError.isGlob(in.getValue()) ? inFs.globStatus(given) : null;
+      } catch (IllegalArgumentException e) { // a name the glob walks through that Hadoop cannot take ("m o:d")
+        throw unusable(in.getKey(), in.getValue(), e);
+      }
+      if (matched == null) {
+        paths.add(inFs.makeQualified(given));
+      } else {
+        for (FileStatus m : matched) {
+          paths.add(m.getPath());
+        }
+      }
+      for (Path ip : paths) {
+        String inReal = realPath(fs, ip);
+        if (inReal.equals(outReal) || inReal.startsWith(slash(outReal)) || outReal.startsWith(slash(inReal))) {
+          throw new InputError("output " + out + (inReal.equals(outReal) ? " is " : inReal.startsWith(slash(outReal))
+              ? " contains " : " is inside ") + in.getKey() + " " + in.getValue() + ": choose an output directory apart "
+              + "from the inputs");
+        }
       }
     }
     if ("file".equals(out.toUri().getScheme())) {
@@ -257,6 +277,28 @@ public final class OutputCommit {
    * file that appeared is not a change (Spark lists an input once per read, before reading it: a
    * directory that keeps receiving files is read as it was then).
    */
+  /**
+   * Refuses input {@code label} (as given to {@link #prepare}) where its listing there holds a file
+   * that Spark's reader of it will not read ({@code read}: the reader's {@code inputFiles()}): Spark
+   * reads the files directly in a folder given and those in key=value partition folders below it, and
+   * leaves out other subfolders' files without a word, so a document's keys there were missing from
+   * its answer.
+   */
+  public void requireAllRead(String label, String path, String[] read) {
+    Set<String> seen = new java.util.HashSet<>();
+    for (String f : read) {
+      seen.add(Path.getPathWithoutSchemeAndAuthority(new Path(f)).toString());
+    }
+    for (Map.Entry<Path, InputFile> e : inputFiles.entrySet()) {
+      if (e.getValue().label().equals(label)
+          && !seen.contains(Path.getPathWithoutSchemeAndAuthority(e.getKey()).toString())) {
+        throw new InputError(label + " " + path + ": " + e.getKey() + " would not be read: Spark reads the files "
+            + "directly in a folder given, and in key=value partition folders below it, but not those of other "
+            + "subfolders: move the file up into the folder given, or the folder's other files down beside it");
+      }
+    }
+  }
+
   private void checkInputsUnchanged() throws IOException {
     Map<Path, InputFile> now = listInputs(conf, inputs);
     String what = null;
@@ -569,14 +611,5 @@ public final class OutputCommit {
 
   private static String slash(String p) {
     return p.endsWith("/") ? p : p + "/";
-  }
-
-  /** The longest leading part of a path without glob characters (the directory a glob reads from). */
-  private static Path globFree(Path p) {
-    Path q = p;
-    while (q != null && InputError.isGlob(q.toString())) {
-      q = q.getParent();
-    }
-    return q == null ? p : q;
   }
 }

@@ -291,6 +291,7 @@ public final class PplJob {
     String fmt = opt.resolvedFormat();
     Sessions.label(spark, "longctx ppl: input schema");
     Dataset<Row> df = read(spark, fmt, opt.input);
+    commit.requireAllRead("INPUT", opt.input, df.inputFiles());
     boolean hasText = Arrays.asList(df.columns()).contains("text");
     boolean hasTokens = Arrays.asList(df.columns()).contains("tokens");
     // JSON input always has a text column (its schema is fixed): where the tokenizer is missing or

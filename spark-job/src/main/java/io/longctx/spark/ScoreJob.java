@@ -156,6 +156,10 @@ public final class ScoreJob {
     Sessions.label(spark, "longctx score: input schemas");
     Dataset<Token> keyRows = read(spark, opt.resolvedFormat(), opt.keys, true, prefill);
     Dataset<Token> queryRows = prefill ? null : read(spark, opt.queriesFormat(), opt.queries, false, true);
+    commit.requireAllRead("KEYS", opt.keys, keyRows.inputFiles());
+    if (!prefill) {
+      commit.requireAllRead("QUERIES", opt.queries, queryRows.inputFiles());
+    }
     Sessions.label(spark, "longctx score: first rows (shape)");
     Shape shape = resolveShape(opt, keyRows, queryRows, prefill);
     try { // an option's fault, said before the jobs run (a task named the data's first pair instead)
@@ -195,7 +199,13 @@ public final class ScoreJob {
             + " needs query positions, but no query has a 'pos' (a query without one attends the whole document): "
             + "give each query its position, or leave out " + (attn.causal() ? "--causal" : "--window"));
       }
-      PairPlan plan = PairPlan.make(chunkMeta, blockMeta, attn, opt.keys, opt.queries);
+      PairPlan plan;
+      try {
+        plan = PairPlan.make(chunkMeta, blockMeta, attn, opt.keys, opt.queries);
+      } catch (InputError e) { // "no key rows", "a document without keys": rows the ranges left out may be why
+        InputError unplaced = unplacedKey(keyRows, sh, prefill);
+        throw unplaced != null ? unplaced : e;
+      }
       Broadcast<PairPlan> planB = JavaSparkContext.fromSparkContext(spark.sparkContext()).broadcast(plan);
 
       Dataset<Row> result;
@@ -558,6 +568,23 @@ public final class ScoreJob {
         : "; " + String.join(", ", inferred) + " inferred from the first rows: " + rows);
   }
 
+  /**
+   * The error of the first key row the chunk ranges left out (no doc_id or pos: a field missing or
+   * misspelled, a malformed line), or null where there is none: one more pass over KEYS, only on the
+   * way to a "no key rows" or "no keys for document" error that such rows would explain better.
+   */
+  static InputError unplacedKey(Dataset<Token> keys, Shape s, boolean prefill) {
+    List<Token> first = keys.filter(col("docId").isNull().or(col("pos").isNull())).limit(1).collectAsList();
+    try {
+      if (!first.isEmpty()) {
+        validateKey(first.get(0), s, prefill);
+      }
+    } catch (InputError e) {
+      return e;
+    }
+    return null;
+  }
+
   static Token validateKey(Token t, Shape s, boolean prefill) {
     String file = t.getFile();
     String bad = readProblem(t);
@@ -570,7 +597,7 @@ public final class ScoreJob {
     }
     String where = "KEYS file " + file + ", doc '" + t.getDocId() + "', pos " + t.getPos();
     if (t.getPos() == null) {
-      throw new InputError(where + ": column 'pos' is missing or null");
+      throw new InputError(where + ": column 'pos' is missing or null (in JSON: the field absent, misspelled or null)");
     }
     checkVector(t.getK(), "k", s.kvHeads() * s.dim(), "kv-heads*dim" + s.origin(), where);
     checkVector(t.getV(), "v", s.kvHeads() * s.dim(), "kv-heads*dim" + s.origin(), where);
@@ -615,7 +642,8 @@ public final class ScoreJob {
     }
     for (int i = 0; i < x.length; i++) {
       if (!Float.isFinite(x[i])) {
-        throw new InputError(where + ": " + name + "[" + i + "] is " + x[i] + " (vectors must be finite)");
+        throw new InputError(where + ": " + name + "[" + i + "] is " + x[i] + " (vectors must be finite"
+            + (Float.isInfinite(x[i]) ? "; a value past float32's range, about 3.4e38, reads as infinite)" : ")"));
       }
     }
   }
@@ -705,7 +733,7 @@ public final class ScoreJob {
    * chunk (no mask): no gap is wasted.
    */
   static long blockGap(AttentionOptions attn, int chunkLen) {
-    return attn.window() > 0 ? attn.window() + chunkLen : Long.MAX_VALUE;
+    return attn.window() > 0 ? attn.window() + Math.min(chunkLen, Long.MAX_VALUE - attn.window()) : Long.MAX_VALUE;
   }
 
   /**
@@ -734,7 +762,8 @@ public final class ScoreJob {
       boolean hasPos = qs.get(i).getPos() != null;
       int j = i;
       while (j < qs.size() && j - i < blockLen && (qs.get(j).getPos() != null) == hasPos
-          && !(hasPos && j > i && qs.get(j).getPos() - qs.get(j - 1).getPos() >= gap)) {
+          // Sorted, so the difference is >= 0: as unsigned it is exact even past Long.MAX_VALUE.
+          && !(hasPos && j > i && Long.compareUnsigned(qs.get(j).getPos() - qs.get(j - 1).getPos(), gap) >= 0)) {
         j++;
       }
       int n = j - i;

@@ -359,6 +359,66 @@ class BadInputTest {
   }
 
   /**
+   * Inputs a review found answered wrongly or with the wrong error: a file in a plain subfolder of a
+   * KEYS folder was left out by Spark's reader in silence (exit 0, its keys missing from the answers);
+   * key rows without pos (a misspelled JSON field) gave "no key rows"; a file that is not Parquet
+   * among Parquet ones, read by a task, was exit 1 with a stack trace; a glob in the first name of a
+   * path made the whole working folder count as the input, refusing an output beside it.
+   */
+  @Test
+  void inputsReadPartlyOrReportedWrongly() throws Exception {
+    TestData d = good();
+    Path queries = d.writeQueries(spark, tmp, "parquet");
+    Path keys = d.writeKeys(spark, tmp, "parquet", false);
+    Path nested = tmp.resolve("nested-keys");
+    Files.createDirectories(nested.resolve("late"));
+    try (var parts = Files.list(keys)) {
+      List<Path> ps = parts.filter(f -> f.getFileName().toString().endsWith(".parquet")).sorted().toList();
+      Files.copy(ps.get(0), nested.resolve("part-0.parquet"));
+      for (int i = 1; i < ps.size(); i++) {
+        Files.copy(ps.get(i), nested.resolve("late").resolve("part-" + i + ".parquet"));
+      }
+    }
+    fails(nested, queries, "KEYS " + nested, "nested-keys/late/part-", ".parquet would not be read",
+        "not those of other subfolders");
+    // key=value partition folders are read, and taken as they are.
+    Path partitioned = tmp.resolve("partitioned-keys");
+    spark.read().parquet(keys.toString()).withColumn("batch", org.apache.spark.sql.functions.expr("pos % 2")).write()
+        .partitionBy("batch").parquet(partitioned.toString());
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    assertEquals(0, LongctxMain.run(new String[] {"score", "--keys", partitioned.toString(), "--queries",
+        queries.toString(), "--output", tmp.resolve("from-partitions").toString(), "--dim", "8", "--causal",
+        "--chunk-len", "8"}, System.out, new PrintStream(err, true)), err.toString());
+
+    Path noPos = tmp.resolve("no-pos.jsonl");
+    List<String> lines = new ArrayList<>();
+    for (String line : Files.readAllLines(firstPart(d.writeKeys(spark, tmp, "json", false), ".json"))) {
+      lines.add(line.replace("\"pos\"", "\"position\""));
+    }
+    Files.write(noPos, lines);
+    fails(noPos, queries, "KEYS file", "no-pos.jsonl", "column 'pos' is missing or null");
+
+    Path junk = tmp.resolve("keys-with-junk");
+    Files.createDirectories(junk);
+    Files.copy(firstPart(keys, ".parquet"), junk.resolve("part-0.parquet"));
+    Files.writeString(junk.resolve("zzz-notes.txt"), "notes");
+    fails(junk, queries, "zzz-notes.txt is not a Parquet file");
+
+    Path c1 = Files.createDirectories(tmp.resolve("c1"));
+    Files.move(keys, c1.resolve("keys.parquet"));
+    err.reset();
+    assertEquals(0, LongctxMain.run(new String[] {"score", "--keys", tmp + "/c[1]/keys.parquet", "--queries",
+        queries.toString(), "--output", tmp.resolve("beside-a-glob").toString(), "--dim", "8", "--causal",
+        "--chunk-len", "8"}, System.out, new PrintStream(err, true)), err.toString());
+  }
+
+  static Path firstPart(Path dir, String suffix) throws java.io.IOException {
+    try (var parts = Files.list(dir)) {
+      return parts.filter(f -> f.getFileName().toString().endsWith(suffix)).sorted().findFirst().orElseThrow();
+    }
+  }
+
+  /**
    * Finite q and k whose score overflows float32 are bad input found inside a task: exit 2 naming the
    * document, the query (or token) and the key's position, in decode (-Infinity) and prefill (+Infinity).
    */

@@ -181,5 +181,13 @@ class ScoreJobTest {
     assertEquals(List.of(List.of(10L, 20L, 183L), List.of(5000L, 5010L), List.of(9000L)), blocks.apply(gap));
     assertEquals(List.of(List.of(10L, 20L, 183L, 5000L), List.of(5010L, 9000L)),
         blocks.apply(ScoreJob.blockGap(io.longctx.kernels.AttentionOptions.DEFAULT.withCausal(true), 64)));
+    // The largest window: window + chunk wrapped negative, and every query made a block of its own.
+    long widest = ScoreJob.blockGap(io.longctx.kernels.AttentionOptions.DEFAULT.withWindow(Long.MAX_VALUE), 64);
+    assertEquals(Long.MAX_VALUE, widest);
+    assertEquals(blocks.apply(Long.MAX_VALUE), blocks.apply(widest));
+    // Positions far apart at both ends of the long range: their difference passes Long.MAX_VALUE.
+    pos[0] = Long.MIN_VALUE + 1;
+    assertEquals(List.of(List.of(Long.MIN_VALUE + 1), List.of(20L, 183L), List.of(5000L, 5010L), List.of(9000L)),
+        blocks.apply(gap));
   }
 }
