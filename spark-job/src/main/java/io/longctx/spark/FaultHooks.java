@@ -26,11 +26,13 @@ import org.apache.spark.TaskContext;
  *
  * <ul>
  *   <li>{@code spark.longctx.test.failFirstAttempts=N} (with {@code spark.longctx.test.failStage},
- *       a comma list of {@code map}, {@code reduce}; default both): every task of those stages
+ *       a comma list of stage names: {@code map}, {@code reduce}, split ppl's {@code layerL-map},
+ *       {@code layerL-reduce}; default {@code map,reduce}, score's two, so split ppl's layers fail
+ *       only where named): every task of those stages
  *       throws in its attempts 0..N-1. With {@code spark.task.maxFailures > N} the job succeeds
  *       through Spark's retries; otherwise it fails.
  *   <li>{@code spark.longctx.test.pauseDir=DIR} (with {@code spark.longctx.test.pauseStage}, a comma list of
- *       {@code map}, {@code reduce}, default map, and {@code spark.longctx.test.pauseMillis}, default 120000): the first task of
+ *       stage names as above, default map, and {@code spark.longctx.test.pauseMillis}, default 120000): the first task of
  *       each listed stage in the whole job (first attempt of the first stage attempt; claimed by creating
  *       {@code DIR/STAGE.claim}) writes {@code DIR/STAGE.pid} holding its JVM's pid, the stage and
  *       the task, then sleeps, so that a test can SIGKILL that executor (or the driver) mid-stage.

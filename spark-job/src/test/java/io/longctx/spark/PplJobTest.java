@@ -305,6 +305,26 @@ class PplJobTest {
     }
     assertEquals(4L, tokens.get("k"), tokens.toString());
     assertTrue(tokens.containsKey("t") && tokens.size() == 2, tokens.toString());
+    // Integer doc_ids are read as text (as JSON's are), tokens of any integer type (tinyint was refused).
+    Path ints = tmp.resolve("int-ids");
+    spark.createDataFrame(List.of(RowFactory.create(7, List.of((byte) 4, (byte) 5, (byte) 6))), new StructType()
+        .add("doc_id", DataTypes.IntegerType).add("tokens", DataTypes.createArrayType(DataTypes.ByteType)))
+        .write().parquet(ints.toString());
+    Path intsOut = tmp.resolve("int-ids-out");
+    assertEquals(0, run(err, "ppl", "--model", model.toString(), "--input", ints.toString(), "--output",
+        intsOut.toString(), "--output-format", "json"), err.toString());
+    Row r = spark.read().json(intsOut.toString()).first();
+    assertEquals("7", r.getAs("doc_id"));
+    assertEquals(3L, (long) r.<Long>getAs("n_tokens"));
+  }
+
+  /** One task per document up to 8 per core: 2,000 short documents were 2,000 tasks and part files. */
+  @Test
+  void defaultPartitionsAreBoundedByTheCores() {
+    assertEquals(3, PplJob.defaultPartitions(3, 2));
+    assertEquals(16, PplJob.defaultPartitions(2000, 2));
+    assertEquals(800, PplJob.defaultPartitions(1_000_000, 100));
+    assertEquals(1, PplJob.defaultPartitions(1, 0));
   }
 
   /** A tokenizer whose ids pass the model's vocabulary: the checkpoint is named, not the document. */
