@@ -202,11 +202,6 @@ public final class OutputCommit {
   }
 
   /**
-   * The files each input names (a file, a directory read recursively, or a glob), as Spark reads
-   * them: the names Spark does not read are skipped by Spark's own rule. An input absent now is left
-   * to the reader to report.
-   */
-  /**
    * A command-line path as a Hadoop Path, or bad input naming it: Hadoop reads a name with a ':' in it
    * ("m o:d") as a URI and fails with a bare URISyntaxException.
    */
@@ -223,6 +218,11 @@ public final class OutputCommit {
         : e).getMessage() + "; a ':' in a file or folder name reads as a URI scheme): rename it");
   }
 
+  /**
+   * The files each input names (a file, a directory read recursively, or a glob), as Spark reads
+   * them: the names Spark does not read are skipped by Spark's own rule. An input absent now is left
+   * to the reader to report.
+   */
   private static Map<Path, InputFile> listInputs(Configuration conf, Map<String, String> inputs) throws IOException {
     Map<Path, InputFile> files = new java.util.LinkedHashMap<>();
     for (Map.Entry<String, String> in : inputs.entrySet()) {
@@ -272,12 +272,6 @@ public final class OutputCommit {
   }
 
   /**
-   * Throws {@link InputError} naming the first input file listed at {@link #prepare} that disappeared
-   * or changed in length or modification time since: the job may have read parts of two versions. A
-   * file that appeared is not a change (Spark lists an input once per read, before reading it: a
-   * directory that keeps receiving files is read as it was then).
-   */
-  /**
    * Refuses input {@code label} (as given to {@link #prepare}) where its listing there holds a file
    * that Spark's reader of it will not read ({@code read}: the reader's {@code inputFiles()}): Spark
    * reads the files directly in a folder given and those in key=value partition folders below it, and
@@ -299,6 +293,12 @@ public final class OutputCommit {
     }
   }
 
+  /**
+   * Throws {@link InputError} naming the first input file listed at {@link #prepare} that disappeared
+   * or changed in length or modification time since: the job may have read parts of two versions. A
+   * file that appeared is not a change (Spark lists an input once per read, before reading it: a
+   * directory that keeps receiving files is read as it was then).
+   */
   private void checkInputsUnchanged() throws IOException {
     Map<Path, InputFile> now = listInputs(conf, inputs);
     String what = null;
