@@ -173,7 +173,8 @@ public final class PplJob {
           + "  tokens/s       %.0f%n  output         %s%n",
           documents, tokens, model, splitAbove == Long.MAX_VALUE
               ? (splitAboveGiven ? "never (--split-above)" : "never (the window bounds the one-task cache)")
-              : splitAbove + " tokens" + (splitAboveGiven ? " (--split-above)" : ""), split == null ? "none (every document in one task)" : split.describe(),
+              : splitAbove + " tokens" + (splitAboveGiven ? " (--split-above)" : ""),
+          split == null ? "none (every document in one task)" : split.describe(),
           wallSeconds, wallSeconds > 0 ? tokens / wallSeconds : 0, output);
     }
   }
@@ -405,8 +406,8 @@ public final class PplJob {
       commit.write(spark, Formats.output(result.write(), opt.resolvedOutputFormat()));
       written = true;
       double wall = (System.nanoTime() - t0) / 1e9;
-      return new Summary(docCount, tokens, wall, opt.model, commit.output().toString(), splitAbove, opt.splitAbove >= 0,
-          split == null ? null : split.stats);
+      return new Summary(docCount, tokens, wall, opt.model, commit.output().toString(), splitAbove,
+          opt.splitAbove >= 0, split == null ? null : split.stats);
     } finally {
       if (poller != null) {
         poller.interrupt();
