@@ -14,11 +14,14 @@ public record DocumentScore(int nTokens, double sumLogprob, float[] logprobs) {
     return nTokens < 2 ? Double.NaN : Math.exp(-sumLogprob / (nTokens - 1));
   }
 
-  /** -sumLogprob / ln 2 / utf8Bytes: bits per byte of the text the tokens came from. */
+  /**
+   * -sumLogprob / ln 2 / utf8Bytes: bits per byte of the text the tokens came from; NaN when fewer
+   * than two tokens were scored, as {@link #perplexity} (it was -0.0: "no bits" for a text not scored).
+   */
   public double bitsPerByte(long utf8Bytes) {
     if (utf8Bytes <= 0) {
       throw new IllegalArgumentException("bits per byte needs a positive byte count, got " + utf8Bytes);
     }
-    return -sumLogprob / Math.log(2) / utf8Bytes;
+    return nTokens < 2 ? Double.NaN : -sumLogprob / Math.log(2) / utf8Bytes;
   }
 }

@@ -146,7 +146,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
    * checkpoint holds exactly the tensors the config needs, with their shapes.
    */
   public synchronized void loadCheckpoint(Path dir, NDManager manager) throws IOException {
-    if (w != null) {
+    if (isLoaded()) {
       throw new IllegalStateException("model already loaded");
     }
     LlamaConfig cfg = LlamaConfig.read(dir);
@@ -169,9 +169,10 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     }
   }
 
-  /** Whether a checkpoint is loaded. */
+  /** Whether a checkpoint is loaded (and its weights' manager still open: closing it from outside unloads). */
   public boolean isLoaded() {
-    return w != null;
+    Loaded l = w;
+    return l != null && l.manager.isOpen();
   }
 
   public LlamaConfig config() {
@@ -190,6 +191,10 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     Loaded l = w;
     if (l == null) {
       throw new IllegalStateException("no checkpoint loaded (LlamaModel.load or loadCheckpoint)");
+    }
+    if (!l.manager.isOpen()) {
+      throw new IllegalStateException("the checkpoint's weights were freed: the NDManager they were loaded onto "
+          + "(LlamaModel.load's, or the DJL model's) was closed; load the checkpoint again");
     }
     return l;
   }

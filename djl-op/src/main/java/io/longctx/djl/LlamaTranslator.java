@@ -67,8 +67,12 @@ public final class LlamaTranslator<I> implements NoBatchifyTranslator<I, Documen
   /** Criteria with a chosen translator and chunk length. */
   public static <T> Criteria<T, DocumentScore> criteria(Path dir, LlamaTranslator<T> translator, Class<T> type,
       int chunkLen) {
+    // A block factory, not optBlock(instance): each model loaded from the Criteria gets a block of its own,
+    // its weights on that model's manager. One shared block took the first model's weights into every
+    // later one, and lost them when the first was closed ("NDManager has been closed already").
+    ai.djl.nn.BlockFactory blocks = (model, path, arguments) -> new LlamaModel(chunkLen);
     return Criteria.builder().setTypes(type, DocumentScore.class).optModelPath(dir).optEngine("PyTorch")
-        .optBlock(new LlamaModel(chunkLen))
+        .optArgument("blockFactory", blocks)
         // Our weights are safetensors, read in prepare(): the engine must not look for a .params file.
         .optOption("hasParameter", "false")
         .optTranslator(translator).build();
@@ -110,6 +114,10 @@ public final class LlamaTranslator<I> implements NoBatchifyTranslator<I, Documen
       throw new IllegalStateException("LlamaTranslator needs a LlamaModel block, got " + ctx.getBlock());
     }
     Path dir = ctx.getModel().getModelPath();
+    if (dir == null && !m.isLoaded()) {
+      throw new IllegalStateException("LlamaTranslator needs a checkpoint: a model with a path (Criteria.optModelPath, "
+          + "as LlamaTranslator.criteria sets it) or an already loaded LlamaModel block");
+    }
     synchronized (m) {
       if (!m.isLoaded()) {
         m.loadCheckpoint(dir, ctx.getModel().getNDManager());

@@ -2,6 +2,8 @@ package io.longctx.djl;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import ai.djl.huggingface.tokenizers.HuggingFaceTokenizer;
@@ -87,6 +89,37 @@ class LlamaTranslatorTest {
       assertEquals(directRandom.sumLogprob(), p.predict(randomIds).sumLogprob(),
           1e-5 * Math.abs(directRandom.sumLogprob()));
     }
+  }
+
+  /**
+   * A Criteria loads models that are each their own: it gave every model one shared block, so the second
+   * load took the first's weights and lost them when the first was closed ("NDManager has been closed
+   * already"). A weights manager closed from outside unloads the model with a message saying so.
+   */
+  @Test
+  void eachModelLoadedFromACriteriaIsItsOwn(@TempDir Path tmp) throws Exception {
+    long seed = Seeds.forTest();
+    Path dir = LlamaTesting.generate(LlamaTesting.tiny(seed), tmp.resolve("m"));
+    int[] ids = LlamaTesting.randomTokens(new SplittableRandom(seed), 20, LlamaTesting.tiny(seed).vocab);
+    var c = LlamaTranslator.tokenCriteria(dir);
+    double first;
+    try (ZooModel<int[], DocumentScore> zm = c.loadModel(); Predictor<int[], DocumentScore> p = zm.newPredictor()) {
+      first = p.predict(ids).sumLogprob();
+    }
+    ZooModel<int[], DocumentScore> a = c.loadModel(), b = c.loadModel();
+    try (b; Predictor<int[], DocumentScore> pa = a.newPredictor(); Predictor<int[], DocumentScore> pb = b.newPredictor()) {
+      assertEquals(first, pa.predict(ids).sumLogprob(), 0.0, "seed " + seed);
+      a.close();
+      assertEquals(first, pb.predict(ids).sumLogprob(), 0.0, "b keeps its weights when a closes; seed " + seed);
+    }
+    try (NDManager m = NDManager.newBaseManager("PyTorch")) {
+      LlamaModel model = LlamaModel.load(dir, m.newSubManager());
+      m.close();
+      assertFalse(model.isLoaded());
+      IllegalStateException e = assertThrows(IllegalStateException.class, () -> model.score(ids, 16, false));
+      assertTrue(e.getMessage().contains("weights were freed"), e.getMessage());
+    }
+    assertTrue(Double.isNaN(new DocumentScore(1, 0.0, new float[0]).bitsPerByte(1)), "one token: nothing scored");
   }
 
   /** One translator's predictors share its tokenizer; given a second checkpoint it refuses, never tokenizes with the first's. */
