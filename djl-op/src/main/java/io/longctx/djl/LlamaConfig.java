@@ -293,9 +293,19 @@ public final class LlamaConfig {
    * The tensors of this config ({@link #expectedTensors}), checked against a checkpoint's entries:
    * exactly these names, with these shapes ({@link Safetensors#requireExactly}). The names are made
    * one at a time and the first missing one is named at once, so a layer count the checkpoint cannot
-   * hold fails before the rest are built: 2e9 layers would fill the heap.
+   * hold fails before the rest are built: 2e9 layers would fill the heap. Two kinds of extra tensor
+   * Hugging Face loads such checkpoints past are passed over, as it does: each layer's
+   * {@code self_attn.rotary_emb.inv_freq} (a buffer older conversions stored; the frequencies come
+   * from config.json) and, with {@code tie_word_embeddings}, a stored {@code lm_head.weight} equal to
+   * the embedding, bit for bit (one that differs is refused: which of the two scores would be a guess).
    */
-  public Map<String, long[]> requireTensors(Map<String, Safetensors.Entry> entries, Path dir) {
+  public Map<String, long[]> requireTensors(Map<String, Safetensors.Entry> checkpoint, Path dir) {
+    Map<String, Safetensors.Entry> entries = new java.util.LinkedHashMap<>(checkpoint);
+    entries.keySet().removeIf(n -> INV_FREQ.matcher(n).matches());
+    Safetensors.Entry head = tieWordEmbeddings ? entries.remove("lm_head.weight") : null;
+    if (head != null) {
+      requireSameAsEmbedding(head, entries.get("model.embed_tokens.weight"));
+    }
     Map<String, long[]> expected = new java.util.LinkedHashMap<>();
     forEachExpected((name, shape) -> {
       if (!entries.containsKey(name)) {
@@ -306,6 +316,30 @@ public final class LlamaConfig {
     });
     Safetensors.requireExactly(entries, expected, dir);
     return expected;
+  }
+
+  private static final java.util.regex.Pattern INV_FREQ =
+      java.util.regex.Pattern.compile("model\\.layers\\.\\d+\\.self_attn\\.rotary_emb\\.inv_freq");
+
+  /** A tied checkpoint's stored lm_head.weight must be the embedding itself (same shape, same values). */
+  private static void requireSameAsEmbedding(Safetensors.Entry head, Safetensors.Entry embed) {
+    String refused = head.file() + ": tensor lm_head.weight is stored although config.json ties it to "
+        + "model.embed_tokens.weight (tie_word_embeddings), and ";
+    if (embed == null) {
+      return; // the missing embedding is named by the check that follows
+    }
+    if (!java.util.Arrays.equals(head.shape(), embed.shape())) {
+      throw new IllegalArgumentException(refused + "its shape " + java.util.Arrays.toString(head.shape())
+          + " is not the embedding's " + java.util.Arrays.toString(embed.shape()));
+    }
+    try {
+      if (!Safetensors.readAsFloat32(head).equals(Safetensors.readAsFloat32(embed))) {
+        throw new IllegalArgumentException(refused + "its values differ from the embedding's: which of the two "
+            + "scores is not clear (set tie_word_embeddings to false to use it, or drop it)");
+      }
+    } catch (java.io.IOException e) {
+      throw new java.io.UncheckedIOException(e);
+    }
   }
 
   /** The tensor names and shapes a checkpoint of this config must hold, in a stable order. */

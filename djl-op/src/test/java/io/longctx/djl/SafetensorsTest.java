@@ -165,9 +165,14 @@ class SafetensorsTest {
       assertError(() -> LlamaModel.load(missing, m), "model.layers.1.mlp.up_proj.weight", "missing");
 
       Path extra = LlamaTesting.generate(LlamaTesting.tiny(seed), tmp.resolve("extra"));
-      rewrite(extra, t -> t.put("model.layers.0.self_attn.rotary_emb.inv_freq",
+      rewrite(extra, t -> t.put("model.layers.0.self_attn.q_proj.scales",
           new Safetensors.Tensor("F32", new long[] {8}, new float[8])));
-      assertError(() -> LlamaModel.load(extra, m), "model.safetensors", "rotary_emb.inv_freq", "not part of this model");
+      assertError(() -> LlamaModel.load(extra, m), "model.safetensors", "q_proj.scales", "not part of this model");
+      // Older conversions store each layer's rotary inv_freq buffer: passed over, as Hugging Face does.
+      Path invFreq = LlamaTesting.generate(LlamaTesting.tiny(seed), tmp.resolve("inv-freq"));
+      rewrite(invFreq, t -> t.put("model.layers.1.self_attn.rotary_emb.inv_freq",
+          new Safetensors.Tensor("F32", new long[] {8}, new float[8])));
+      LlamaModel.load(invFreq, m).close();
 
       Path shape = LlamaTesting.generate(LlamaTesting.tiny(seed), tmp.resolve("shape"));
       rewrite(shape, t -> t.put("model.norm.weight", new Safetensors.Tensor("F32", new long[] {63}, new float[63])));
@@ -178,7 +183,12 @@ class SafetensorsTest {
       Path head = LlamaTesting.generate(tied, tmp.resolve("tied-with-head"));
       rewrite(head, t -> t.put("lm_head.weight", new Safetensors.Tensor("F32", new long[] {300, 64},
           new float[300 * 64])));
-      assertError(() -> LlamaModel.load(head, m), "lm_head.weight", "not part of this model");
+      assertError(() -> LlamaModel.load(head, m), "lm_head.weight", "ties it to model.embed_tokens.weight",
+          "its values differ");
+      // A stored head equal to the embedding (what a tied model saved whole holds) is passed over.
+      Path same = LlamaTesting.generate(tied, tmp.resolve("tied-with-its-head"));
+      rewrite(same, t -> t.put("lm_head.weight", t.get("model.embed_tokens.weight")));
+      LlamaModel.load(same, m).close();
     }
   }
 
