@@ -669,11 +669,12 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     int chunkLen = blockChunkLen;
     Object cl = params == null ? null : params.get(CHUNK_LEN);
     if (cl != null) {
-      if (!(cl instanceof Number num) || num.longValue() != num.intValue() || cl instanceof Double
-          || cl instanceof Float) {
+      // An integer type (BigDecimal 2.5 passed the old test as 2: its longValue truncates too).
+      if (!(cl instanceof Integer || cl instanceof Long || cl instanceof Short || cl instanceof Byte)
+          || ((Number) cl).longValue() != ((Number) cl).intValue()) {
         throw new IllegalArgumentException(CHUNK_LEN + " must be an int, got " + cl + " (" + cl.getClass().getName() + ")");
       }
-      chunkLen = num.intValue();
+      chunkLen = ((Number) cl).intValue();
     }
     DocumentScore sc = score(tokens, chunkLen, true);
     NDManager out = t.getManager();
@@ -683,6 +684,10 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
 
   @Override
   public Shape[] getOutputShapes(Shape[] inputShapes) {
+    if (inputShapes.length != 1 || inputShapes[0].dimension() != 1) {
+      throw new IllegalArgumentException("LlamaModel takes one input, token ids of shape (T), got "
+          + java.util.Arrays.toString(inputShapes));
+    }
     long n = inputShapes[0].get(0);
     return new Shape[] {new Shape(Math.max(0, n - 1)), new Shape(1)};
   }

@@ -379,6 +379,13 @@ class LlamaModelTest {
         e = assertThrows(IllegalArgumentException.class,
             () -> m.forward(ps, new ai.djl.ndarray.NDList(nm.create(new int[] {1, 2, 3})), false, bad));
         assertTrue(e.getMessage().contains("must be an int"), e.getMessage());
+        ai.djl.util.PairList<String, Object> decimal = new ai.djl.util.PairList<>();
+        decimal.add(LlamaModel.CHUNK_LEN, new java.math.BigDecimal("2.5")); // was taken as 2
+        e = assertThrows(IllegalArgumentException.class,
+            () -> m.forward(ps, new ai.djl.ndarray.NDList(nm.create(new int[] {1, 2, 3})), false, decimal));
+        assertTrue(e.getMessage().contains("must be an int"), e.getMessage());
+        e = assertThrows(IllegalArgumentException.class, () -> m.getOutputShapes(new ai.djl.ndarray.types.Shape[0]));
+        assertTrue(e.getMessage().contains("token ids of shape (T)"), e.getMessage());
       }
     }
   }
