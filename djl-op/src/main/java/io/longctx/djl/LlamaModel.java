@@ -338,6 +338,8 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
    * @param perToken whether to return the n-1 per-token log-probabilities
    * @throws IllegalArgumentException for a token id outside [0, vocab_size), naming its position
    * @throws NumericOverflowException where the model's values leave float32 on this document
+   * @throws java.util.concurrent.CancellationException where the calling thread is interrupted (also
+   *     before the call); the model stays usable and gives the same bits afterwards
    */
   public DocumentScore score(int[] tokens, int chunkLen, boolean perToken) {
     Objects.requireNonNull(tokens, "tokens");
