@@ -37,5 +37,42 @@ public final class MadeFolders {
     }
   }
 
+  /**
+   * A temporary folder this command made, deleted by {@link #close} and also when the JVM is shut
+   * down first (Ctrl-C, SIGTERM), which skips the finally blocks that would have deleted it: an
+   * interrupted spark-bench or demo left hundreds of MB in /tmp, bench-ppl its model and a running
+   * child JVM. The hook also ends this JVM's child processes ({@code endChildren}), for a parent whose
+   * children would otherwise run on.
+   */
+  public static final class Temporary implements AutoCloseable {
+    private final Path dir;
+    private final Thread hook;
+
+    public Temporary(Path dir, boolean endChildren) {
+      this.dir = dir;
+      this.hook = new Thread(() -> {
+        if (endChildren) {
+          ProcessHandle.current().descendants().forEach(ProcessHandle::destroyForcibly);
+        }
+        deleteOrWarn(dir);
+      }, "longctx-temporary-folder");
+      Runtime.getRuntime().addShutdownHook(hook);
+    }
+
+    public Path dir() {
+      return dir;
+    }
+
+    @Override
+    public void close() {
+      try {
+        Runtime.getRuntime().removeShutdownHook(hook);
+      } catch (IllegalStateException e) {
+        return; // shutting down already: the hook deletes it
+      }
+      deleteOrWarn(dir);
+    }
+  }
+
   private MadeFolders() {}
 }

@@ -124,6 +124,9 @@ public final class ModelGenerator {
         throw new IllegalArgumentException(a + " needs a value");
       }
       String v = args[++i];
+      if (v.startsWith("--")) { // "--output --tie": the next option is not a value
+        throw new IllegalArgumentException(a + " needs a value, got the option " + v);
+      }
       try {
         set.accept(s, v);
       } catch (NumberFormatException e) {

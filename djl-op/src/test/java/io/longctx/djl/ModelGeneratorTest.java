@@ -48,9 +48,10 @@ class ModelGeneratorTest {
   /** Bad usage names the option: an unknown one as unknown (also as the last word), a bad number as such. */
   @Test
   void badOptionsSayWhatIsWrong() {
-    String[][] cases = {{"--bogus"}, {"--bogus", "1"}, {"--layers"}, {"--layers", "two", "--output", "x"}};
+    String[][] cases = {{"--bogus"}, {"--bogus", "1"}, {"--layers"}, {"--layers", "two", "--output", "x"},
+        {"--output", "--tie"}};
     String[] expect = {"unknown option --bogus", "unknown option --bogus", "--layers needs a value",
-        "--layers needs a number, got 'two'"};
+        "--layers needs a number, got 'two'", "--output needs a value, got the option --tie"};
     for (int c = 0; c < cases.length; c++) {
       String[] args = cases[c];
       IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> ModelGenerator.run(args));

@@ -123,6 +123,9 @@ public final class PplBench {
         throw new IllegalArgumentException(a + " needs a value");
       }
       String v = args[++i];
+      if (v.startsWith("--")) { // the next option is not a value
+        throw new IllegalArgumentException(a + " needs a value, got the option " + v);
+      }
       try {
         set.accept(o, v);
       } catch (NumberFormatException e) {
@@ -158,22 +161,29 @@ public final class PplBench {
       System.out.println(child(o));
       return;
     }
-    run(o, args);
+    try {
+      run(o, args);
+    } catch (IllegalArgumentException e) { // the generator's or the checkpoint's: exit 2 naming it, not a stack trace
+      System.err.println("bench-ppl: " + e.getMessage());
+      System.exit(2);
+    }
   }
 
   /** The parent: generates the model if needed, then one child JVM per (T, path), and the comparisons. */
   static void run(Options o, String[] args) throws IOException {
     long t0 = System.nanoTime();
-    Path tmp = null;
     Path model = o.model;
-    if (model == null) {
-      tmp = Files.createTempDirectory("longctx-bench-ppl-");
-      model = tmp.resolve("model");
-      System.err.printf("bench-ppl: generating the model (%d layers, hidden %d, heads %d/%d, vocab %d, %s) in %s%n",
-          o.spec.layers, o.spec.hidden, o.spec.heads, o.spec.kvHeads, o.spec.vocab, o.spec.dtype, model);
-      ModelGenerator.generate(o.spec, model);
-    }
-    try {
+    // The generated model is deleted at the end, also when the run is interrupted; an interrupt also
+    // ends the child JVM running then (it ran on, under init).
+    io.longctx.djl.MadeFolders.Temporary tmp = new io.longctx.djl.MadeFolders.Temporary(
+        Files.createTempDirectory("longctx-bench-ppl-"), true);
+    try (tmp) {
+      if (model == null) {
+        model = tmp.dir().resolve("model");
+        System.err.printf("bench-ppl: generating the model (%d layers, hidden %d, heads %d/%d, vocab %d, %s) in %s%n",
+            o.spec.layers, o.spec.hidden, o.spec.heads, o.spec.kvHeads, o.spec.vocab, o.spec.dtype, model);
+        ModelGenerator.generate(o.spec, model);
+      }
       LlamaConfig cfg = LlamaConfig.read(model);
       System.out.println(envLine(cfg, o, model, o.model == null));
       for (int t : o.ts) {
@@ -217,10 +227,6 @@ public final class PplBench {
       }
       System.out.printf(Locale.ROOT, "{\"bench\": \"ppl\", \"end\": true, \"loadavg_end\": \"%s\", \"wall_s\": %.1f}%n",
           loadavg(), (System.nanoTime() - t0) / 1e9);
-    } finally {
-      if (tmp != null) {
-        io.longctx.djl.MadeFolders.deleteOrWarn(tmp);
-      }
     }
   }
 

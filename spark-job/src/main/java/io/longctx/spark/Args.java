@@ -38,6 +38,12 @@ final class Args {
             throw new IllegalArgumentException(name + " needs a value");
           }
           v = argv[++i];
+          // "--output --prefill" took the next option as the value (a folder named --prefill, the flag
+          // never applied); a value that starts with "--" can still be given inline: --output=--x.
+          if (v.startsWith("--")) {
+            throw new IllegalArgumentException(name + " needs a value, got the option " + v
+                + " (a value starting with -- goes inline: " + name + "=VALUE)");
+          }
         }
         if (name.equals("--conf")) {
           if (v.indexOf('=') <= 0) {

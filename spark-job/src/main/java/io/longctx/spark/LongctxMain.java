@@ -293,7 +293,9 @@ public final class LongctxMain {
     if (!temp) {
       OutputCommit.claimWorkDir(dir, "demo");
     }
-    try {
+    // The generated corpus is ~200 MB: not left in /tmp, also when the run is interrupted.
+    try (io.longctx.djl.MadeFolders.Temporary ignored = temp ? new io.longctx.djl.MadeFolders.Temporary(dir, false)
+        : null) {
       return Sessions.run("longctx demo", a.get("--master"), a.confs, spark -> {
         boolean ok = a.flag("--ppl-only")
             || Demo.run(spark, dir, tokens, sample, out);
@@ -302,10 +304,6 @@ public final class LongctxMain {
         }
         return ok ? 0 : 1;
       });
-    } finally {
-      if (temp) { // the generated corpus is ~200 MB: do not leave it in /tmp
-        io.longctx.djl.MadeFolders.deleteOrWarn(dir);
-      }
     }
   }
 

@@ -333,8 +333,34 @@ public final class OutputCommit {
     commit();
   }
 
+  private Thread stagingHook;
+
+  /**
+   * Until the commit starts, a JVM shut down mid-write (Ctrl-C, SIGTERM) deletes the staging folder
+   * ({@link #abort}): an interrupted gen left 1.2 GB of it. Best effort: Spark's own shutdown stops
+   * the tasks writing there at the same time.
+   */
+  private synchronized void armStagingHook() {
+    if (stagingHook == null) {
+      stagingHook = new Thread(this::abort, "longctx-staging-cleanup");
+      Runtime.getRuntime().addShutdownHook(stagingHook);
+    }
+  }
+
+  private synchronized void disarmStagingHook() {
+    if (stagingHook != null) {
+      try {
+        Runtime.getRuntime().removeShutdownHook(stagingHook);
+      } catch (IllegalStateException e) {
+        // the JVM is shutting down: this is the hook running, or it runs anyway
+      }
+      stagingHook = null;
+    }
+  }
+
   /** The first half of {@link #write}: the result written into the staging directory, not yet committed. */
   public void stage(SparkSession spark, DataFrameWriter<Row> writer) throws IOException {
+    armStagingHook();
     try {
       writer.save(staging.toString());
     } catch (Throwable e) { // also Spark's SparkException, checked to Java but undeclared by Scala
@@ -411,6 +437,9 @@ public final class OutputCommit {
    * OUTs missing and their complete old and new copies beside them, never an old output with a new one.
    */
   public static void commitAll(List<OutputCommit> outs) throws IOException {
+    for (OutputCommit o : outs) {
+      o.disarmStagingHook(); // from here an interrupt leaves what the commit protocol says, never a deleted result
+    }
     try {
       for (OutputCommit o : outs) {
         o.checkInputsUnchanged();
@@ -544,6 +573,7 @@ public final class OutputCommit {
    * by the write; a folder that holds anything is left, whoever made it).
    */
   public void abort() {
+    disarmStagingHook();
     try {
       if (fs.exists(staging)) {
         fs.delete(staging, true);

@@ -57,12 +57,10 @@ final class OverheadBench {
     if (!ownDir) {
       OutputCommit.claimWorkDir(dir, "spark-bench");
     }
-    try {
+    // Deleted at the end, also when the run is interrupted (a few hundred MB).
+    try (io.longctx.djl.MadeFolders.Temporary ignored = ownDir ? new io.longctx.djl.MadeFolders.Temporary(dir, false)
+        : null) {
       return measure(a, g, chunkLen, runs, dir, out);
-    } finally {
-      if (ownDir) {
-        io.longctx.djl.MadeFolders.deleteOrWarn(dir);
-      }
     }
   }
 

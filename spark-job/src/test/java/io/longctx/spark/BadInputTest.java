@@ -215,6 +215,11 @@ class BadInputTest {
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "3", "--tokens", "4611686018427387904",
         "--output", g}, System.out, e));
     assertTrue(err.toString().contains("more tokens than a long counts"), err.toString());
+    // A missing value took the next option as the value: a folder named --prefill, the flag never applied.
+    assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "1", "--tokens", "16", "--output", "--prefill"},
+        System.out, e));
+    assertTrue(err.toString().contains("--output needs a value, got the option --prefill"), err.toString());
+    assertFalse(Files.exists(Path.of("--prefill")), "no folder named after the option");
     // An option given twice: the last won in silence. A count past int named no limit.
     assertEquals(2, LongctxMain.run(new String[] {"score", "--keys", "k", "--queries", "q", "--output", "o1",
         "--output", "o2"}, System.out, e));
