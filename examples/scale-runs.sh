@@ -35,6 +35,10 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 data="${DATA:-$root/examples/target/scale-data}" # inside the clone, never a fixed path elsewhere
+case "$data" in /*) ;; *) data="$PWD/$data" ;; esac # absolute: it goes into file:// URIs and -D options
+case "$data" in *[[:space:]]*) # LONGCTX_JAVA_OPTS below carries it, and the launcher splits that on spaces
+  echo "scale-runs.sh: DATA $data holds a space; give DATA=/a/path/without/spaces" >&2; exit 2 ;;
+esac
 heap="${HEAP:-2g}"
 out="${OUT:-$root/examples/target/bench-data/scale-runs.jsonl}"
 longctx="$root/bin/longctx"
@@ -107,7 +111,8 @@ naive_bytes() { # T_q x T_k x heads x 4 B: the score matrix of the naive computa
 }
 
 decode() {
-  local tokens="${TOKENS:-1000000}" d="$data/decode"
+  local tokens="${TOKENS:-1000000}"
+  local d="$data/decode-$tokens" # one folder per size: a smaller corpus made earlier is never taken for this one
   if [ ! -d "$d/keys.parquet" ] || [ ! -d "$d/queries.parquet" ]; then
     measure "gen-decode-$tokens" 0 "$longctx" gen --docs 1 --tokens "$tokens" --heads 32 --kv-heads 8 --dim 128 \
       --queries-per-doc 64 --output "$d" --overwrite "${spark_conf[@]}" --master "local[2]"
@@ -135,7 +140,8 @@ heap_mb() {
 }
 
 cluster_decode() {
-  local tokens="${TOKENS:-1000000}" d="$data/decode"
+  local tokens="${TOKENS:-1000000}"
+  local d="$data/decode-$tokens" # one folder per size: a smaller corpus made earlier is never taken for this one
   setup_cluster
   measure "cluster-decode-$tokens" "$(naive_bytes 64 "$tokens" 32)" "$longctx" score --keys "$d/keys.parquet" \
     --queries "$d/queries.parquet" --output "$d/out-cluster" --overwrite --dim 128 --causal --chunk-len 4096 \
@@ -143,7 +149,8 @@ cluster_decode() {
 }
 
 gen_prefill() {
-  local tokens="${PREFILL_TOKENS:-131072}" d="$data/prefill"
+  local tokens="${PREFILL_TOKENS:-131072}"
+  local d="$data/prefill-$tokens" # one folder per size
   if [ ! -d "$d/keys.parquet" ]; then
     measure "gen-prefill-$tokens" 0 "$longctx" gen --docs 1 --tokens "$tokens" --heads 8 --kv-heads 8 --dim 128 \
       --queries-per-doc 0 --prefill --output "$d" --overwrite "${spark_conf[@]}" --master "local[2]"
@@ -151,7 +158,8 @@ gen_prefill() {
 }
 
 prefill() {
-  local tokens="${PREFILL_TOKENS:-131072}" d="$data/prefill"
+  local tokens="${PREFILL_TOKENS:-131072}"
+  local d="$data/prefill-$tokens" # one folder per size
   gen_prefill
   measure "prefill-$tokens" "$(naive_bytes "$tokens" "$tokens" 8)" "$longctx" score --mode prefill \
     --keys "$d/keys.parquet" --output "$d/out" --overwrite --heads 8 --chunk-len 8192 --partitions "${PARTITIONS:-64}" \

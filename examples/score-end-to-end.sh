@@ -13,8 +13,14 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 made_work=""
+case "${1:-}" in # WORKDIR first, if given: a leading option is not a folder name (--master made ./--master)
+  -*) echo "score-end-to-end.sh: give WORKDIR before the score options (or no WORKDIR): $1" >&2; exit 2 ;;
+esac
 if [ -n "${1:-}" ]; then work="$1"; else work="$(mktemp -d -t longctx-example-XXXXXX)"; made_work=1; fi
 shift || true
+if [ -n "$made_work" ]; then # a failed step leaves its folder: say where
+  trap 'rc=$?; [ $rc -ne 0 ] && echo "score-end-to-end.sh: failed (exit $rc); its files are in $work" >&2' EXIT
+fi
 # LONGCTX names another launcher (the script test uses a stub that writes outputs at once)
 longctx="${LONGCTX:-$root/bin/longctx}"
 

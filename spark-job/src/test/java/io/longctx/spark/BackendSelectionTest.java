@@ -89,19 +89,35 @@ class BackendSelectionTest {
         && e.getMessage().contains(" cannot run: "), e.getMessage());
   }
 
-  /** conf/gpu-discovery.sh prints Spark's resource JSON from nvidia-smi (a stand-in here). */
+  /**
+   * conf/gpu-discovery.sh prints Spark's resource JSON from nvidia-smi (a stand-in here) as CUDA
+   * ordinals: over CUDA_VISIBLE_DEVICES where set (CUDA numbers only those from 0); a failing
+   * nvidia-smi is exit 1 (its message was printed as an address, exit 0).
+   */
   @Test
   void theGpuDiscoveryScriptPrintsSparksFormat() throws Exception {
     Path bin = Files.createDirectories(tmp.resolve("bin"));
     Path smi = bin.resolve("nvidia-smi");
     Files.writeString(smi, "#!/bin/sh\nprintf '0\\n1\\n'\n");
     smi.toFile().setExecutable(true);
+    assertEquals("0: {\"name\": \"gpu\", \"addresses\": [\"0\", \"1\"]}", discover(bin, null));
+    assertEquals("0: {\"name\": \"gpu\", \"addresses\": [\"0\"]}", discover(bin, "1"));
+    Files.writeString(smi, "#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate'\nexit 9\n");
+    String failed = discover(bin, null);
+    assertTrue(failed.startsWith("1: ") && failed.contains("nvidia-smi failed: NVIDIA-SMI has failed"), failed);
+  }
+
+  /** The script's exit status and output, "STATUS: OUTPUT". */
+  private static String discover(Path bin, String visibleDevices) throws Exception {
     Path script = Path.of("..", "conf", "gpu-discovery.sh").toAbsolutePath().normalize();
     ProcessBuilder pb = new ProcessBuilder("bash", script.toString()).redirectErrorStream(true);
     pb.environment().put("PATH", bin + ":/usr/bin:/bin");
+    pb.environment().remove("CUDA_VISIBLE_DEVICES");
+    if (visibleDevices != null) {
+      pb.environment().put("CUDA_VISIBLE_DEVICES", visibleDevices);
+    }
     Process p = pb.start();
     String out = new String(p.getInputStream().readAllBytes()).strip();
-    assertEquals(0, p.waitFor());
-    assertEquals("{\"name\": \"gpu\", \"addresses\": [\"0\", \"1\"]}", out);
+    return p.waitFor() + ": " + out;
   }
 }
