@@ -97,8 +97,9 @@ public final class ModelGenerator {
         AttentionOp.checkSettings(); // as every command: a bad -Dlongctx... value is exit 2, though unused here
       }
       run(args);
-    } catch (IllegalArgumentException e) { // bad usage: one line, exit 2
-      System.err.println("longctx gen-model: error: " + e.getMessage());
+    } catch (IllegalArgumentException | ArithmeticException e) { // bad usage (or sizes past int): one line, exit 2
+      System.err.println("longctx gen-model: error: " + e.getMessage()
+          + (e instanceof ArithmeticException ? " (the sizes given make a tensor past 2^31 elements)" : ""));
       System.exit(2);
     }
   }
@@ -156,7 +157,12 @@ public final class ModelGenerator {
       java.util.Map.entry("--seed", (s, v) -> s.seed = Long.parseLong(v)),
       java.util.Map.entry("--dtype", (s, v) -> s.dtype = v.toUpperCase(Locale.ROOT)),
       java.util.Map.entry("--model-type", (s, v) -> s.modelType = v),
-      java.util.Map.entry("--sliding-window", (s, v) -> s.slidingWindow = Long.parseLong(v)),
+      java.util.Map.entry("--sliding-window", (s, v) -> {
+        s.slidingWindow = Long.parseLong(v);
+        if (s.slidingWindow < 1) { // 0 was taken as "none", which leaving the option out says
+          throw new IllegalArgumentException("--sliding-window must be >= 1 (leave it out for none), got " + v);
+        }
+      }),
       java.util.Map.entry("--rope-theta", (s, v) -> s.ropeTheta = Double.parseDouble(v)),
       java.util.Map.entry("--rope-scaling", (s, v) -> s.ropeScaling = v),
       java.util.Map.entry("--shards", (s, v) -> s.shards = Integer.parseInt(v)),
@@ -308,7 +314,12 @@ public final class ModelGenerator {
       }
       JsonObject r = new JsonObject();
       r.addProperty("rope_type", p[0]);
-      r.addProperty("factor", Double.parseDouble(p[1]));
+      try {
+        r.addProperty("factor", Double.parseDouble(p[1]));
+      } catch (NumberFormatException e) {
+        throw new IllegalArgumentException("--rope-scaling " + rs + ": the factor after ':' must be a number, got '"
+            + p[1] + "'");
+      }
       if (p[0].equals("llama3")) {
         r.addProperty("low_freq_factor", 1.0);
         r.addProperty("high_freq_factor", 4.0);

@@ -90,6 +90,10 @@ public final class BenchPlots {
         }
       }
     }
+    if (Files.exists(out) && !Files.isDirectory(out)) {
+      System.err.println("plots: --out " + out + " is a file, not a folder for the PNGs");
+      System.exit(2);
+    }
     if (!Files.isDirectory(data)) {
       System.err.println("plots: --data " + data + " is not a directory (examples/bench-sweep.sh writes"
           + " examples/target/bench-data; the recorded figures are in docs/bench-data)");

@@ -184,6 +184,10 @@ public final class KernelBench {
     if ("djl-plain".equals(only)) {
       plain = true; // a --memory child asked for it by name
     }
+    if (split < 1) { // checked here, not after the forward part has run
+      System.err.println("bench: --split must be >= 1, got " + split);
+      System.exit(2);
+    }
     if (callers < 1) {
       System.err.println("--callers must be >= 1, got " + callers);
       System.exit(2);
@@ -217,8 +221,20 @@ public final class KernelBench {
       System.err.println("bench: " + e.getMessage());
       System.exit(2);
     }
+    CpuAttention kernels;
+    try { // before --memory's children too: each would fail on it
+      kernels = new CpuAttention(blockQ, blockK, sweep);
+    } catch (IllegalArgumentException e) { // --block-q, --block-k, --sweep out of range
+      System.err.println("bench: " + e.getMessage());
+      System.exit(2);
+      return;
+    }
     if (memory) {
-      memory(args, op, causal, plain);
+      int failed = memory(args, op, causal, plain);
+      if (failed > 0) { // the error lines are printed; the status says the measurement is incomplete
+        System.err.println("bench: " + failed + " memory measurement(s) failed (the \"error\" lines above)");
+        System.exit(1);
+      }
       return;
     }
     if (only == null) {
@@ -227,14 +243,6 @@ public final class KernelBench {
         case "decode" -> "decode";
         default -> "forward (non-causal, causal), then decode";
       }, warmup, iters, plain ? "included (--plain)" : "skipped (--plain to include it)");
-    }
-    CpuAttention kernels;
-    try {
-      kernels = new CpuAttention(blockQ, blockK, sweep);
-    } catch (IllegalArgumentException e) { // --block-q, --block-k, --sweep out of range
-      System.err.println("bench: " + e.getMessage());
-      System.exit(2);
-      return;
     }
     // The operator, and djl-plain, need the engine; the anchor module is opened only when asked for.
     boolean needEngine = anchor || plain || only == null || !only.equals("java");
@@ -261,11 +269,20 @@ public final class KernelBench {
         return names[i] + " must be >= " + min + ", got " + values[i];
       }
     }
+    if (dim > CpuAttention.MAX_DIM) {
+      return "--dim must be at most " + CpuAttention.MAX_DIM + " (the kernels' largest head size), got " + dim;
+    }
     for (String o : List.of("forward", "decode")) {
       if (op.equals(o) || op.equals("all")) {
         int h = headsFor(o, heads), hkv = kvHeadsFor(o, heads, kvHeads);
         if (h % hkv != 0) {
           return o + " runs " + h + " heads over " + hkv + " kv heads: --heads must be a multiple of --kv-heads";
+        }
+        // One float array per tensor: batch 1 x heads x tokens x dim must fit an int (3,000,000 x 8 x 128 wrapped).
+        long tokens = o.equals("forward") ? Math.max(t, tk) : Math.max(Math.max(t, tk), DECODE_KEYS);
+        if ((long) h * tokens * dim > Integer.MAX_VALUE - 8) {
+          return o + " at " + h + " heads x " + tokens + " tokens x " + dim + " dims is more than one float array holds ("
+              + (Integer.MAX_VALUE - 8) + "): give a smaller --t, --tk, --heads or --dim";
         }
       }
     }
@@ -626,7 +643,8 @@ public final class KernelBench {
   }
 
   /** --memory: every implementation alone in a fresh JVM, one call each, its peak memory reported. */
-  static void memory(String[] args, String op, Boolean causal, boolean plain) {
+  /** Runs the memory children; returns how many failed (each printed as an "error" line). */
+  static int memory(String[] args, String op, Boolean causal, boolean plain) {
     List<String> base = new ArrayList<>();
     base.add(ProcessHandle.current().info().command().orElse("java"));
     base.addAll(ManagementFactory.getRuntimeMXBean().getInputArguments());
@@ -642,12 +660,19 @@ public final class KernelBench {
       }
     }
     List<String> ops = op.equals("all") ? List.of("forward", "decode") : List.of(op);
+    List<String> wanted = impls(args);
+    List<String> known = new ArrayList<>(FORWARD_IMPLS);
+    known.add("java-unified-max");
+    if (wanted != null && !known.containsAll(wanted)) { // an unknown name measured nothing, in silence
+      System.err.println("bench: --impls takes " + String.join(", ", known) + ", got " + String.join(",", wanted));
+      System.exit(2);
+    }
+    int failed = 0;
     for (String o : ops) {
       List<String> names = new ArrayList<>(FORWARD_IMPLS);
       if (o.equals("decode")) {
         names.add(1, "java-unified-max");
       }
-      List<String> wanted = impls(args);
       if (wanted != null) {
         names.retainAll(wanted);
       } else if (!plain) {
@@ -665,10 +690,11 @@ public final class KernelBench {
             cmd.add("--causal");
           }
           progress("memory: %s %s%s alone in a fresh JVM", name, o, o.equals("forward") ? (c ? " causal" : " non-causal") : "");
-          runChild(cmd, name, o, c);
+          failed += runChild(cmd, name, o, c) ? 0 : 1;
         }
       }
     }
+    return failed;
   }
 
   /** The --impls list, or null. */
@@ -681,7 +707,8 @@ public final class KernelBench {
     return null;
   }
 
-  private static void runChild(List<String> cmd, String name, String op, boolean causal) {
+  /** Runs one memory child and prints its line (an "error" line where it failed); false where it failed. */
+  private static boolean runChild(List<String> cmd, String name, String op, boolean causal) {
     try {
       Process p = new ProcessBuilder(cmd).redirectErrorStream(true).start();
       List<String> lines = new ArrayList<>();
@@ -694,16 +721,19 @@ public final class KernelBench {
       List<String> json = lines.stream().filter(l -> l.startsWith("{\"impl\"")).toList();
       if (rc == 0 && !json.isEmpty()) {
         json.forEach(System.out::println);
+        return true;
       } else {
         String last = lines.isEmpty() ? "" : lines.get(lines.size() - 1).replace("\"", "'");
         System.out.println(String.format(Locale.ROOT,
             "{\"impl\": \"%s\", \"op\": \"%s\", \"causal\": %b, \"error\": \"exit %d: %s\"}", name, op, causal,
             rc, last.length() > 200 ? last.substring(0, 200) : last));
+        return false;
       }
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
+      return false;
     }
   }
 

@@ -140,6 +140,11 @@ public final class PplBench {
         throw new IllegalArgumentException("--paths takes ours and/or dense, got " + p);
       }
     }
+    // Refused here, not by each child in turn (the run then ended with exit 0 and error lines).
+    if (Arrays.stream(o.ts).anyMatch(t -> t < 1) || o.chunkLen < 1 || o.childTimeoutS < 1) {
+      throw new IllegalArgumentException("--t values, --chunk-len and --child-timeout must be >= 1, got --t "
+          + Arrays.toString(o.ts) + ", --chunk-len " + o.chunkLen + ", --child-timeout " + o.childTimeoutS);
+    }
     return o;
   }
 
@@ -162,7 +167,11 @@ public final class PplBench {
       return;
     }
     try {
-      run(o, args);
+      int failed = run(o, args);
+      if (failed > 0) { // the error lines are printed; the status says the measurement is incomplete
+        System.err.println("bench-ppl: " + failed + " run(s) failed (the \"error\" lines above)");
+        System.exit(1);
+      }
     } catch (IllegalArgumentException e) { // the generator's or the checkpoint's: exit 2 naming it, not a stack trace
       System.err.println("bench-ppl: " + e.getMessage());
       System.exit(2);
@@ -170,8 +179,10 @@ public final class PplBench {
   }
 
   /** The parent: generates the model if needed, then one child JVM per (T, path), and the comparisons. */
-  static void run(Options o, String[] args) throws IOException {
+  /** Returns how many children failed (each printed as an "error" line). */
+  static int run(Options o, String[] args) throws IOException {
     long t0 = System.nanoTime();
+    int failed = 0;
     Path model = o.model;
     // The generated model is deleted at the end, also when the run is interrupted; an interrupt also
     // ends the child JVM running then (it ran on, under init).
@@ -213,6 +224,7 @@ public final class PplBench {
             System.err.printf("bench-ppl: %s T=%d%s (estimate %.0f MiB beyond the weights; %d timed run(s))...%n",
                 path, t, o.rounds > 1 ? ", round " + round + " of " + o.rounds : "", est / 1048576.0, o.itersFor(t));
             String line = runChild(o, model, path, t, est);
+            failed += line.contains("\"error\":") ? 1 : 0;
             if (o.rounds > 1) {
               line = line.substring(0, line.length() - 1) + ", \"round\": " + round + "}";
             }
@@ -228,6 +240,7 @@ public final class PplBench {
       System.out.printf(Locale.ROOT, "{\"bench\": \"ppl\", \"end\": true, \"loadavg_end\": \"%s\", \"wall_s\": %.1f}%n",
           loadavg(), (System.nanoTime() - t0) / 1e9);
     }
+    return failed;
   }
 
   /** Ours beyond the weights: the KV cache (float32, every layer) plus a chunk's activations and logits shard. */

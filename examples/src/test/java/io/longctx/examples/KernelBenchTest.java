@@ -103,7 +103,9 @@ class KernelBenchTest {
         {"--sweep", "0"}, {"--t", "x"}, {"--t"}, {"--block-q", "5"}, {"--frobnicate"}, {"--op"}, {"--t", "0"},
         {"--op", "forward", "--heads", "8", "--kv-heads", "3"}, {"--op", "decode", "--heads", "12"},
         {"--op", "foo"}, {"--only", "nope"}, {"--only", "copy"}, {"--only", "libtorch-sdpa", "--no-anchor"},
-        {"--op", "decode", "--tk", "1024", "--chunk-keys", "1024"}, {"--op", "decode", "--chunk-keys", "65536"}};
+        {"--op", "decode", "--tk", "1024", "--chunk-keys", "1024"}, {"--op", "decode", "--chunk-keys", "65536"},
+        {"--split", "0"}, {"--dim", "2000"}, {"--t", "3000000"}, {"--memory", "--impls", "jav"},
+        {"--memory", "--block-q", "0"}};
     String[] expect = {"maxBlocksPerSweep must be >= 1", "--t needs a number, got 'x'", "--t needs a number, got nothing",
         "blockQ must be a positive multiple", "unknown option --frobnicate", "--op needs a value, got nothing",
         "--t must be >= 1, got 0", "forward runs 8 heads over 3 kv heads: --heads must be a multiple of --kv-heads",
@@ -111,7 +113,10 @@ class KernelBenchTest {
         "--only with --op all must be one of java, op, libtorch-sdpa, djl-plain, got 'nope'",
         "--only with --op all must be one of java, op, libtorch-sdpa, djl-plain, got 'copy'",
         "--only libtorch-sdpa times the anchor: leave out --no-anchor",
-        "--chunk-keys 1024 makes one chunk of the 1024 keys", "--chunk-keys 65536 makes one chunk of the 65536 keys"};
+        "--chunk-keys 1024 makes one chunk of the 1024 keys", "--chunk-keys 65536 makes one chunk of the 65536 keys",
+        // These were stack traces, or (--memory) children that each failed while the parent exited 0.
+        "--split must be >= 1, got 0", "--dim must be at most 1024", "more than one float array holds",
+        "--impls takes java, op, libtorch-sdpa, djl-plain, java-unified-max, got jav", "blockQ must be a positive multiple"};
     for (int c = 0; c < cases.length; c++) {
       List<String> cmd = new ArrayList<>(List.of(javaBin, "--add-modules=jdk.incubator.vector", "-cp",
           System.getProperty("java.class.path"), KernelBench.class.getName()));
