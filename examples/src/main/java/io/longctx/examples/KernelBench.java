@@ -278,11 +278,14 @@ public final class KernelBench {
         if (h % hkv != 0) {
           return o + " runs " + h + " heads over " + hkv + " kv heads: --heads must be a multiple of --kv-heads";
         }
-        // One float array per tensor: batch 1 x heads x tokens x dim must fit an int (3,000,000 x 8 x 128 wrapped).
-        long tokens = o.equals("forward") ? Math.max(t, tk) : Math.max(Math.max(t, tk), DECODE_KEYS);
-        if ((long) h * tokens * dim > Integer.MAX_VALUE - 8) {
-          return o + " at " + h + " heads x " + tokens + " tokens x " + dim + " dims is more than one float array holds ("
-              + (Integer.MAX_VALUE - 8) + "): give a smaller --t, --tk, --heads or --dim";
+        // One float array per tensor, batch 1: q (heads x t x dim) and k, v (kv heads x keys x dim) must each
+        // fit an int (3,000,000 x 8 x 128 wrapped).
+        long keys = tk > 0 ? tk : o.equals("forward") ? t : DECODE_KEYS;
+        long most = Math.max((long) h * t * dim, (long) hkv * keys * dim);
+        if (most > Integer.MAX_VALUE - 8) {
+          return o + " at " + h + "/" + hkv + " heads, " + t + " query and " + keys + " key tokens, dim " + dim + " makes "
+              + most + " floats in one array, more than one holds (" + (Integer.MAX_VALUE - 8) + "): give a smaller "
+              + "--t, --tk, --heads or --dim";
         }
       }
     }
@@ -642,8 +645,10 @@ public final class KernelBench {
     return -1;
   }
 
-  /** --memory: every implementation alone in a fresh JVM, one call each, its peak memory reported. */
-  /** Runs the memory children; returns how many failed (each printed as an "error" line). */
+  /**
+   * --memory: every implementation alone in a fresh JVM, one call each, its peak memory reported;
+   * returns how many children failed (each printed as an "error" line).
+   */
   static int memory(String[] args, String op, Boolean causal, boolean plain) {
     List<String> base = new ArrayList<>();
     base.add(ProcessHandle.current().info().command().orElse("java"));

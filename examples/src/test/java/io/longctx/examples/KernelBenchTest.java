@@ -115,7 +115,7 @@ class KernelBenchTest {
         "--only libtorch-sdpa times the anchor: leave out --no-anchor",
         "--chunk-keys 1024 makes one chunk of the 1024 keys", "--chunk-keys 65536 makes one chunk of the 65536 keys",
         // These were stack traces, or (--memory) children that each failed while the parent exited 0.
-        "--split must be >= 1, got 0", "--dim must be at most 1024", "more than one float array holds",
+        "--split must be >= 1, got 0", "--dim must be at most 1024", "floats in one array, more than one holds",
         "--impls takes java, op, libtorch-sdpa, djl-plain, java-unified-max, got jav", "blockQ must be a positive multiple"};
     for (int c = 0; c < cases.length; c++) {
       List<String> cmd = new ArrayList<>(List.of(javaBin, "--add-modules=jdk.incubator.vector", "-cp",
