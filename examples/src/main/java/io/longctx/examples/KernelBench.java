@@ -229,6 +229,10 @@ public final class KernelBench {
       System.exit(2);
       return;
     }
+    if (!memory && Arrays.asList(args).contains("--impls")) { // it was ignored: every impl was timed
+      System.err.println("bench: --impls chooses what --memory measures; to time one implementation, give --only NAME");
+      System.exit(2);
+    }
     if (memory) {
       int failed = memory(args, op, causal, plain);
       if (failed > 0) { // the error lines are printed; the status says the measurement is incomplete

@@ -141,9 +141,20 @@ public final class PplBench {
       }
     }
     // Refused here, not by each child in turn (the run then ended with exit 0 and error lines).
+    if (Arrays.asList(args).contains("--iters") && o.iters < 1) { // 0 fell back to the default in silence
+      throw new IllegalArgumentException("--iters must be >= 1, got " + o.iters);
+    }
     if (Arrays.stream(o.ts).anyMatch(t -> t < 1) || o.chunkLen < 1 || o.childTimeoutS < 1) {
       throw new IllegalArgumentException("--t values, --chunk-len and --child-timeout must be >= 1, got --t "
           + Arrays.toString(o.ts) + ", --chunk-len " + o.chunkLen + ", --child-timeout " + o.childTimeoutS);
+    }
+    if (o.model != null) { // the checkpoint's own sizes are measured: these would be ignored in silence
+      for (String a : List.of("--layers", "--hidden", "--heads", "--kv-heads", "--vocab", "--dtype")) {
+        if (Arrays.asList(args).contains(a)) {
+          throw new IllegalArgumentException(a + " shapes the generated model: with --model the checkpoint's own is "
+              + "measured; leave out one or the other");
+        }
+      }
     }
     return o;
   }

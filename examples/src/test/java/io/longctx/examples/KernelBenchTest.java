@@ -105,7 +105,7 @@ class KernelBenchTest {
         {"--op", "foo"}, {"--only", "nope"}, {"--only", "copy"}, {"--only", "libtorch-sdpa", "--no-anchor"},
         {"--op", "decode", "--tk", "1024", "--chunk-keys", "1024"}, {"--op", "decode", "--chunk-keys", "65536"},
         {"--split", "0"}, {"--dim", "2000"}, {"--t", "3000000"}, {"--memory", "--impls", "jav"},
-        {"--memory", "--block-q", "0"}};
+        {"--memory", "--block-q", "0"}, {"--impls", "java"}};
     String[] expect = {"maxBlocksPerSweep must be >= 1", "--t needs a number, got 'x'", "--t needs a number, got nothing",
         "blockQ must be a positive multiple", "unknown option --frobnicate", "--op needs a value, got nothing",
         "--t must be >= 1, got 0", "forward runs 8 heads over 3 kv heads: --heads must be a multiple of --kv-heads",
@@ -116,7 +116,8 @@ class KernelBenchTest {
         "--chunk-keys 1024 makes one chunk of the 1024 keys", "--chunk-keys 65536 makes one chunk of the 65536 keys",
         // These were stack traces, or (--memory) children that each failed while the parent exited 0.
         "--split must be >= 1, got 0", "--dim must be at most 1024", "floats in one array, more than one holds",
-        "--impls takes java, op, libtorch-sdpa, djl-plain, java-unified-max, got jav", "blockQ must be a positive multiple"};
+        "--impls takes java, op, libtorch-sdpa, djl-plain, java-unified-max, got jav", "blockQ must be a positive multiple",
+        "--impls chooses what --memory measures"};
     for (int c = 0; c < cases.length; c++) {
       List<String> cmd = new ArrayList<>(List.of(javaBin, "--add-modules=jdk.incubator.vector", "-cp",
           System.getProperty("java.class.path"), KernelBench.class.getName()));

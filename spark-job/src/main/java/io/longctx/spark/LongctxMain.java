@@ -284,6 +284,9 @@ public final class LongctxMain {
     }
     int tokens = a.intValue("--tokens", 100_000), sample = a.intValue("--sample", 6);
     int pplTokens = a.intValue("--ppl-tokens", 8_000);
+    if (a.flag("--ppl-only") && pplTokens == 0) { // the two together ran nothing, and said ok
+      throw new IllegalArgumentException("demo --ppl-only --ppl-tokens 0 runs nothing: give --ppl-tokens N >= 1");
+    }
     if (tokens < 1 || sample < 0 || pplTokens < 0) {
       throw new IllegalArgumentException("demo needs --tokens >= 1, --sample >= 0, --ppl-tokens >= 0; got " + tokens
           + ", " + sample + ", " + pplTokens);

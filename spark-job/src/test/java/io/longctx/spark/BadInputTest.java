@@ -215,6 +215,8 @@ class BadInputTest {
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "3", "--tokens", "4611686018427387904",
         "--output", g}, System.out, e));
     assertTrue(err.toString().contains("more tokens than a long counts"), err.toString());
+    assertEquals(2, LongctxMain.run(new String[] {"demo", "--ppl-only", "--ppl-tokens", "0"}, System.out, e));
+    assertTrue(err.toString().contains("demo --ppl-only --ppl-tokens 0 runs nothing"), err.toString());
     // A missing value took the next option as the value: a folder named --prefill, the flag never applied.
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "1", "--tokens", "16", "--output", "--prefill"},
         System.out, e));
