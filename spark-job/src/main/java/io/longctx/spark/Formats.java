@@ -81,6 +81,12 @@ final class Formats {
     }
   }
 
+  /** Whether a column type is an integer type (ids, positions and token ids may be any of them). */
+  static boolean integral(org.apache.spark.sql.types.DataType t) {
+    return t instanceof org.apache.spark.sql.types.LongType || t instanceof org.apache.spark.sql.types.IntegerType
+        || t instanceof org.apache.spark.sql.types.ShortType || t instanceof org.apache.spark.sql.types.ByteType;
+  }
+
   /** The message for a corrupt JSON record (first 300 characters), naming a Parquet file as such. */
   static String malformedJson(String record) {
     if (record.startsWith(PARQUET_MAGIC)) {

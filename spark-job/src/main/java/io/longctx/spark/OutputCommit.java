@@ -150,12 +150,7 @@ public final class OutputCommit {
       // A glob is the paths it matches now (its folder above the pattern, compared before, took a glob in
       // the first name, c[1]/keys, as the whole working directory); a path matched later is never read.
       List<Path> paths = new ArrayList<>();
-      FileStatus[] matched;
-      try {
-        matched = InputError.isGlob(in.getValue()) ? inFs.globStatus(given) : null;
-      } catch (IllegalArgumentException e) { // a name the glob walks through that Hadoop cannot take ("m o:d")
-        throw unusable(in.getKey(), in.getValue(), e);
-      }
+      FileStatus[] matched = InputError.isGlob(in.getValue()) ? glob(inFs, given, in.getKey(), in.getValue()) : null;
       if (matched == null) {
         paths.add(inFs.makeQualified(given));
       } else {
@@ -213,6 +208,15 @@ public final class OutputCommit {
     }
   }
 
+  /** {@code fs.globStatus(p)}; a name on the way Hadoop cannot take ("m o:d") is bad input naming the argument. */
+  private static FileStatus[] glob(FileSystem fs, Path p, String what, String given) throws IOException {
+    try {
+      return fs.globStatus(p);
+    } catch (IllegalArgumentException e) { // the glob walks the path a name at a time and fails there
+      throw unusable(what, given, e);
+    }
+  }
+
   private static InputError unusable(String what, String path, IllegalArgumentException e) {
     return new InputError(what + " " + path + ": Hadoop cannot take this path (" + (e.getCause() != null ? e.getCause()
         : e).getMessage() + "; a ':' in a file or folder name reads as a URI scheme): rename it");
@@ -231,12 +235,7 @@ public final class OutputCommit {
       }
       Path p = hadoopPath(in.getKey(), in.getValue());
       FileSystem fs = p.getFileSystem(conf);
-      FileStatus[] matches;
-      try {
-        matches = fs.globStatus(p);
-      } catch (IllegalArgumentException e) { // the glob walks the path a name at a time: "m o:d" fails there
-        throw unusable(in.getKey(), in.getValue(), e);
-      }
+      FileStatus[] matches = glob(fs, p, in.getKey(), in.getValue());
       if (matches == null) {
         continue;
       }

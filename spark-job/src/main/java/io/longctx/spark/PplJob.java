@@ -633,9 +633,9 @@ public final class PplJob {
       DataType t = f.dataType();
       boolean ok = switch (f.name()) {
         // Integer ids are read as text, as JSON's are (and as score reads them).
-        case "doc_id" -> t.equals(DataTypes.StringType) || integral(t);
+        case "doc_id" -> t.equals(DataTypes.StringType) || Formats.integral(t);
         case "text" -> t.equals(DataTypes.StringType);
-        case "tokens" -> t instanceof ArrayType at && integral(at.elementType());
+        case "tokens" -> t instanceof ArrayType at && Formats.integral(at.elementType());
         default -> true;
       };
       if (!ok) {
@@ -647,10 +647,6 @@ public final class PplJob {
     return df;
   }
 
-  private static boolean integral(DataType t) {
-    return t.equals(DataTypes.LongType) || t.equals(DataTypes.IntegerType) || t.equals(DataTypes.ShortType)
-        || t.equals(DataTypes.ByteType);
-  }
 
   static StructType outputSchema(boolean bitsPerByte, boolean perToken) {
     StructType s = new StructType()

@@ -36,13 +36,10 @@ import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.expressions.UserDefinedFunction;
 import org.apache.spark.sql.functions;
 import org.apache.spark.sql.types.ArrayType;
-import org.apache.spark.sql.types.ByteType;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
-import org.apache.spark.sql.types.IntegerType;
 import org.apache.spark.sql.types.LongType;
 import org.apache.spark.sql.types.NumericType;
-import org.apache.spark.sql.types.ShortType;
 import org.apache.spark.sql.types.StringType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
@@ -108,7 +105,6 @@ public final class ScoreJob {
   static final org.apache.spark.sql.Encoder<Tuple2<String, Long>> KEY = Encoders.tuple(Encoders.STRING(),
       Encoders.LONG());
 
-  /** Resolved tensor shape of the job. */
   /**
    * Resolved tensor shape of the job; {@code origin} says, where a count was inferred, from which rows
    * (a length error then names both rows: the first one may be the odd one).
@@ -464,8 +460,8 @@ public final class ScoreJob {
       }
       DataType t = f.dataType();
       String expected = switch (f.name()) {
-        case "doc_id", "query_id" -> t instanceof StringType || integral(t) ? null : "string";
-        case "pos" -> integral(t) ? null : "an integer type (long)";
+        case "doc_id", "query_id" -> t instanceof StringType || Formats.integral(t) ? null : "string";
+        case "pos" -> Formats.integral(t) ? null : "an integer type (long)";
         case "k", "v", "q" -> t instanceof ArrayType a && a.elementType() instanceof NumericType ? null
             : "array<float>";
         default -> null;
@@ -475,10 +471,6 @@ public final class ScoreJob {
             + "; expected " + expected);
       }
     }
-  }
-
-  private static boolean integral(DataType t) {
-    return t instanceof LongType || t instanceof IntegerType || t instanceof ShortType || t instanceof ByteType;
   }
 
   static Shape resolveShape(ScoreOptions opt, Dataset<Token> keys, Dataset<Token> queries, boolean prefill) {
