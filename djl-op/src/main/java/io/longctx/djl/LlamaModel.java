@@ -342,6 +342,14 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
    *     before the call); the model stays usable and gives the same bits afterwards
    */
   public DocumentScore score(int[] tokens, int chunkLen, boolean perToken) {
+    return score(tokens, chunkLen, perToken, null);
+  }
+
+  /**
+   * {@link #score(int[], int, boolean)}, calling {@code chunkDone} (where non-null) with the number of
+   * positions scored after each chunk: progress for a caller that reports on a long document.
+   */
+  public DocumentScore score(int[] tokens, int chunkLen, boolean perToken, java.util.function.IntConsumer chunkDone) {
     Objects.requireNonNull(tokens, "tokens");
     if (chunkLen < 1) {
       throw new IllegalArgumentException("chunkLen must be >= 1, got " + chunkLen);
@@ -372,6 +380,9 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
       for (int i = 0; i < len; i++) {
         lp[s + i] = (float) chunkLp[i];
         sum += chunkLp[i];
+      }
+      if (chunkDone != null) {
+        chunkDone.accept(len);
       }
     }
     return new DocumentScore(n, sum, perToken ? lp : null);

@@ -22,7 +22,8 @@ import org.apache.spark.TaskContext;
  * partial states to the shuffle, {@link #REDUCE} in {@link LseMerge#finish}, which runs after the
  * shuffle in the final aggregation (and therefore in the stage that writes the output). Split
  * {@code ppl} calls it per chunk with {@link #layerStage} names: {@code layerL-map} where a chunk's
- * keys and values are made, {@code layerL-reduce} where a block runs layer L.
+ * keys and values are made, {@code layerL-reduce} where a block runs layer L. The one-task path of
+ * {@code ppl} calls it after each chunk of a document, as {@link #PPL_CHUNK}.
  *
  * <ul>
  *   <li>{@code spark.longctx.test.failFirstAttempts=N} (with {@code spark.longctx.test.failStage},
@@ -35,7 +36,8 @@ import org.apache.spark.TaskContext;
  *       stage names as above, default map, and {@code spark.longctx.test.pauseMillis}, default 120000): the first task of
  *       each listed stage in the whole job (first attempt of the first stage attempt; claimed by creating
  *       {@code DIR/STAGE.claim}) writes {@code DIR/STAGE.pid} holding its JVM's pid, the stage and
- *       the task, then sleeps, so that a test can SIGKILL that executor (or the driver) mid-stage.
+ *       the task, then sleeps (until {@code DIR/STAGE.release} exists, at most the pause), so that a test
+ *       can SIGKILL that executor (or the driver) mid-stage, or watch the job while the task runs.
  *       Later tasks and re-runs find the claim and go on.
  * </ul>
  */
@@ -45,6 +47,7 @@ public final class FaultHooks {
 
   public static final String MAP = "map";
   public static final String REDUCE = "reduce";
+  public static final String PPL_CHUNK = "ppl-chunk";
 
   public static final String FAIL_FIRST_ATTEMPTS = "spark.longctx.test.failFirstAttempts";
   public static final String FAIL_STAGE = "spark.longctx.test.failStage";
@@ -111,8 +114,12 @@ public final class FaultHooks {
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     }
+    Path release = dir.resolve(stage + ".release");
+    long end = System.nanoTime() + millis * 1_000_000L;
     try {
-      Thread.sleep(millis);
+      while (System.nanoTime() < end && !Files.exists(release)) {
+        Thread.sleep(50);
+      }
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt(); // the task was killed: let Spark end it
     }

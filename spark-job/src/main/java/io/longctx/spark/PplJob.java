@@ -190,6 +190,7 @@ public final class PplJob {
       out.print(HELP);
       return 0;
     }
+    progressMillis(); // a bad -D value: exit 2 before any work
     Options o = new Options();
     // Absolute from the driver's directory: executors read it with their own working directory.
     String model = modelPath(a.get("--model"));
@@ -237,8 +238,8 @@ public final class PplJob {
   /**
    * Runs the job (when documents split, it sets the SparkContext's checkpoint directory to the run's
    * own, deleted at the end); with {@code progress} non-null, a start line (documents, tasks) and then, while
-   * documents finish, a line at most every {@link #PROGRESS_SECONDS_PROPERTY} seconds (default 10)
-   * with the documents and tokens done so far (counted as tasks complete).
+   * documents and tokens are scored, a line at most every {@link #PROGRESS_SECONDS_PROPERTY} seconds
+   * (default 10) with the documents and tokens done so far ({@link TokensInFlight}).
    */
   public static Summary run(SparkSession spark, Options opt, PrintStream progress) {
     long t0 = System.nanoTime();
@@ -265,6 +266,23 @@ public final class PplJob {
 
   /** System property: seconds between progress lines (default 10). */
   public static final String PROGRESS_SECONDS_PROPERTY = "longctx.progressSeconds";
+
+  /** {@link #PROGRESS_SECONDS_PROPERTY} in milliseconds; a value that is not a positive count of seconds is refused. */
+  static long progressMillis() {
+    String v = System.getProperty(PROGRESS_SECONDS_PROPERTY);
+    if (v == null) {
+      return 10_000;
+    }
+    try {
+      long s = Long.parseLong(v.trim());
+      if (s >= 1 && s <= Long.MAX_VALUE / 1000) {
+        return s * 1000;
+      }
+    } catch (NumberFormatException e) {
+      // named below
+    }
+    throw new InputError("-D" + PROGRESS_SECONDS_PROPERTY + " must be a positive number of seconds, got '" + v + "'");
+  }
 
   private static Summary runChecked(SparkSession spark, Options opt, long t0, PrintStream progress)
       throws IOException {
@@ -338,18 +356,42 @@ public final class PplJob {
         .partitionBy(new ByIndex(parts)).map(t -> tokenize(t._1(), t._2(), o, vocab));
     tokenized.persist(StorageLevel.MEMORY_AND_DISK_SER());
     long splitAbove = opt.splitAbove >= 0 ? opt.splitAbove : defaultSplitAbove(spark, cfg, opt.chunkLen);
-    List<Tuple2<Long, Tuple2<String, long[]>>> longDocs = tokenized.filter(d -> splits(d, splitAbove))
-        .map(d -> new Tuple2<>(d.index(), new Tuple2<>(d.docId(), new long[] {d.tokens().length, d.bytes()})))
-        .collect();
+    // One pass over the tokenized rows: the long documents, and every document's length (a key of -1 holds the
+    // total, for the progress lines).
+    List<Tuple2<Long, Tuple2<String, long[]>>> longDocs = new ArrayList<>();
+    long totalTokens = 0;
+    for (Tuple2<Long, Tuple2<String, long[]>> d : tokenized.mapPartitions(it -> {
+      List<Tuple2<Long, Tuple2<String, long[]>>> out = new ArrayList<>();
+      long sum = 0;
+      while (it.hasNext()) {
+        SplitPpl.Doc d = it.next();
+        sum += d.tokens().length;
+        if (splits(d, splitAbove)) {
+          out.add(new Tuple2<>(d.index(), new Tuple2<>(d.docId(), new long[] {d.tokens().length, d.bytes()})));
+        }
+      }
+      out.add(new Tuple2<>(-1L, new Tuple2<>(null, new long[] {sum})));
+      return out.iterator();
+    }).collect()) {
+      if (d._1() < 0) {
+        totalTokens += d._2()._2()[0];
+      } else {
+        longDocs.add(d);
+      }
+    }
     LongAccumulator docsDone = spark.sparkContext().longAccumulator("longctx ppl documents");
     LongAccumulator tokensDone = spark.sparkContext().longAccumulator("longctx ppl tokens");
     if (progress != null) {
-      progress.printf(Locale.ROOT, "longctx ppl: scoring %d document%s in %d task%s (model %s, chunk %d tokens)%n", n,
-          n == 1 ? "" : "s", parts, parts == 1 ? "" : "s", opt.model, opt.chunkLen);
+      progress.printf(Locale.ROOT, "longctx ppl: scoring %d document%s (%d tokens) in %d task%s (model %s, chunk %d "
+          + "tokens)%n", n, n == 1 ? "" : "s", totalTokens, parts, parts == 1 ? "" : "s", opt.model, opt.chunkLen);
       progress.flush();
     }
-    Thread poller = progress == null ? null : progressPoller(progress, n, docsDone, tokensDone, System.nanoTime(),
-        Math.max(1, Long.getLong(PROGRESS_SECONDS_PROPERTY, 10L)) * 1000L);
+    TokensInFlight inFlight = progress == null ? null : new TokensInFlight(tokensDone.id());
+    Thread poller = null;
+    if (progress != null) {
+      spark.sparkContext().addSparkListener(inFlight);
+      poller = progressPoller(progress, n, totalTokens, docsDone, inFlight::tokens, System.nanoTime(), progressMillis());
+    }
     Path checkpoints = null;
     SplitPpl.Result split = null;
     Dataset<Row> result = null;
@@ -359,12 +401,16 @@ public final class PplJob {
       JavaRDD<Row> rows = tokenized.filter(d -> !splits(d, splitAbove)).map(d -> {
         DocumentScore sc;
         try {
-          sc = Loaded.get(o.model).model.score(d.tokens(), o.chunkLen, o.perToken);
+          // Tokens counted chunk by chunk: the driver sees a running task's count in its heartbeats.
+          sc = Loaded.get(o.model).model.score(d.tokens(), o.chunkLen, o.perToken, positions -> {
+            tokensDone.add(positions);
+            FaultHooks.at(FaultHooks.PPL_CHUNK);
+          });
         } catch (LlamaModel.NumericOverflowException e) {
           throw new InputError("doc '" + d.docId() + "', " + e.getMessage());
         }
         docsDone.add(1);
-        tokensDone.add(d.tokens().length);
+        tokensDone.add(Math.min(1, d.tokens().length)); // the last token, which predicts nothing
         return row(d.docId(), sc.nTokens(), sc.sumLogprob(), sc.logprobs(), d.bytes(), bpb, o.perToken);
       });
       if (!longDocs.isEmpty()) {
@@ -411,6 +457,7 @@ public final class PplJob {
     } finally {
       if (poller != null) {
         poller.interrupt();
+        spark.sparkContext().removeSparkListener(inFlight);
       }
       if (result != null) {
         result.unpersist();
@@ -523,23 +570,81 @@ public final class PplJob {
   }
 
   /**
-   * A driver daemon thread printing documents and tokens done (accumulators, updated as tasks
-   * finish) every few seconds while the count changes; stopped by an interrupt.
+   * Tokens counted by the scoring tasks: those of finished tasks, plus the count of each running task as
+   * its last heartbeat reported it (spark.executor.heartbeatInterval, 10 s by default), so a long
+   * document in one task shows progress before it ends. A failed task's count is dropped with it, as
+   * Spark drops its accumulator updates.
    */
-  static Thread progressPoller(PrintStream progress, long docs, LongAccumulator docsDone, LongAccumulator tokensDone,
-      long start, long everyMs) {
+  static final class TokensInFlight extends org.apache.spark.scheduler.SparkListener {
+    private final long accumulatorId;
+    private final Map<Long, Long> running = new HashMap<>();
+    private final Set<Long> ended = new HashSet<>();
+    private long finished;
+
+    TokensInFlight(long accumulatorId) {
+      this.accumulatorId = accumulatorId;
+    }
+
+    synchronized long tokens() {
+      long sum = finished;
+      for (long v : running.values()) {
+        sum += v;
+      }
+      return sum;
+    }
+
+    private Long ours(scala.collection.Seq<org.apache.spark.scheduler.AccumulableInfo> infos) {
+      for (org.apache.spark.scheduler.AccumulableInfo a : scala.jdk.javaapi.CollectionConverters.asJava(infos)) {
+        if (a.id() == accumulatorId && a.update().isDefined()) {
+          return ((Number) a.update().get()).longValue();
+        }
+      }
+      return null;
+    }
+
+    @Override
+    public synchronized void onExecutorMetricsUpdate(org.apache.spark.scheduler.SparkListenerExecutorMetricsUpdate e) {
+      for (scala.Tuple4<Object, Object, Object, scala.collection.immutable.Seq<org.apache.spark.scheduler.AccumulableInfo>> t
+          : scala.jdk.javaapi.CollectionConverters.asJava(e.accumUpdates())) {
+        long task = (Long) t._1();
+        Long v = ours(t._4());
+        if (v != null && !ended.contains(task)) { // a heartbeat can arrive after its task's end
+          running.put(task, v);
+        }
+      }
+    }
+
+    @Override
+    public synchronized void onTaskEnd(org.apache.spark.scheduler.SparkListenerTaskEnd e) {
+      long task = e.taskInfo().taskId();
+      ended.add(task);
+      running.remove(task);
+      if (e.reason() instanceof org.apache.spark.Success$) {
+        Long v = ours(e.taskInfo().accumulables());
+        finished += v == null ? 0 : v;
+      }
+    }
+  }
+
+  /**
+   * A driver daemon thread printing documents done (an accumulator, updated as tasks finish) and tokens
+   * scored (also within running tasks) every few seconds while either changes; stopped by an interrupt.
+   */
+  static Thread progressPoller(PrintStream progress, long docs, long tokens, LongAccumulator docsDone,
+      java.util.function.LongSupplier tokensDone, long start, long everyMs) {
     Thread t = new Thread(() -> {
-      long shown = 0;
+      long shownDocs = 0, shownTokens = 0;
       try {
         while (true) {
           Thread.sleep(everyMs);
-          long d = docsDone.value();
-          if (d != shown) {
-            shown = d;
+          long d = Math.min(docsDone.value(), docs);
+          long tok = Math.min(tokensDone.getAsLong(), tokens);
+          if (d != shownDocs || tok != shownTokens) {
+            shownDocs = d;
+            shownTokens = tok;
             double s = (System.nanoTime() - start) / 1e9;
-            long tok = tokensDone.value();
-            progress.printf(Locale.ROOT, "longctx ppl: %d/%d documents done, %d tokens, %.0f s (%.0f tokens/s)%n",
-                Math.min(d, docs), docs, tok, s, s > 0 ? tok / s : 0);
+            progress.printf(Locale.ROOT, "longctx ppl: %d/%d documents done, %d/%d tokens (%.0f%%), %.0f s (%.0f "
+                + "tokens/s)%n", d, docs, tok, tokens, tokens > 0 ? 100.0 * tok / tokens : 100.0, s, s > 0 ? tok / s : 0);
             progress.flush();
           }
         }

@@ -118,7 +118,7 @@ class FaultToleranceTest {
     // C1 only and small heaps: seven JVMs share two cores here.
     flags = new ArrayList<>(LocalClusterTest.ManagementFlags.jvmFlags());
     flags.addAll(List.of("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-D" + FaultHooks.ENABLE_PROPERTY + "=true",
-        "-Dai.djl.offline=true"));
+        "-Dai.djl.offline=true", "-D" + PplJob.PROGRESS_SECONDS_PROPERTY + "=1"));
 
     // Should this JVM be ended from outside (surefire's timeout), take the cluster with it.
     Runtime.getRuntime().addShutdownHook(new Thread(() -> daemons.forEach(d -> {
@@ -329,6 +329,31 @@ class FaultToleranceTest {
     assertEquals(0, r.exitCode(), r.tail());
     assertTrue(Pattern.compile("Lost executor \\d+ on 127\\.0\\.0\\.1").matcher(r.log()).find(), r.tail());
     assertSameBits(ref, Outputs.read(spark, out, "parquet", true), "prefill, an executor SIGKILLed in a block task");
+  }
+
+  @Test
+  @Order(10)
+  @Timeout(value = 200, unit = TimeUnit.SECONDS)
+  void pplProgressCountsTheTokensOfARunningTask() throws Exception {
+    // One document of 300 tokens in one task, paused after its first chunk (20 positions): the driver's
+    // progress line counts them from the executor's heartbeats while the task still runs.
+    pplReference(); // makes the model
+    java.util.SplittableRandom rnd = new java.util.SplittableRandom(seed);
+    StringBuilder t = new StringBuilder();
+    for (int i = 0; i < 300; i++) {
+      t.append(i == 0 ? "" : ",").append(rnd.nextInt(TestModels.small(seed, 3).vocab));
+    }
+    Path input = Files.writeString(tmp.resolve("ppl-one-doc.jsonl"), "{\"doc_id\": \"long\", \"tokens\": [" + t + "]}\n");
+    Run r = submit("ppl-progress", Map.of(FaultHooks.PAUSE_STAGE, FaultHooks.PPL_CHUNK,
+        "spark.executor.heartbeatInterval", "500ms"), true, List.of("ppl", "--model", pplModel.toString(), "--input",
+        input.toString(), "--output", tmp.resolve("runs").resolve("ppl-progress").resolve("out").toString(),
+        "--chunk-len", "20", "--split-above", "1000"));
+    r.awaitPause(FaultHooks.PPL_CHUNK);
+    awaitLog(r.logFile, Pattern.compile("longctx ppl: 0/1 documents done, 20/300 tokens"), r.process, 100);
+    Files.createFile(r.dir.resolve("pause").resolve(FaultHooks.PPL_CHUNK + ".release"));
+    r.await(120);
+    assertEquals(0, r.exitCode(), r.tail());
+    assertTrue(r.log().contains("longctx ppl: scoring 1 document (300 tokens) in 1 task"), r.tail());
   }
 
   // ---------------------------------------------------------------- runs

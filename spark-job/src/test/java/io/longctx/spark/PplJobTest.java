@@ -559,30 +559,51 @@ class PplJobTest {
   }
 
   @Test
-  void progressLinesFollowTheAccumulators() throws Exception {
+  void progressLinesFollowTheCounts() throws Exception {
     org.apache.spark.util.LongAccumulator docs = spark.sparkContext().longAccumulator("test docs");
-    org.apache.spark.util.LongAccumulator toks = spark.sparkContext().longAccumulator("test tokens");
+    java.util.concurrent.atomic.AtomicLong toks = new java.util.concurrent.atomic.AtomicLong();
     ByteArrayOutputStream buf = new ByteArrayOutputStream();
     PrintStream ps = new PrintStream(buf, true, StandardCharsets.UTF_8);
-    Thread t = PplJob.progressPoller(ps, 5, docs, toks, System.nanoTime(), 20);
+    Thread t = PplJob.progressPoller(ps, 5, 5000, docs, toks::get, System.nanoTime(), 20);
     try {
-      // tokens first: the poller prints once the document count moves (in a job a task's two updates
-      // land together), and a line between the two adds would show 0 tokens and never be printed again
-      toks.add(1234);
+      toks.set(1234); // tokens alone move (a running task's count): a line
+      awaitText(buf, "0/5 documents done, 1234/5000 tokens (25%)");
       docs.add(2);
-      long end = System.nanoTime() + 10_000_000_000L;
-      while (!buf.toString(StandardCharsets.UTF_8).contains("2/5 documents done, 1234 tokens")
-          && System.nanoTime() < end) {
-        Thread.sleep(20);
-      }
-      assertTrue(buf.toString(StandardCharsets.UTF_8).contains("2/5 documents done, 1234 tokens"),
-          buf.toString(StandardCharsets.UTF_8));
+      awaitText(buf, "2/5 documents done, 1234/5000 tokens (25%)");
       Thread.sleep(100); // no change: no new line
-      assertEquals(1, buf.toString(StandardCharsets.UTF_8).lines().count(), buf.toString(StandardCharsets.UTF_8));
+      assertEquals(2, buf.toString(StandardCharsets.UTF_8).lines().count(), buf.toString(StandardCharsets.UTF_8));
     } finally {
       t.interrupt();
       t.join(5000);
     }
     assertFalse(t.isAlive());
+  }
+
+  @Test
+  void aBadProgressIntervalIsRefused() {
+    String old = System.getProperty(PplJob.PROGRESS_SECONDS_PROPERTY);
+    try {
+      System.setProperty(PplJob.PROGRESS_SECONDS_PROPERTY, "2");
+      assertEquals(2000, PplJob.progressMillis());
+      for (String bad : List.of("0", "-1", "abc", "1.5", "99999999999999999")) {
+        System.setProperty(PplJob.PROGRESS_SECONDS_PROPERTY, bad);
+        InputError e = assertThrows(InputError.class, PplJob::progressMillis, bad);
+        assertTrue(e.getMessage().contains("got '" + bad + "'"), e.getMessage());
+      }
+    } finally {
+      if (old == null) {
+        System.clearProperty(PplJob.PROGRESS_SECONDS_PROPERTY);
+      } else {
+        System.setProperty(PplJob.PROGRESS_SECONDS_PROPERTY, old);
+      }
+    }
+  }
+
+  static void awaitText(ByteArrayOutputStream buf, String want) throws InterruptedException {
+    long end = System.nanoTime() + 10_000_000_000L;
+    while (!buf.toString(StandardCharsets.UTF_8).contains(want) && System.nanoTime() < end) {
+      Thread.sleep(20);
+    }
+    assertTrue(buf.toString(StandardCharsets.UTF_8).contains(want), want + " in:\n" + buf.toString(StandardCharsets.UTF_8));
   }
 }
