@@ -102,7 +102,9 @@ public final class KernelBench {
       "  --only IMPL               time one implementation",
       "  --memory [--impls A,B]    peak memory instead of time: each impl alone in a fresh JVM, one call,",
       "                            peak resident set beyond the inputs (VmHWM - VmRSS before the call);",
-      "                            djl-plain only with --plain or when --impls names it",
+      "                            djl-plain only with --plain or when --impls names it; not with --only (give",
+      "                            --impls), --iters, --warmup or --callers; with --op all, --t sets the",
+      "                            forward's tokens and the decode runs one query row, as when timed",
       "  -h, --help                this text",
       "",
       "impls: java (our Java kernel), op (the DJL AttentionOp, whichever path it picks), libtorch-sdpa",
@@ -205,6 +207,18 @@ public final class KernelBench {
     if (chunkKeys > 0 && memory) {
       System.err.println("bench: --chunk-keys times op-chunks; --memory does not measure it");
       System.exit(2);
+    }
+    if (memory) { // each child makes one measured call of one implementation: these would be dropped
+      for (String o : List.of("--only", "--iters", "--warmup", "--callers")) {
+        if (Arrays.asList(args).contains(o)) {
+          System.err.println("bench: --memory measures one call of each implementation in its own JVM: " + switch (o) {
+            case "--only" -> "--impls NAME chooses which, not --only";
+            case "--callers" -> "--callers times concurrent calls, which it does not measure";
+            default -> o + " does not apply";
+          });
+          System.exit(2);
+        }
+      }
     }
     if ("op-chunks".equals(only) && chunkKeys == 0) {
       System.err.println("bench: --only op-chunks needs --chunk-keys N");
@@ -661,10 +675,12 @@ public final class KernelBench {
     base.add(System.getProperty("java.class.path"));
     base.add(KernelBench.class.getName());
     List<String> rest = new ArrayList<>();
+    String t = null;
     for (int i = 0; i < args.length; i++) {
       switch (args[i]) {
         case "--memory", "--causal" -> { }
-        case "--iters", "--warmup", "--only", "--op", "--impls" -> i++;
+        case "--op", "--impls" -> i++;
+        case "--t" -> t = args[++i]; // per child below
         default -> rest.add(args[i]);
       }
     }
@@ -695,6 +711,11 @@ public final class KernelBench {
           List<String> cmd = new ArrayList<>(base);
           cmd.addAll(rest);
           cmd.addAll(List.of("--op", o, "--only", name, "--iters", "1", "--warmup", "0"));
+          // --t is the forward's tokens; a decode child gets it only under --op decode (its query rows
+          // there): with --op all the decode runs one query row, as when timed
+          if (t != null && (o.equals("forward") || op.equals("decode"))) {
+            cmd.addAll(List.of("--t", t));
+          }
           if (c) {
             cmd.add("--causal");
           }

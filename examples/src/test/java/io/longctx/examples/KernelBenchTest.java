@@ -95,6 +95,35 @@ class KernelBenchTest {
     assertTrue(two.get(0).startsWith("{\"impl\": \"java\"") && two.get(1).startsWith("{\"impl\": \"op\""), r.out());
   }
 
+  /** --memory of java alone at a tiny forward shape, and {@code more}. */
+  static String[] memoryAnd(String... more) {
+    List<String> a = new ArrayList<>(List.of("--memory", "--op", "forward", "--causal", "--t", "16", "--heads", "1",
+        "--dim", "8", "--impls", "java", "--no-anchor"));
+    a.addAll(List.of(more));
+    return a.toArray(String[]::new);
+  }
+
+  /**
+   * --memory measures each implementation at the shape it is timed at: with --op all, --t is the
+   * forward's tokens and the decode runs one query row (its children were given --t as their rows).
+   */
+  @Test
+  void memoryChildrenRunTheTimedShapes() throws Exception {
+    String javaBin = Path.of(System.getProperty("java.home"), "bin", "java").toString();
+    List<String> cmd = new ArrayList<>(List.of(javaBin, "--add-modules=jdk.incubator.vector", "-cp",
+        System.getProperty("java.class.path"), KernelBench.class.getName(), "--memory", "--t", "40", "--tk", "300",
+        "--heads", "2", "--kv-heads", "2", "--dim", "16", "--impls", "java", "--no-anchor"));
+    Process p = new ProcessBuilder(cmd).redirectError(ProcessBuilder.Redirect.DISCARD).start();
+    String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+    assertTrue(p.waitFor(120, TimeUnit.SECONDS));
+    assertEquals(0, p.exitValue(), out);
+    List<String> lines = out.lines().toList();
+    assertEquals(3, lines.size(), out); // forward non-causal and causal, decode
+    assertEquals(2, lines.stream().filter(l -> l.contains("\"op\": \"forward\", \"t\": 40, \"tk\": 300")).count(), out);
+    assertEquals(1, lines.stream().filter(l -> l.contains("\"op\": \"decode\", \"t\": 1, \"tk\": 300")).count(), out);
+    assertTrue(lines.stream().allMatch(l -> l.contains("\"peak_extra_mb\": ")), out);
+  }
+
   /** A bad number or an out-of-range option: exit 2 naming it (a child JVM: main calls System.exit). */
   @Test
   void badOptionsAreExit2NamingTheOption() throws Exception {
@@ -105,7 +134,9 @@ class KernelBenchTest {
         {"--op", "foo"}, {"--only", "nope"}, {"--only", "copy"}, {"--only", "libtorch-sdpa", "--no-anchor"},
         {"--op", "decode", "--tk", "1024", "--chunk-keys", "1024"}, {"--op", "decode", "--chunk-keys", "65536"},
         {"--split", "0"}, {"--dim", "2000"}, {"--t", "3000000"}, {"--memory", "--impls", "jav"},
-        {"--memory", "--block-q", "0"}, {"--impls", "java"}};
+        {"--memory", "--block-q", "0"}, {"--impls", "java"},
+        // tiny, so that a --memory that dropped these (it did) ran its children quickly and exited 0
+        memoryAnd("--only", "java"), memoryAnd("--iters", "3"), memoryAnd("--warmup", "0"), memoryAnd("--callers", "2")};
     String[] expect = {"maxBlocksPerSweep must be >= 1", "--t needs a number, got 'x'", "--t needs a number, got nothing",
         "blockQ must be a positive multiple", "unknown option --frobnicate", "--op needs a value, got nothing",
         "--t must be >= 1, got 0", "forward runs 8 heads over 3 kv heads: --heads must be a multiple of --kv-heads",
@@ -117,7 +148,8 @@ class KernelBenchTest {
         // These were stack traces, or (--memory) children that each failed while the parent exited 0.
         "--split must be >= 1, got 0", "--dim must be at most 1024", "floats in one array, more than one holds",
         "--impls takes java, op, libtorch-sdpa, djl-plain, java-unified-max, got jav", "blockQ must be a positive multiple",
-        "--impls chooses what --memory measures"};
+        "--impls chooses what --memory measures", "--impls NAME chooses which, not --only", "--iters does not apply",
+        "--warmup does not apply", "--callers times concurrent calls, which it does not measure"};
     for (int c = 0; c < cases.length; c++) {
       List<String> cmd = new ArrayList<>(List.of(javaBin, "--add-modules=jdk.incubator.vector", "-cp",
           System.getProperty("java.class.path"), KernelBench.class.getName()));
