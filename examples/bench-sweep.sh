@@ -10,7 +10,7 @@
 #                                resident memory beyond its inputs
 # Every line gets "load1" (the 1-minute load average when its run started), "date" and "cpu".
 # Set TS="1024 2048" to run fewer lengths, SKIP_MEMORY=1 or SKIP_TIME=1 to run one half, SKIP_PLAIN=1
-# to leave djl-plain out (it takes most of the sweep's time and is never the anchor); the plain
+# to leave djl-plain out of both (it takes most of the sweep's time and is never the anchor); the plain
 # (materialized) path needs 2 x H x T^2 x 4 B (16 GiB at T = 16384): skipped unless MemAvailable allows.
 # Takes ~25 minutes on 2 cores. Then: bin/longctx plots (reads the default OUTDIR). Lines are appended,
 # never overwritten. To keep figures, copy the file into docs/bench-data/ under a name that says the
@@ -76,7 +76,8 @@ if [ -z "${SKIP_MEMORY:-}" ]; then
     # without --causal, --memory measures non-causal and causal, each impl in its own JVM
     echo "== memory T=$t (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
     impls="java,op,libtorch-sdpa,djl-plain"
-    plain_fits "$t" || { impls="java,op,libtorch-sdpa"; echo "   (djl-plain skipped: not enough free memory)" >&2; }
+    if [ -n "${SKIP_PLAIN:-}" ]; then impls="java,op,libtorch-sdpa"
+    else plain_fits "$t" || { impls="java,op,libtorch-sdpa"; echo "   (djl-plain skipped: not enough free memory)" >&2; }; fi
     "$longctx" bench --op forward --t "$t" --heads 8 --kv-heads 8 --dim 128 --memory --impls "$impls" | tag \
       | tee -a "$out/memory-sweep.jsonl"
   done

@@ -100,6 +100,20 @@ class ScriptsTest {
         l -> l.contains(" CPU running limited code: -XX:UseAVX=2, ATEN_CPU_CAPABILITY=avx2\"")), lines.toString());
   }
 
+  /** SKIP_PLAIN=1 leaves djl-plain out of the memory half too (it measured djl-plain there). */
+  @Test
+  void benchSweepSkipPlainLeavesDjlPlainOutOfBothHalves() throws Exception {
+    Path out = Files.createDirectory(tmp.resolve("sweep-skip-plain"));
+    Path args = tmp.resolve("sweep-skip-plain-args.txt");
+    Result r = run(Map.of("LONGCTX", stub.toString(), "TS", "1024", "SKIP_PLAIN", "1", "STUB_ARGS", args.toString()),
+        "examples/bench-sweep.sh", out.toString());
+    assertEquals(0, r.rc(), r.out());
+    List<String> calls = Files.readAllLines(args);
+    assertEquals(2, calls.size(), calls.toString()); // the time half, then the memory half
+    assertTrue(calls.get(1).endsWith("--memory --impls java,op,libtorch-sdpa"), calls.toString());
+    assertTrue(calls.stream().noneMatch(c -> c.contains("plain")), calls.toString());
+  }
+
   @Test
   void launchersAnswerHelpAndRefuseUnknownCommands() throws Exception {
     Path data = tmp.resolve("scale-data");

@@ -3,6 +3,7 @@
 # example scripts' own shell (pipes, pipefail, quoting) runs in CI without Spark or a build.
 set -euo pipefail
 cmd="$1"; shift
+if [ -n "${STUB_ARGS:-}" ]; then echo "$cmd $*" >> "$STUB_ARGS"; fi # what a script asked for, for the test to read
 out=""
 while [ $# -gt 0 ]; do
   case "$1" in --output) out="$2"; shift ;; esac
