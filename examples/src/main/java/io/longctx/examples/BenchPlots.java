@@ -38,8 +38,10 @@ import org.knowm.xchart.style.markers.SeriesMarkers;
  *   <li>{@code memory-vs-t.png}: peak memory beyond the inputs against T (each implementation alone
  *       in a fresh JVM), ours beside the naive materialized attention (djl-plain), with the analytic
  *       lines T^2 x H x 4 B (one score matrix) and the inputs' own O(T x D) size. The Java kernel
- *       appears only where its heap was capped (memory-capped-heap.jsonl): uncapped, the JVM grows
- *       its heap far beyond what the call needs, which is not a property of the kernel.
+ *       appears only where its heap was capped (memory-capped-heap.jsonl: {@code bench --memory}
+ *       lines from a run under LONGCTX_JAVA_OPTS=-Xmx..., which name the cap as {@code xmx}):
+ *       uncapped, the JVM grows its heap far beyond what the call needs, which is not a property of
+ *       the kernel.
  * </ul>
  *
  * <p>Every plot says on its axis how it was measured, the CPU (the lines' {@code cpu} field, which
@@ -244,17 +246,28 @@ public final class BenchPlots {
       s.setMarkerColor(COLORS[i]);
       s.setMarker(SeriesMarkers.CIRCLE);
     }
-    for (Map<String, String> r : capped) { // java with a capped heap: what the call needs
-      if (r.containsKey("peak_extra_mb") && !r.containsKey("error")) {
-        TreeMap<Integer, Double> p = new TreeMap<>(Map.of(Integer.parseInt(r.get("t")),
-            Double.parseDouble(r.get("peak_extra_mb"))));
-        XYSeries s = c.addSeries(r.get("impl") + (Boolean.parseBoolean(r.get("causal")) ? ", causal," : "")
-            + " heap capped at -Xmx" + r.get("xmx") + " (what the call needs)", xs(p), ys(p));
+    // java with a capped heap: what the call needs. One series per implementation, mask and cap (a
+    // series per line clashed where one cap was run at several T), the median where a T ran twice.
+    Map<String, List<Map<String, String>>> byCap = new LinkedHashMap<>();
+    for (Map<String, String> r : capped) {
+      if (r.containsKey("impl")) {
+        // bench writes xmx where the heap was capped; a line without it (an older one) says so, never "null"
+        String cap = r.containsKey("xmx") ? "heap capped at -Xmx" + r.get("xmx") : "heap capped (cap not recorded)";
+        byCap.computeIfAbsent(r.get("impl") + (Boolean.parseBoolean(r.get("causal")) ? ", causal," : "") + " " + cap
+            + " (what the call needs)", k -> new ArrayList<>()).add(r);
+      }
+    }
+    byCap.forEach((label, rs) -> {
+      Map<Integer, Double> p = median(rs, rs.get(0).get("impl"), Boolean.parseBoolean(rs.get(0).get("causal")),
+          "peak_extra_mb");
+      p.replaceAll((t, mb) -> Math.max(mb, 1.0)); // the same 1 MiB floor as above
+      if (!p.isEmpty()) {
+        XYSeries s = c.addSeries(label, xs(p), ys(p));
         s.setLineColor(COLORS[0]);
         s.setMarkerColor(COLORS[0]);
         s.setMarker(SeriesMarkers.DIAMOND);
       }
-    }
+    });
     if (!all.isEmpty()) {
       // Analytic lines over the measured range (and one step beyond, where the naive path was skipped).
       TreeMap<Integer, Double> naive = new TreeMap<>(), inputs = new TreeMap<>();

@@ -48,7 +48,8 @@ import java.util.function.Supplier;
  * /proc/self/status after its inputs are built and {@code VmHWM} (peak resident set, JVM heap and
  * native memory alike) after the call, and reports {@code peak_extra_mb = VmHWM - VmRSS(before)}:
  * the memory the call itself needed beyond its inputs. A child that fails (out of memory) is
- * reported with {@code "error"}.
+ * reported with {@code "error"}. A child started with a heap cap (-Xmx in LONGCTX_JAVA_OPTS, which the
+ * children inherit) says it as {@code "xmx"}.
  */
 public final class KernelBench {
   /** Keys of a decode when --tk is not given. */
@@ -645,8 +646,24 @@ public final class KernelBench {
 
   static String memoryFigures(long rssBeforeKb) {
     long hwm = rssKb("VmHWM");
+    // The heap cap bounds the Java kernel's figure (the JVM grows its heap as far as it may): the line says it.
+    String cap = heapCap(ManagementFactory.getRuntimeMXBean().getInputArguments());
     return String.format(Locale.ROOT, ", \"rss_before_mb\": %.1f, \"peak_rss_mb\": %.1f, \"peak_extra_mb\": %.1f, "
-        + "\"peak_reset\": %b", rssBeforeKb / 1024.0, hwm / 1024.0, (hwm - rssBeforeKb) / 1024.0, peakReset);
+        + "\"peak_reset\": %b", rssBeforeKb / 1024.0, hwm / 1024.0, (hwm - rssBeforeKb) / 1024.0, peakReset)
+        + (cap != null ? ", \"xmx\": \"" + cap + "\"" : "");
+  }
+
+  /** The heap cap given to a JVM with these options (-Xmx or -XX:MaxHeapSize=, the last one wins), or null. */
+  static String heapCap(List<String> jvmOptions) {
+    String cap = null;
+    for (String o : jvmOptions) {
+      if (o.startsWith("-Xmx")) {
+        cap = o.substring("-Xmx".length());
+      } else if (o.startsWith("-XX:MaxHeapSize=")) {
+        cap = o.substring("-XX:MaxHeapSize=".length());
+      }
+    }
+    return cap;
   }
 
   /** A field of /proc/self/status in kB (VmRSS, VmHWM), or -1 where there is none. */

@@ -66,6 +66,34 @@ class BenchPlotsTest {
     assertTrue(!Files.exists(speedOnly.resolve("memory-vs-t.png")));
   }
 
+  /**
+   * The capped-heap points' legend names the cap bench recorded (xmx), says where none was recorded
+   * (it read "-Xmxnull"), and one cap's runs at several T are one series (a second T was a name clash).
+   */
+  @Test
+  void cappedHeapLegendNamesTheCapOrSaysItWasNotRecorded() {
+    List<Map<String, String>> memory = List.of(BenchPlots.read(write("m.jsonl",
+        line("op", 1024, false, "\"peak_extra_mb\": 25.0"))).get(0));
+    List<Map<String, String>> capped = BenchPlots.read(write("c.jsonl",
+        line("java", 8192, true, "\"peak_extra_mb\": 90.0, \"xmx\": \"384m\""),
+        line("java", 16384, true, "\"peak_extra_mb\": 157.5, \"xmx\": \"384m\""),
+        line("java", 16384, true, "\"peak_extra_mb\": 150.0")));
+    Map<String, org.knowm.xchart.XYSeries> series = BenchPlots.memoryChart(memory, capped).getSeriesMap();
+    assertTrue(series.keySet().stream().noneMatch(n -> n.contains("null")), series.keySet().toString());
+    org.knowm.xchart.XYSeries at384 = series.get("java, causal, heap capped at -Xmx384m (what the call needs)");
+    assertTrue(at384 != null && at384.getXData().length == 2, series.keySet().toString());
+    assertTrue(series.containsKey("java, causal, heap capped (cap not recorded) (what the call needs)"),
+        series.keySet().toString());
+  }
+
+  private Path write(String name, String... lines) {
+    try {
+      return Files.write(tmp.resolve(name), List.of(lines));
+    } catch (java.io.IOException e) {
+      throw new java.io.UncheckedIOException(e);
+    }
+  }
+
   /** An option without its value, or data that is not there: exit 2 naming it (a child JVM: main exits). */
   @Test
   void badArgumentsAreExit2() throws Exception {

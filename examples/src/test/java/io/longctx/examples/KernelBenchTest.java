@@ -106,11 +106,12 @@ class KernelBenchTest {
   /**
    * --memory measures each implementation at the shape it is timed at: with --op all, --t is the
    * forward's tokens and the decode runs one query row (its children were given --t as their rows).
+   * The children inherit the heap cap and say it (xmx: the capped-heap plot's legend read "-Xmxnull").
    */
   @Test
   void memoryChildrenRunTheTimedShapes() throws Exception {
     String javaBin = Path.of(System.getProperty("java.home"), "bin", "java").toString();
-    List<String> cmd = new ArrayList<>(List.of(javaBin, "--add-modules=jdk.incubator.vector", "-cp",
+    List<String> cmd = new ArrayList<>(List.of(javaBin, "--add-modules=jdk.incubator.vector", "-Xmx256m", "-cp",
         System.getProperty("java.class.path"), KernelBench.class.getName(), "--memory", "--t", "40", "--tk", "300",
         "--heads", "2", "--kv-heads", "2", "--dim", "16", "--impls", "java", "--no-anchor"));
     Process p = new ProcessBuilder(cmd).redirectError(ProcessBuilder.Redirect.DISCARD).start();
@@ -121,7 +122,14 @@ class KernelBenchTest {
     assertEquals(3, lines.size(), out); // forward non-causal and causal, decode
     assertEquals(2, lines.stream().filter(l -> l.contains("\"op\": \"forward\", \"t\": 40, \"tk\": 300")).count(), out);
     assertEquals(1, lines.stream().filter(l -> l.contains("\"op\": \"decode\", \"t\": 1, \"tk\": 300")).count(), out);
-    assertTrue(lines.stream().allMatch(l -> l.contains("\"peak_extra_mb\": ")), out);
+    assertTrue(lines.stream().allMatch(l -> l.contains("\"peak_extra_mb\": ") && l.contains("\"xmx\": \"256m\"")), out);
+  }
+
+  @Test
+  void heapCapIsTheLastMaxHeapOptionGiven() {
+    assertEquals("2g", KernelBench.heapCap(List.of("-Xms1g", "-Xmx384m", "-XX:MaxHeapSize=2g")));
+    assertEquals("384m", KernelBench.heapCap(List.of("-XX:MaxHeapSize=2g", "-Xmx384m", "-Xss4m")));
+    assertEquals(null, KernelBench.heapCap(List.of("-Xms1g", "--add-modules=jdk.incubator.vector")));
   }
 
   /** A bad number or an out-of-range option: exit 2 naming it (a child JVM: main calls System.exit). */
