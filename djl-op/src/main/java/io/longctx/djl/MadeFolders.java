@@ -42,7 +42,8 @@ public final class MadeFolders {
    * down first (Ctrl-C, SIGTERM), which skips the finally blocks that would have deleted it: an
    * interrupted spark-bench or demo left hundreds of MB in /tmp, bench-ppl its model and a running
    * child JVM. The hook also ends this JVM's child processes ({@code endChildren}), for a parent whose
-   * children would otherwise run on.
+   * children would otherwise run on; {@code dir} null: no folder to delete (bench-ppl with --model),
+   * only the children to end.
    */
   public static final class Temporary implements AutoCloseable {
     private final Path dir;
@@ -54,7 +55,9 @@ public final class MadeFolders {
         if (endChildren) {
           ProcessHandle.current().descendants().forEach(ProcessHandle::destroyForcibly);
         }
-        deleteOrWarn(dir);
+        if (dir != null) {
+          deleteOrWarn(dir);
+        }
       }, "longctx-temporary-folder");
       Runtime.getRuntime().addShutdownHook(hook);
     }
@@ -70,7 +73,9 @@ public final class MadeFolders {
       } catch (IllegalStateException e) {
         return; // shutting down already: the hook deletes it
       }
-      deleteOrWarn(dir);
+      if (dir != null) {
+        deleteOrWarn(dir);
+      }
     }
   }
 

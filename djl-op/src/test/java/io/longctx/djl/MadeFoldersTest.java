@@ -29,4 +29,18 @@ class MadeFoldersTest {
     MadeFolders.deleteOrWarn(tmp.resolve("never-made"));
     assertTrue(Files.isDirectory(tmp.resolve("users/data")));
   }
+
+  /** Without a folder (bench-ppl --model) it only holds the children-ending hook: closing it says nothing. */
+  @Test
+  void temporaryWithoutAFolderClosesQuietly() {
+    java.io.PrintStream err = System.err;
+    java.io.ByteArrayOutputStream buf = new java.io.ByteArrayOutputStream();
+    System.setErr(new java.io.PrintStream(buf, true, java.nio.charset.StandardCharsets.UTF_8));
+    try (MadeFolders.Temporary t = new MadeFolders.Temporary(null, true)) {
+      assertEquals(null, t.dir());
+    } finally {
+      System.setErr(err);
+    }
+    assertEquals("", buf.toString(java.nio.charset.StandardCharsets.UTF_8)); // it warned of "the temporary folder null"
+  }
 }

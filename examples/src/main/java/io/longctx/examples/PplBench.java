@@ -196,9 +196,9 @@ public final class PplBench {
     int failed = 0;
     Path model = o.model;
     // The generated model is deleted at the end, also when the run is interrupted; an interrupt also
-    // ends the child JVM running then (it ran on, under init).
+    // ends the child JVM running then (it ran on, under init), with --model too, which makes no folder.
     io.longctx.djl.MadeFolders.Temporary tmp = new io.longctx.djl.MadeFolders.Temporary(
-        Files.createTempDirectory("longctx-bench-ppl-"), true);
+        model == null ? Files.createTempDirectory("longctx-bench-ppl-") : null, true);
     try (tmp) {
       if (model == null) {
         model = tmp.dir().resolve("model");

@@ -134,6 +134,26 @@ class PplBenchTest {
     return buf.toString(StandardCharsets.UTF_8);
   }
 
+  /**
+   * With --model nothing is generated, so no temporary folder is made (one was, empty): the run works
+   * where none can be (java.io.tmpdir missing). A child JVM, for its own java.io.tmpdir; the dense
+   * size is refused by the estimate, so no grandchild runs.
+   */
+  @Test
+  void modelMakesNoTemporaryFolder() throws Exception {
+    Path dir = tmp.resolve("m");
+    ModelGenerator.generate(toy("llama"), dir);
+    String javaBin = Path.of(System.getProperty("java.home"), "bin", "java").toString();
+    Process p = new ProcessBuilder(javaBin, "--add-modules=jdk.incubator.vector",
+        "-Djava.io.tmpdir=" + tmp.resolve("no-such-folder"), "-cp", System.getProperty("java.class.path"),
+        PplBench.class.getName(), "--model", dir.toString(), "--paths", "dense", "--t", "3000000")
+        .redirectErrorStream(true).start();
+    String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+    assertTrue(p.waitFor(60, java.util.concurrent.TimeUnit.SECONDS), out);
+    assertEquals(0, p.exitValue(), out);
+    assertTrue(out.contains("\"path\": \"dense\", \"t\": 3000000, \"did_not_fit\": true"), out);
+  }
+
   /** A bad option or number: exit 2 naming it, no stack trace (a child JVM: main calls System.exit). */
   @Test
   void badOptionsAreExit2NamingTheOption() throws Exception {
