@@ -334,23 +334,30 @@ public final class MultiHeadAttentionBlock extends AbstractBlock {
       return this;
     }
 
+    /**
+     * The block.
+     *
+     * @throws IllegalArgumentException when the embedding size or head count is unset or below 1, the
+     *     embedding size is not a multiple of the head count, the kv head count is negative or does
+     *     not divide the head count, or rotary embedding is asked for with an odd head dim
+     */
     public MultiHeadAttentionBlock build() {
       if (embeddingSize < 1 || heads < 1) {
-        throw new IllegalStateException("embedding size and head count must be set (>= 1), got " + embeddingSize
+        throw new IllegalArgumentException("embedding size and head count must be set (>= 1), got " + embeddingSize
             + " and " + heads);
       }
       if (embeddingSize % heads != 0) {
-        throw new IllegalStateException("embedding size " + embeddingSize + " is not divisible by head count " + heads);
+        throw new IllegalArgumentException("embedding size " + embeddingSize + " is not divisible by head count " + heads);
       }
       if (kvHeads < 0) {
-        throw new IllegalStateException("kv head count must be >= 1 (or 0: the head count), got " + kvHeads);
+        throw new IllegalArgumentException("kv head count must be >= 1 (or 0: the head count), got " + kvHeads);
       }
       int hkv = kvHeads > 0 ? kvHeads : heads;
       if (heads % hkv != 0) {
-        throw new IllegalStateException("head count " + heads + " is not a multiple of kv head count " + hkv);
+        throw new IllegalArgumentException("head count " + heads + " is not a multiple of kv head count " + hkv);
       }
       if (rotaryBase > 0 && (embeddingSize / heads) % 2 != 0) {
-        throw new IllegalStateException("rotary embedding needs an even head dim, got " + embeddingSize / heads);
+        throw new IllegalArgumentException("rotary embedding needs an even head dim, got " + embeddingSize / heads);
       }
       return new MultiHeadAttentionBlock(this);
     }

@@ -263,14 +263,23 @@ class MultiHeadAttentionBlockTest {
 
   @Test
   void badInputsAndConfigurationsAreRejected() {
-    assertThrows(IllegalStateException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(30)
-        .setHeadCount(4).build());
-    assertThrows(IllegalStateException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(32)
-        .setHeadCount(4).optKvHeadCount(3).build());
-    assertThrows(IllegalStateException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(32)
-        .setHeadCount(4).optKvHeadCount(-3).build()); // was taken as the head count
-    assertThrows(IllegalStateException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(12)
-        .setHeadCount(4).optRotary(10000).build());
+    // Bad builder arguments are IllegalArgumentExceptions, as every other bad input (they were IllegalStateExceptions).
+    String[] messages = {
+        assertThrows(IllegalArgumentException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(32)
+            .build()).getMessage(), // no head count
+        assertThrows(IllegalArgumentException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(30)
+            .setHeadCount(4).build()).getMessage(),
+        assertThrows(IllegalArgumentException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(32)
+            .setHeadCount(4).optKvHeadCount(3).build()).getMessage(),
+        assertThrows(IllegalArgumentException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(32)
+            .setHeadCount(4).optKvHeadCount(-3).build()).getMessage(), // was taken as the head count
+        assertThrows(IllegalArgumentException.class, () -> MultiHeadAttentionBlock.builder().setEmbeddingSize(12)
+            .setHeadCount(4).optRotary(10000).build()).getMessage()};
+    String[] expected = {"embedding size and head count must be set (>= 1), got 32 and 0",
+        "embedding size 30 is not divisible by head count 4", "head count 4 is not a multiple of kv head count 3",
+        "kv head count must be >= 1 (or 0: the head count), got -3", "rotary embedding needs an even head dim, got 3"};
+    assertEquals(java.util.List.of(expected), java.util.List.of(messages));
+    assertThrows(IllegalArgumentException.class, () -> TransformerLayer.decoder(32, 4, 3, 64)); // through the builder
     try (NDManager m = manager.newSubManager()) {
       MultiHeadAttentionBlock b = MultiHeadAttentionBlock.builder().setEmbeddingSize(32).setHeadCount(4).build();
       b.initialize(m, DataType.FLOAT32, new Shape(1, 8, 32));
