@@ -97,14 +97,13 @@ final class Formats {
 
   static final String MALFORMED_JSON = "malformed JSON record (not JSON, or a value of the wrong type): ";
 
-  /** How far into a file {@link #lineOf} looks: past that the message names the file alone. */
+  /** How far into a file {@link #lineWhere} looks: past that the message names the file alone. */
   static final long LINE_SEARCH_BYTES = 1L << 30;
 
   /**
    * ", line N" of the first line of FILE that is the record a malformed-JSON PROBLEM quotes (starts
    * with it, where the quote was cut at 300 characters; Spark's reader gives the text, not its line),
-   * or "" when it is not found (in the first GiB, or
-   * the file cannot be read here). Runs only on the way to an error, in the task that found it.
+   * or "" when it is not found (see {@link #lineWhere}).
    */
   static String lineOf(String file, String problem) {
     if (file == null || problem == null || !problem.startsWith(MALFORMED_JSON)) {
@@ -112,6 +111,20 @@ final class Formats {
     }
     String record = problem.substring(MALFORMED_JSON.length());
     boolean cut = record.length() >= 300; // malformedJson quotes 300 characters at most
+    // a cut-off last line prefixes others
+    return lineWhere(file, line -> cut ? line.startsWith(record) : line.equals(record));
+  }
+
+  /**
+   * ", line N" (1-based) of the first line of the JSON Lines FILE that {@code match} accepts, or ""
+   * when none does in the first GiB or the file cannot be read here. Spark's JSON reader gives a row
+   * its text at most, never its line, so this reads the file again: only on the way to an error, in
+   * the task that found it.
+   */
+  static String lineWhere(String file, java.util.function.Predicate<String> match) {
+    if (file == null) {
+      return "";
+    }
     org.apache.hadoop.fs.Path path = new org.apache.hadoop.fs.Path(java.net.URI.create(file));
     // the job's spark.hadoop.* settings (an object store's credentials, say), as the reader had them
     org.apache.hadoop.conf.Configuration conf = new org.apache.hadoop.conf.Configuration();
@@ -133,17 +146,67 @@ final class Formats {
               new java.io.InputStreamReader(in, java.nio.charset.StandardCharsets.UTF_8), 1 << 16)) {
         long n = 0;
         long read = 0;
+        // readLine splits at \n, \r and \r\n, as Spark's line reader does: the same line numbers
         for (String line; (line = r.readLine()) != null && read < LINE_SEARCH_BYTES; ) {
           n++;
           read += line.length() + 1;
-          if (cut ? line.startsWith(record) : line.equals(record)) { // a cut-off last line prefixes others
+          if (match.test(line)) {
             return ", line " + n;
           }
         }
       }
     } catch (IOException | RuntimeException e) {
-      // best effort: the message still names the file and quotes the record
+      // best effort: the message still names the file
     }
     return "";
+  }
+
+  /** Parses lines as Spark's JSON reader does by default (NaN and Infinity allowed), with no length limits. */
+  private static final com.fasterxml.jackson.core.JsonFactory JSON = com.fasterxml.jackson.core.JsonFactory.builder()
+      .enable(com.fasterxml.jackson.core.json.JsonReadFeature.ALLOW_NON_NUMERIC_NUMBERS)
+      .streamReadConstraints(com.fasterxml.jackson.core.StreamReadConstraints.builder()
+          .maxStringLength(Integer.MAX_VALUE).maxNumberLength(Integer.MAX_VALUE).build())
+      .build();
+
+  /**
+   * Whether a JSON Lines line holds a row that Spark reads with {@code field} null: an object without
+   * that top-level field or with it null (the last one counts, as in Spark), or a top-level array (Spark
+   * reads each element object as a row) holding one. A blank or unparsable line holds none.
+   */
+  static boolean rowLacks(String line, String field) {
+    try (com.fasterxml.jackson.core.JsonParser p = JSON.createParser(line)) {
+      com.fasterxml.jackson.core.JsonToken t = p.nextToken();
+      if (t == com.fasterxml.jackson.core.JsonToken.START_OBJECT) {
+        return objectLacks(p, field);
+      }
+      if (t == com.fasterxml.jackson.core.JsonToken.START_ARRAY) {
+        boolean lacks = false;
+        for (t = p.nextToken(); t != com.fasterxml.jackson.core.JsonToken.END_ARRAY; t = p.nextToken()) {
+          if (t == com.fasterxml.jackson.core.JsonToken.START_OBJECT) {
+            lacks |= objectLacks(p, field);
+          } else {
+            p.skipChildren();
+          }
+        }
+        return lacks;
+      }
+    } catch (IOException | RuntimeException e) {
+      // not JSON: Spark reports such a line as malformed, not as a row without the field
+    }
+    return false;
+  }
+
+  /** After an object's START_OBJECT: reads it to its end; whether {@code field} is absent or null. */
+  private static boolean objectLacks(com.fasterxml.jackson.core.JsonParser p, String field) throws IOException {
+    boolean has = false;
+    while (p.nextToken() == com.fasterxml.jackson.core.JsonToken.FIELD_NAME) {
+      boolean mine = field.equals(p.currentName()); // Spark matches names exactly
+      com.fasterxml.jackson.core.JsonToken v = p.nextToken();
+      if (mine) {
+        has = v != com.fasterxml.jackson.core.JsonToken.VALUE_NULL;
+      }
+      p.skipChildren();
+    }
+    return !has;
   }
 }

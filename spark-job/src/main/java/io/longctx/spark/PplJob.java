@@ -105,9 +105,9 @@ public final class PplJob {
                               contiguous runs (to measure the difference); never changes the result
 
       Bad input exits 2 naming the document: a token id outside the vocabulary, a row with neither or
-      both of text and tokens, a missing doc_id, a document on which the model's values leave float32
-      (with the layer and position); an unreadable or inconsistent checkpoint or tokenizer names the
-      file and tensor. A summary goes to stderr at the end.
+      both of text and tokens, a missing doc_id (named by its file, and in JSON Lines its line), a
+      document on which the model's values leave float32 (with the layer and position); an unreadable
+      or inconsistent checkpoint or tokenizer names the file and tensor. A summary goes to stderr at the end.
       """ + LongctxMain.COMMON_HELP;
 
   /** Options of one run. */
@@ -782,7 +782,9 @@ public final class PplJob {
       throw new InputError(where + Formats.lineOf(file, problem) + ": " + problem);
     }
     if (r.isNullAt(0)) {
-      throw new InputError(where + ": a row has no doc_id");
+      // A JSON row has no text to look for: the first line holding a row without doc_id is named.
+      throw new InputError(where + (o.resolvedFormat().equals("json")
+          ? Formats.lineWhere(file, line -> Formats.rowLacks(line, "doc_id")) : "") + ": a row has no doc_id");
     }
     String doc = r.getString(0);
     where += ", doc '" + doc + "'";

@@ -1,6 +1,8 @@
 package io.longctx.spark;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -8,7 +10,7 @@ import java.util.List;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
-/** The input format taken from a path when --format is not given; a malformed line's number. */
+/** The input format taken from a path when --format is not given; a malformed line's number, a row without a field. */
 class FormatsTest {
   @TempDir
   Path tmp;
@@ -37,5 +39,21 @@ class FormatsTest {
     assertEquals("", Formats.lineOf(uri, Formats.malformedJson("{not there")));
     assertEquals("", Formats.lineOf(tmp.resolve("absent.jsonl").toUri().toString(), Formats.malformedJson(good)));
     assertEquals("", Formats.lineOf(uri, "some other problem"));
+  }
+
+  /** A line whose row Spark reads with a field null: absent or null at the top level (the last one counts). */
+  @Test
+  void aRowWithoutAFieldIsToldByItsTopLevelFields() throws Exception {
+    for (String l : new String[] {"{\"tokens\": [1]}", "{\"doc_id\": null}", "{\"meta\": {\"doc_id\": \"x\"}}",
+        "{\"Doc_Id\": \"x\"}", "{\"doc_id\": \"x\", \"doc_id\": null}", "[{\"doc_id\": \"x\"}, {\"y\": 1}]"}) {
+      assertTrue(Formats.rowLacks(l, "doc_id"), l);
+    }
+    for (String l : new String[] {"{\"doc_id\": \"x\", \"t\": NaN}", "{\"doc_id\": 7}", "{\"doc_id\": {}}",
+        "{\"doc_id\": null, \"doc_id\": \"x\"}", "", "  ", "not json", "{\"doc_id\"", "[{\"doc_id\": \"x\"}]", "5"}) {
+      assertFalse(Formats.rowLacks(l, "doc_id"), l);
+    }
+    Path f = tmp.resolve("d.jsonl");
+    Files.writeString(f, "{\"doc_id\": \"a\"}\r\n\r\n{\"doc_id\": \"b\"}\r{\"text\": \"doc_id\"}\n");
+    assertEquals(", line 4", Formats.lineWhere(f.toUri().toString(), l -> Formats.rowLacks(l, "doc_id")));
   }
 }

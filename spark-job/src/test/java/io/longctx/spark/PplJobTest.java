@@ -347,7 +347,11 @@ class PplJobTest {
     fails(jsonl("b.jsonl", "{\"doc_id\": \"both\", \"tokens\": [1, 2], \"text\": \"hi\"}"), model, "doc 'both'",
         "exactly one of text and tokens", "both");
     fails(jsonl("c.jsonl", "{\"doc_id\": \"none\"}"), model, "doc 'none'", "neither");
-    fails(jsonl("d.jsonl", "{\"tokens\": [1, 2]}"), model, "no doc_id");
+    // The line of a row without doc_id is named: Spark gives the row, not its line, so the file is read again.
+    fails(jsonl("d.jsonl", "{\"doc_id\": \"a\", \"tokens\": [1]}", "", "{\"meta\": {\"doc_id\": \"x\"}, \"tokens\": [1]}",
+        "{\"doc_id\": \"b\", \"tokens\": [2]}"), model, "d.jsonl, line 3: a row has no doc_id");
+    fails(jsonl("d2.jsonl", "{\"doc_id\": \"a\", \"tokens\": [1]}", "{\"doc_id\": null, \"tokens\": [2]}"), model,
+        "d2.jsonl, line 2: a row has no doc_id");
     fails(jsonl("e.jsonl", "{\"doc_id\": \"neg\", \"tokens\": [-1]}"), model, "doc 'neg'", "-1");
     fails(jsonl("e2.jsonl", "{\"doc_id\": \"hole\", \"tokens\": [1, null, 3]}"), model, "doc 'hole'",
         "the token id at position 1 is null");
