@@ -162,7 +162,7 @@ final class Formats {
   }
 
   /** Parses lines as Spark's JSON reader does by default (NaN and Infinity allowed), with no length limits. */
-  private static final com.fasterxml.jackson.core.JsonFactory JSON = com.fasterxml.jackson.core.JsonFactory.builder()
+  static final com.fasterxml.jackson.core.JsonFactory JSON = com.fasterxml.jackson.core.JsonFactory.builder()
       .enable(com.fasterxml.jackson.core.json.JsonReadFeature.ALLOW_NON_NUMERIC_NUMBERS)
       .streamReadConstraints(com.fasterxml.jackson.core.StreamReadConstraints.builder()
           .maxStringLength(Integer.MAX_VALUE).maxNumberLength(Integer.MAX_VALUE).build())

@@ -64,7 +64,8 @@ public final class PplJob {
       --chunk-len.
 
       Input rows (Parquet or JSON Lines): doc_id string and exactly one of text string (tokenized with
-      tokenizer.json and its own special tokens) or tokens array<int> (scored exactly as given).
+      tokenizer.json and its own special tokens; valid Unicode: no invalid UTF-8 in Parquet, no lone
+      surrogate escape such as \\ud800 in JSON) or tokens array<int> (scored exactly as given).
       Output rows (same format): doc_id, n_tokens long, sum_logprob double (natural log, sum over
       i = 1..n-1 of log p(t_i | t_<i); 0 for one token or none, an empty tokens array), ppl double
       (exp(-sum_logprob/(n_tokens-1)); null below 2 tokens), bits_per_byte double (only when the
@@ -105,9 +106,10 @@ public final class PplJob {
                               contiguous runs (to measure the difference); never changes the result
 
       Bad input exits 2 naming the document: a token id outside the vocabulary, a row with neither or
-      both of text and tokens, a missing doc_id (named by its file, and in JSON Lines its line), a
-      document on which the model's values leave float32 (with the layer and position); an unreadable
-      or inconsistent checkpoint or tokenizer names the file and tensor. A summary goes to stderr at the end.
+      both of text and tokens, a missing doc_id (named by its file, and in JSON Lines its line), text
+      that is not valid Unicode (with the byte or character offset), a document on which the model's
+      values leave float32 (with the layer and position); an unreadable or inconsistent checkpoint or
+      tokenizer names the file and tensor. A summary goes to stderr at the end.
       """ + LongctxMain.COMMON_HELP;
 
   /** Options of one run. */
@@ -330,7 +332,8 @@ public final class PplJob {
     }
     List<Column> cols = new ArrayList<>();
     cols.add(functions.col("doc_id").cast(DataTypes.StringType).as("doc_id"));
-    cols.add(hasText ? functions.col("text") : functions.lit(null).cast(DataTypes.StringType).as("text"));
+    // text as its stored UTF-8 bytes: checked and counted as stored (a string would have replaced invalid bytes)
+    cols.add((hasText ? functions.col("text") : functions.lit(null)).cast(DataTypes.BinaryType).as("text"));
     cols.add(hasTokens ? functions.col("tokens").cast(DataTypes.createArrayType(DataTypes.LongType)).as("tokens")
         : functions.lit(null).cast(DataTypes.createArrayType(DataTypes.LongType)).as("tokens"));
     cols.add(fmt.equals("json") ? functions.coalesce(functions.col(CORRUPT), functions.when(
@@ -779,7 +782,8 @@ public final class PplJob {
             + c.substring(TEXT_NOT_A_STRING.length()).toLowerCase(Locale.ROOT) + " value, expected a string");
       }
       String problem = Formats.malformedJson(c);
-      throw new InputError(where + Formats.lineOf(file, problem) + ": " + problem);
+      String surrogate = loneSurrogateInText(c);
+      throw new InputError(where + Formats.lineOf(file, problem) + (surrogate != null ? surrogate : ": " + problem));
     }
     if (r.isNullAt(0)) {
       // A JSON row has no text to look for: the first line holding a row without doc_id is named.
@@ -796,9 +800,9 @@ public final class PplJob {
     int[] ids;
     long bytes = -1;
     if (text) {
-      String s = r.getString(1);
-      ids = LlamaTranslator.encode(Loaded.get(o.model).tokenizer(), s);
-      bytes = s.getBytes(StandardCharsets.UTF_8).length;
+      byte[] utf8 = (byte[]) r.get(1);
+      ids = LlamaTranslator.encode(Loaded.get(o.model).tokenizer(), decodeUtf8(utf8, where));
+      bytes = utf8.length; // bits_per_byte's bytes: the text as stored, which is the text tokenized
     } else {
       List<Long> l = r.getList(2);
       ids = new int[l.size()];
@@ -821,6 +825,71 @@ public final class PplJob {
           + where + " it made " + e.getMessage());
     }
     return new SplitPpl.Doc(index, doc, ids, bytes);
+  }
+
+  /**
+   * Text's stored UTF-8 bytes as a string, or bad input naming the first invalid byte: decoding would
+   * replace it with U+FFFD, so the tokenizer would score other text than stored, and bits_per_byte
+   * count other bytes than those scored.
+   */
+  static String decodeUtf8(byte[] utf8, String where) {
+    java.nio.ByteBuffer in = java.nio.ByteBuffer.wrap(utf8);
+    java.nio.CharBuffer out = java.nio.CharBuffer.allocate(utf8.length); // UTF-8: at most a char per byte
+    java.nio.charset.CharsetDecoder d = StandardCharsets.UTF_8.newDecoder(); // reports malformed input
+    java.nio.charset.CoderResult res = d.decode(in, out, true);
+    if (!res.isError()) {
+      res = d.flush(out);
+    }
+    if (res.isError()) {
+      int at = in.position(), n = Math.min(res.length(), utf8.length - at);
+      StringBuilder hex = new StringBuilder();
+      for (int i = at; i < at + n; i++) {
+        hex.append(String.format(Locale.ROOT, "%s%02X", i == at ? "" : " ", utf8[i] & 0xff));
+      }
+      throw new InputError(where + ": text is not valid UTF-8: byte" + (n == 1 ? " " : "s ") + hex + " at byte offset "
+          + at + " (character " + Character.codePointCount(out.flip(), 0, out.limit()) + ")"
+          + "; it would be scored as U+FFFD, not as stored");
+    }
+    return out.flip().toString();
+  }
+
+  /**
+   * For a JSON record Spark refused: where its string text holds a lone UTF-16 surrogate (the JSON
+   * escape of one, U+D800 to U+DFFF, without its pair), ", doc 'ID': ..." naming it and its position
+   * in code points, else null. Spark's variant reader refuses such text as a malformed record without
+   * saying why: it is not Unicode, and has no UTF-8 bytes to count or tokenize. Runs on the way to an
+   * error only.
+   */
+  static String loneSurrogateInText(String record) {
+    String doc = null, text = null;
+    try (com.fasterxml.jackson.core.JsonParser p = Formats.JSON.createParser(record)) {
+      if (p.nextToken() != com.fasterxml.jackson.core.JsonToken.START_OBJECT) {
+        return null;
+      }
+      while (p.nextToken() == com.fasterxml.jackson.core.JsonToken.FIELD_NAME) {
+        String name = p.currentName();
+        com.fasterxml.jackson.core.JsonToken v = p.nextToken();
+        if (name.equals("doc_id")) { // the last one counts, as in Spark
+          doc = v.isScalarValue() && v != com.fasterxml.jackson.core.JsonToken.VALUE_NULL ? p.getText() : null;
+        } else if (name.equals("text")) {
+          text = v == com.fasterxml.jackson.core.JsonToken.VALUE_STRING ? p.getText() : null;
+        }
+        p.skipChildren();
+      }
+    } catch (IOException | RuntimeException e) {
+      return null;
+    }
+    for (int i = 0; text != null && i < text.length(); i++) {
+      char ch = text.charAt(i);
+      if (Character.isHighSurrogate(ch) && i + 1 < text.length() && Character.isLowSurrogate(text.charAt(i + 1))) {
+        i++; // a pair
+      } else if (Character.isSurrogate(ch)) {
+        return (doc == null ? "" : ", doc '" + doc + "'") + ": text holds a lone UTF-16 surrogate (\\u"
+            + Integer.toHexString(ch) + ") at character " + text.codePointCount(0, i) + " (code points from 0): "
+            + "not valid Unicode, so it has no UTF-8 bytes to tokenize or count";
+      }
+    }
+    return null;
   }
 
   /** An output row (see {@link #outputSchema}); bytes < 0: not a text row. */

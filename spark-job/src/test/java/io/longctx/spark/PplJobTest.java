@@ -377,6 +377,35 @@ class PplJobTest {
   }
 
   /**
+   * Text must be Unicode, as bits_per_byte counts its UTF-8 bytes and the tokenizer reads its
+   * characters. Parquet text with invalid UTF-8 was decoded with U+FFFD in place of the bad bytes and
+   * scored with exit 0: other text than stored, and the bytes counted were the replacement's. A JSON
+   * escape of a lone surrogate was refused as a "malformed JSON record" without the reason. Both now
+   * name the document and the place; an escaped surrogate pair and a stored U+FFFD are text.
+   */
+  @Test
+  void textThatIsNotUnicodeIsRefusedNamingThePlace() throws Exception {
+    Path in = tmp.resolve("bad-utf8.parquet");
+    StructType raw = new StructType().add("doc_id", DataTypes.StringType).add("b", DataTypes.BinaryType);
+    spark.createDataFrame(List.of(RowFactory.create("fine", "x\ufffdy".getBytes(StandardCharsets.UTF_8)),
+        RowFactory.create("ff", new byte[] {'a', (byte) 0xc3, (byte) 0xa9, (byte) 0xff, 'c'})), raw)
+        .selectExpr("doc_id", "cast(b as string) as text").write().parquet(in.toString());
+    fails(in, model, "doc 'ff'", "text is not valid UTF-8: byte FF at byte offset 3 (character 2)");
+    fails(jsonl("s.jsonl", "{\"doc_id\": \"ok\", \"text\": \"fine\"}",
+        "{\"doc_id\": \"sur\", \"text\": \"a\\ud83d\\ude42b\\udc00c\"}"), model,
+        "s.jsonl, line 2, doc 'sur': text holds a lone UTF-16 surrogate (\\udc00) at character 3");
+    String text = "a\ud83d\ude42b \ufffd"; // a pair (escaped in the JSON below) and U+FFFD itself
+    Path good = jsonl("pair.jsonl", "{\"doc_id\": \"pair\", \"text\": \"a\\ud83d\\ude42b \ufffd\"}");
+    Path out = tmp.resolve("pair-out");
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    assertEquals(0, run(err, "ppl", "--model", model.toString(), "--input", good.toString(), "--output",
+        out.toString()), err.toString());
+    Row r = spark.read().json(out.toString()).first();
+    double bytes = text.getBytes(StandardCharsets.UTF_8).length;
+    assertEquals(-(double) r.getAs("sum_logprob") / Math.log(2) / bytes, (double) r.getAs("bits_per_byte"), 1e-12);
+  }
+
+  /**
    * 0 tasks is no default: refused as any count below 1; a relative --model is made absolute; a row
    * with nothing scored has no bits per byte.
    */
