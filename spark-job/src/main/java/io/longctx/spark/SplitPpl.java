@@ -151,8 +151,8 @@ final class SplitPpl {
   /**
    * Runs the layers over the long documents of {@code docs} (every element is one), one Spark job
    * per layer, checkpointing into {@code checkpointDir}, which this creates and the caller deletes.
-   * Sets the SparkContext's checkpoint directory (Spark has one per context) as it marks each layer,
-   * and leaves it set there.
+   * Sets the SparkContext's checkpoint directory (Spark has one per context) as it marks the first
+   * layer, and again only for a layer after another run set it; leaves it set there.
    */
   static Result score(SparkSession spark, JavaRDD<Doc> docs, List<long[]> lengths, Map<Long, String> docIds,
       String model, LlamaConfig cfg, int chunkLen, int partitions, Balance balance, Path checkpointDir,
@@ -238,12 +238,24 @@ final class SplitPpl {
    * the second run's setting took the first run's later layers into the second's directory, which
    * the second deleted when done (and a layer after that was written to a directory no one deleted).
    */
-  private static void markForCheckpoint(SparkSession spark, JavaPairRDD<?, ?> rdd, Path dir) {
+  static void markForCheckpoint(SparkSession spark, JavaPairRDD<?, ?> rdd, Path dir) {
     synchronized (CHECKPOINT_DIR) {
-      spark.sparkContext().setCheckpointDir(dir.toString());
+      // Set only when the context holds another directory than this run last set: each setting makes
+      // a new subdirectory and, on a non-local master, logs Spark's warning about a local path (once
+      // per layer before; a shared mount is a fine place on a cluster).
+      scala.Option<String> now = spark.sparkContext().getCheckpointDir();
+      if (!(dir.equals(lastDir) && now.isDefined() && now.get().equals(lastSet))) {
+        spark.sparkContext().setCheckpointDir(dir.toString());
+        lastDir = dir;
+        lastSet = spark.sparkContext().getCheckpointDir().get();
+      }
       rdd.checkpoint();
     }
   }
+
+  /** The directory {@link #markForCheckpoint} last set, and what the context then held; guarded by CHECKPOINT_DIR. */
+  private static Path lastDir;
+  private static String lastSet;
 
   /** Adds a document's chunk log-probabilities in position order (the one-task path's order). */
   static Scored sumInOrder(long doc, Iterable<Tuple2<Long, double[]>> chunks) {

@@ -18,11 +18,14 @@ import java.util.List;
 import java.util.Map;
 import java.util.SplittableRandom;
 import java.util.stream.Stream;
+import org.apache.spark.api.java.JavaPairRDD;
+import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
+import scala.Tuple2;
 
 /**
  * Split {@code ppl} (one document's layers over many tasks) against the one-task path on a corpus
@@ -213,6 +216,31 @@ class SplitPplTest {
     try (Stream<Path> s = Files.walk(foreign)) {
       List<Path> taken = s.filter(p -> p.getFileName().toString().startsWith("rdd-")).toList();
       assertTrue(taken.isEmpty(), "this run's layers were checkpointed into another run's directory: " + taken);
+    }
+  }
+
+  /**
+   * The context's checkpoint directory is set once per run, not once per layer: each setting makes a
+   * subdirectory and, on a non-local master, logs Spark's warning that the directory is local (three
+   * times for a three-layer model before). Set again after another run set its own.
+   */
+  @Test
+  void theCheckpointDirectoryIsSetOncePerRunNotPerLayer() throws Exception {
+    Path dir = tmp.resolve("checkpoints");
+    org.apache.hadoop.fs.Path hdir = new org.apache.hadoop.fs.Path(dir.toString());
+    JavaSparkContext jsc = JavaSparkContext.fromSparkContext(spark.sparkContext());
+    for (int layer = 0; layer < 4; layer++) {
+      if (layer == 3) {
+        spark.sparkContext().setCheckpointDir(tmp.resolve("another-run").toString());
+      }
+      JavaPairRDD<Integer, Integer> rdd = jsc.parallelizePairs(List.of(new Tuple2<>(layer, layer)));
+      SplitPpl.markForCheckpoint(spark, rdd, hdir);
+      rdd.count();
+      assertTrue(rdd.getCheckpointFile().isPresent() && rdd.getCheckpointFile().get().contains(dir.toString()),
+          "layer " + layer + " checkpointed into its run's directory: " + rdd.getCheckpointFile());
+      try (Stream<Path> s = Files.list(dir)) {
+        assertEquals(layer < 3 ? 1 : 2, s.count(), "settings of the directory (a subdirectory each), layer " + layer);
+      }
     }
   }
 
