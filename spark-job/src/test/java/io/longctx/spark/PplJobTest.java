@@ -206,7 +206,11 @@ class PplJobTest {
         "--per-token", "--chunk-len", "7");
     assertEquals(0, rc, err.toString());
     assertTrue(err.toString().contains("longctx ppl summary"), err.toString());
-    assertTrue(err.toString().contains("longctx ppl: scoring 3 documents in 3 tasks"), err.toString());
+    java.util.regex.Matcher start = java.util.regex.Pattern.compile("longctx ppl: scoring 3 documents \\((\\d+) tokens\\) "
+        + "in 3 tasks").matcher(err.toString());
+    assertTrue(start.find(), err.toString());
+    assertTrue(err.toString().contains("  tokens         " + start.group(1) + "\n"), "the start line's tokens are the "
+        + "summary's:\n" + err);
     assertTrue(Files.exists(out.resolve(OutputCommit.MARKER)));
     Map<String, Row> rows = new HashMap<>();
     for (Row row : spark.read().json(out.toString()).collectAsList()) {
