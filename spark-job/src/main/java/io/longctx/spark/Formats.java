@@ -2,6 +2,7 @@ package io.longctx.spark;
 
 import java.io.IOException;
 import java.util.Locale;
+import java.util.Map;
 
 /** Input and output formats of the Spark commands: parquet or json (JSON Lines), one rule for all. */
 final class Formats {
@@ -146,6 +147,11 @@ final class Formats {
               new java.io.InputStreamReader(in, java.nio.charset.StandardCharsets.UTF_8), 1 << 16)) {
         long n = 0;
         long read = 0;
+        r.mark(4);
+        if (r.read() == 'P' && r.read() == 'A' && r.read() == 'R' && r.read() == '1') {
+          return ""; // a Parquet file: no lines
+        }
+        r.reset();
         // readLine splits at \n, \r and \r\n, as Spark's line reader does: the same line numbers
         for (String line; (line = r.readLine()) != null && read < LINE_SEARCH_BYTES; ) {
           n++;
@@ -174,39 +180,51 @@ final class Formats {
    * reads each element object as a row) holding one. A blank or unparsable line holds none.
    */
   static boolean rowLacks(String line, String field) {
+    return rowWhere(line, row -> row.get(field) == null);
+  }
+
+  /**
+   * Whether a JSON Lines line holds a row (an object, or an object in a top-level array, as Spark reads
+   * them) whose top-level fields {@code match} accepts: field name to its text (a scalar's, as written;
+   * "" for an object or array), null fields left out, a repeated field's last value. A blank or
+   * unparsable line holds none.
+   */
+  static boolean rowWhere(String line, java.util.function.Predicate<Map<String, String>> match) {
     try (com.fasterxml.jackson.core.JsonParser p = JSON.createParser(line)) {
       com.fasterxml.jackson.core.JsonToken t = p.nextToken();
       if (t == com.fasterxml.jackson.core.JsonToken.START_OBJECT) {
-        return objectLacks(p, field);
+        return match.test(fields(p));
       }
       if (t == com.fasterxml.jackson.core.JsonToken.START_ARRAY) {
-        boolean lacks = false;
+        boolean any = false;
         for (t = p.nextToken(); t != com.fasterxml.jackson.core.JsonToken.END_ARRAY; t = p.nextToken()) {
           if (t == com.fasterxml.jackson.core.JsonToken.START_OBJECT) {
-            lacks |= objectLacks(p, field);
+            any |= match.test(fields(p));
           } else {
             p.skipChildren();
           }
         }
-        return lacks;
+        return any;
       }
     } catch (IOException | RuntimeException e) {
-      // not JSON: Spark reports such a line as malformed, not as a row without the field
+      // not JSON: Spark reports such a line as malformed, not as a row
     }
     return false;
   }
 
-  /** After an object's START_OBJECT: reads it to its end; whether {@code field} is absent or null. */
-  private static boolean objectLacks(com.fasterxml.jackson.core.JsonParser p, String field) throws IOException {
-    boolean has = false;
+  /** After an object's START_OBJECT: reads it to its end; its non-null top-level fields (see {@link #rowWhere}). */
+  private static Map<String, String> fields(com.fasterxml.jackson.core.JsonParser p) throws IOException {
+    Map<String, String> m = new java.util.HashMap<>();
     while (p.nextToken() == com.fasterxml.jackson.core.JsonToken.FIELD_NAME) {
-      boolean mine = field.equals(p.currentName()); // Spark matches names exactly
+      String name = p.currentName(); // Spark matches names exactly
       com.fasterxml.jackson.core.JsonToken v = p.nextToken();
-      if (mine) {
-        has = v != com.fasterxml.jackson.core.JsonToken.VALUE_NULL;
+      if (v == com.fasterxml.jackson.core.JsonToken.VALUE_NULL) {
+        m.remove(name);
+      } else {
+        m.put(name, v.isScalarValue() ? p.getText() : "");
       }
       p.skipChildren();
     }
-    return !has;
+    return m;
   }
 }

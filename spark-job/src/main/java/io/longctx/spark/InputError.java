@@ -104,7 +104,8 @@ public sealed class InputError extends RuntimeException permits InputError.Dupli
    * The first InputError in a cause chain (Spark wraps task failures); else, for Parquet files of one
    * input whose column types differ (Spark took the schema from one of them, which the jobs checked,
    * and a task failed reading another), a new one from Spark's line naming file and column; likewise
-   * for a file among them that is not Parquet; or null.
+   * for a file among them that is not Parquet, and for a file that no longer matches its Hadoop checksum
+   * file; or null.
    */
   public static InputError find(Throwable t) {
     InputError e = first(t);
@@ -115,6 +116,17 @@ public sealed class InputError extends RuntimeException permits InputError.Dupli
     if (mismatch != null) {
       return new InputError(mismatch.replaceFirst("^\\[[A-Z_.]+\\] *", "")
           + " (the input's Parquet files disagree on this column's type: write them with one schema)");
+    }
+    // Hadoop's local file system checks a file against the hidden .NAME.crc written with it: a file edited
+    // since (a bad line fixed by hand) fails to read with a stack trace that says nothing of the cause.
+    String checksum = causeLine(t, "Checksum error: ");
+    java.util.regex.Matcher m = checksum == null ? null
+        : java.util.regex.Pattern.compile("Checksum error: (\\S+) at \\d+").matcher(checksum);
+    if (m != null && m.find()) {
+      org.apache.hadoop.fs.Path f = new org.apache.hadoop.fs.Path(m.group(1));
+      return new InputError("file " + f + ": its bytes do not match its checksum file ." + f.getName() + ".crc beside it "
+          + "(Hadoop and Spark write one; the file was changed since, e.g. edited by hand, or the disk corrupted it): "
+          + "where you changed it, delete that .crc file");
     }
     // A file that is not Parquet among Parquet ones, found by the task reading it (where Spark took the
     // schema from it, Formats.load reports it before any job).

@@ -585,11 +585,14 @@ public final class ScoreJob {
           + t.getDocId() + "', pos " + t.getPos()) + ": " + bad);
     }
     if (t.getDocId() == null) {
-      throw new InputError("KEYS file " + file + ": a row has no doc_id (pos " + t.getPos() + ")");
+      throw new InputError("KEYS file " + file + firstLine(file, r -> r.get("doc_id") == null) + ": a row has no doc_id "
+          + "(pos " + t.getPos() + ")");
     }
     String where = "KEYS file " + file + ", doc '" + t.getDocId() + "', pos " + t.getPos();
     if (t.getPos() == null) {
-      throw new InputError(where + ": column 'pos' is missing or null (in JSON: the field absent, misspelled or null)");
+      throw new InputError("KEYS file " + file + firstLine(file, r -> r.get("pos") == null
+          && t.getDocId().equals(r.get("doc_id"))) + ", doc '" + t.getDocId() + "': column 'pos' is missing or null "
+          + "(in JSON: the field absent, misspelled or null)");
     }
     checkVector(t.getK(), "k", s.kvHeads() * s.dim(), "kv-heads*dim" + s.origin(), where);
     checkVector(t.getV(), "v", s.kvHeads() * s.dim(), "kv-heads*dim" + s.origin(), where);
@@ -600,6 +603,14 @@ public final class ScoreJob {
     return t;
   }
 
+  /**
+   * ", line N" of the first line of a JSON Lines input file holding a row like the one refused (Spark's
+   * reader gives a row no line number), or "" (a Parquet file, or none found): on the way to an error only.
+   */
+  private static String firstLine(String file, java.util.function.Predicate<java.util.Map<String, String>> row) {
+    return Formats.lineWhere(file, line -> Formats.rowWhere(line, row));
+  }
+
   /** A row whose fields could not be read at all (no document or position to name): say the file only. */
   private static boolean unreadableRow(String problem) {
     return problem.startsWith("malformed") || problem.equals(Formats.PARQUET_READ_AS_JSON);
@@ -607,18 +618,20 @@ public final class ScoreJob {
 
   static Token validateQuery(Token t, Shape s) {
     String file = t.getFile();
-    String where = "QUERIES file " + file + ", query '" + t.getQueryId() + "', doc '" + t.getDocId() + "', pos "
+    String row = ", query '" + t.getQueryId() + "', doc '" + t.getDocId() + "', pos "
         + (t.getPos() == null ? "(none)" : t.getPos());
+    String where = "QUERIES file " + file + row;
     String bad = readProblem(t);
     if (bad != null) {
       throw new InputError((unreadableRow(bad) ? "QUERIES file " + file + Formats.lineOf(file, bad) : where) + ": "
           + bad);
     }
-    if (t.getQueryId() == null) {
-      throw new InputError(where + ": column 'query_id' is missing or null");
-    }
-    if (t.getDocId() == null) {
-      throw new InputError(where + ": column 'doc_id' is missing or null");
+    if (t.getQueryId() == null || t.getDocId() == null) {
+      String field = t.getQueryId() == null ? "query_id" : "doc_id";
+      String other = t.getQueryId() == null ? "doc_id" : "query_id";
+      String value = t.getQueryId() == null ? t.getDocId() : t.getQueryId();
+      throw new InputError("QUERIES file " + file + firstLine(file, r -> r.get(field) == null
+          && (value == null || value.equals(r.get(other)))) + row + ": column '" + field + "' is missing or null");
     }
     checkVector(t.getQ(), "q", s.heads() * s.dim(), "heads*dim" + s.origin(), where);
     t.setFile(null);

@@ -541,6 +541,45 @@ class BadInputTest {
         "\"pos\":\"late\"");
   }
 
+  /** A JSON row without one of its identifying fields is named by its line (Spark's reader gives none). */
+  @Test
+  void jsonRowsWithoutTheirIdsAreNamedByLine() throws Exception {
+    TestData d = good();
+    Path kj = d.writeKeys(spark, tmp.resolve("ids"), "json", false);
+    Path queries = d.writeQueries(spark, tmp, "parquet");
+    Path keyFile = firstPart(kj, ".json");
+    List<String> keyLines = Files.readAllLines(keyFile);
+    Files.delete(keyFile.resolveSibling("." + keyFile.getFileName() + ".crc")); // edited below
+    // line 3 of the first part: doc_id misspelled; line 4: pos null
+    List<String> noDoc = new ArrayList<>(keyLines);
+    noDoc.set(2, noDoc.get(2).replace("\"doc_id\"", "\"doc\""));
+    Files.write(keyFile, noDoc);
+    fails(kj, queries, keyFile.getFileName() + ", line 3: a row has no doc_id");
+    List<String> noPos = new ArrayList<>(keyLines);
+    noPos.set(3, noPos.get(3).replaceFirst("\"pos\":\\d+", "\"pos\":null"));
+    Files.write(keyFile, noPos);
+    String doc = new com.google.gson.Gson().fromJson(noPos.get(3), java.util.Map.class).get("doc_id").toString();
+    fails(kj, queries, keyFile.getFileName() + ", line 4, doc '" + doc + "': column 'pos' is missing or null");
+    Files.write(keyFile, keyLines);
+
+    // A file edited by hand beside the checksum file Spark wrote with it: named, with what to do.
+    Path edited = d.writeKeys(spark, tmp.resolve("edited"), "json", false);
+    Path part = firstPart(edited, ".json");
+    Files.writeString(part, Files.readString(part).replaceFirst("\"pos\":(\\d+)", "\"pos\": $1"));
+    fails(edited, queries, part.getFileName() + ": its bytes do not match its checksum file ." + part.getFileName()
+        + ".crc beside it", "delete that .crc file");
+
+    Path qj = Files.createDirectories(tmp.resolve("queries-ids.jsonl"));
+    String q = ",\"q\":" + floats(16) + ",\"pos\":3}";
+    Files.writeString(qj.resolve("part-0.json"), "{\"query_id\":\"q1\",\"doc_id\":\"alpha\"" + q + "\n"
+        + "{\"query_id\":\"q2\",\"doc_id\":\"beta\"" + q + "\n{\"doc_id\":\"alpha\"" + q + "\n");
+    fails(kj, qj, "queries-ids.jsonl/part-0.json, line 3, query 'null', doc 'alpha'",
+        "column 'query_id' is missing or null");
+    Files.writeString(qj.resolve("part-0.json"), "{\"query_id\":\"q1\",\"doc_id\":\"alpha\"" + q + "\n"
+        + "{\"query_id\":\"q2\",\"doc_id\":null" + q + "\n");
+    fails(kj, qj, "queries-ids.jsonl/part-0.json, line 2, query 'q2', doc 'null'", "column 'doc_id' is missing or null");
+  }
+
   @Test
   void emptyArraysAreAnArrayLengthError() throws Exception {
     TestData d = good();
