@@ -28,8 +28,8 @@ import org.apache.spark.TaskContext;
  * <ul>
  *   <li>{@code spark.longctx.test.failFirstAttempts=N} (with {@code spark.longctx.test.failStage},
  *       a comma list of stage names: {@code map}, {@code reduce}, split ppl's {@code layerL-map},
- *       {@code layerL-reduce}; default {@code map,reduce}, score's two, so split ppl's layers fail
- *       only where named): every task of those stages
+ *       {@code layerL-reduce}, ppl's {@code ppl-chunk}; default {@code map,reduce}, score's two, so
+ *       ppl's stages fail only where named): every task of those stages
  *       throws in its attempts 0..N-1. With {@code spark.task.maxFailures > N} the job succeeds
  *       through Spark's retries; otherwise it fails.
  *   <li>{@code spark.longctx.test.pauseDir=DIR} (with {@code spark.longctx.test.pauseStage}, a comma list of

@@ -279,8 +279,14 @@ public final class OutputCommit {
    */
   public void requireAllRead(String label, String path, String[] read) {
     Set<String> seen = new java.util.HashSet<>();
-    for (String f : read) {
-      seen.add(Path.getPathWithoutSchemeAndAuthority(new Path(f)).toString());
+    for (String f : read) { // URIs (a space is %20): decoded, as the listing's paths are
+      Path p;
+      try {
+        p = new Path(java.net.URI.create(f));
+      } catch (IllegalArgumentException e) {
+        p = new Path(f);
+      }
+      seen.add(Path.getPathWithoutSchemeAndAuthority(p).toString());
     }
     for (Map.Entry<Path, InputFile> e : inputFiles.entrySet()) {
       if (e.getValue().label().equals(label)

@@ -38,7 +38,6 @@ import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.storage.StorageLevel;
-import org.apache.spark.util.LongAccumulator;
 import org.apache.spark.util.TaskCompletionListener;
 import scala.Tuple2;
 
@@ -107,7 +106,8 @@ public final class PplJob {
 
       Bad input exits 2 naming the document: a token id outside the vocabulary, a row with neither or
       both of text and tokens, a missing doc_id (named by its file, and in JSON Lines its line), text
-      that is not valid Unicode (with the byte or character offset), a document on which the model's
+      that is not valid Unicode (Parquet: with the byte offset; JSON Lines: a lone surrogate escape with its
+      character offset, raw invalid UTF-8 as a malformed record with its line), a document on which the model's
       values leave float32 (with the layer and position); an unreadable or inconsistent checkpoint or
       tokenizer names the file and tensor. A summary goes to stderr at the end.
       """ + LongctxMain.COMMON_HELP;
@@ -241,11 +241,14 @@ public final class PplJob {
    * Runs the job (when documents split, it sets the SparkContext's checkpoint directory to the run's
    * own, deleted at the end); with {@code progress} non-null, a start line (documents, tasks) and then, while
    * documents and tokens are scored, a line at most every {@link #PROGRESS_SECONDS_PROPERTY} seconds
-   * (default 10) with the documents and tokens done so far ({@link TokensInFlight}).
+   * (default 10) with the documents and tokens done so far ({@link ProgressListener}).
    */
   public static Summary run(SparkSession spark, Options opt, PrintStream progress) {
     long t0 = System.nanoTime();
     opt.check();
+    if (progress != null) {
+      progressMillis(); // a bad -D value: refused before any job
+    }
     try {
       return runChecked(spark, opt, t0, progress);
     } catch (RuntimeException e) {
@@ -358,62 +361,62 @@ public final class PplJob {
     JavaRDD<SplitPpl.Doc> tokenized = docs.javaRDD().zipWithIndex().mapToPair(t -> new Tuple2<>(t._2(), t._1()))
         .partitionBy(new ByIndex(parts)).map(t -> tokenize(t._1(), t._2(), o, vocab));
     tokenized.persist(StorageLevel.MEMORY_AND_DISK_SER());
-    long splitAbove = opt.splitAbove >= 0 ? opt.splitAbove : defaultSplitAbove(spark, cfg, opt.chunkLen);
-    // One pass over the tokenized rows: the long documents, and every document's length (a key of -1 holds the
-    // total, for the progress lines).
-    List<Tuple2<Long, Tuple2<String, long[]>>> longDocs = new ArrayList<>();
-    long totalTokens = 0;
-    for (Tuple2<Long, Tuple2<String, long[]>> d : tokenized.mapPartitions(it -> {
-      List<Tuple2<Long, Tuple2<String, long[]>>> out = new ArrayList<>();
-      long sum = 0;
-      while (it.hasNext()) {
-        SplitPpl.Doc d = it.next();
-        sum += d.tokens().length;
-        if (splits(d, splitAbove)) {
-          out.add(new Tuple2<>(d.index(), new Tuple2<>(d.docId(), new long[] {d.tokens().length, d.bytes()})));
-        }
-      }
-      out.add(new Tuple2<>(-1L, new Tuple2<>(null, new long[] {sum})));
-      return out.iterator();
-    }).collect()) {
-      if (d._1() < 0) {
-        totalTokens += d._2()._2()[0];
-      } else {
-        longDocs.add(d);
-      }
-    }
-    LongAccumulator docsDone = spark.sparkContext().longAccumulator("longctx ppl documents");
-    LongAccumulator tokensDone = spark.sparkContext().longAccumulator("longctx ppl tokens");
-    if (progress != null) {
-      progress.printf(Locale.ROOT, "longctx ppl: scoring %d document%s (%d tokens) in %d task%s (model %s, chunk %d "
-          + "tokens)%n", n, n == 1 ? "" : "s", totalTokens, parts, parts == 1 ? "" : "s", opt.model, opt.chunkLen);
-      progress.flush();
-    }
-    TokensInFlight inFlight = progress == null ? null : new TokensInFlight(tokensDone.id());
+    ProgressListener listener = null;
     Thread poller = null;
-    if (progress != null) {
-      spark.sparkContext().addSparkListener(inFlight);
-      poller = progressPoller(progress, n, totalTokens, docsDone, inFlight::tokens, System.nanoTime(), progressMillis());
-    }
     Path checkpoints = null;
     SplitPpl.Result split = null;
     Dataset<Row> result = null;
     boolean written = false;
     try {
+      long splitAbove = opt.splitAbove >= 0 ? opt.splitAbove : defaultSplitAbove(spark, cfg, opt.chunkLen);
+      // One pass over the tokenized rows: the long documents, and every document's length (a key of -1 holds the
+      // total, for the progress lines).
+      List<Tuple2<Long, Tuple2<String, long[]>>> longDocs = new ArrayList<>();
+      long totalTokens = 0;
+      for (Tuple2<Long, Tuple2<String, long[]>> d : tokenized.mapPartitions(it -> {
+        List<Tuple2<Long, Tuple2<String, long[]>>> out = new ArrayList<>();
+        long sum = 0;
+        while (it.hasNext()) {
+          SplitPpl.Doc d = it.next();
+          sum += d.tokens().length;
+          if (splits(d, splitAbove)) {
+            out.add(new Tuple2<>(d.index(), new Tuple2<>(d.docId(), new long[] {d.tokens().length, d.bytes()})));
+          }
+        }
+        out.add(new Tuple2<>(-1L, new Tuple2<>(null, new long[] {sum})));
+        return out.iterator();
+      }).collect()) {
+        if (d._1() < 0) {
+          totalTokens += d._2()._2()[0];
+        } else {
+          longDocs.add(d);
+        }
+      }
+      if (progress != null) {
+        progress.printf(Locale.ROOT, "longctx ppl: scoring %d document%s (%d tokens) in %d task%s (model %s, chunk %d "
+            + "tokens)%n", n, n == 1 ? "" : "s", totalTokens, parts, parts == 1 ? "" : "s", opt.model, opt.chunkLen);
+        progress.flush();
+      }
+      DocProgress done = new DocProgress();
+      spark.sparkContext().register(done, "longctx ppl progress");
+      listener = progress == null ? null : new ProgressListener(done.id());
+      if (progress != null) {
+        spark.sparkContext().addSparkListener(listener);
+        poller = progressPoller(progress, n, totalTokens, listener::done, System.nanoTime(), progressMillis());
+      }
       Sessions.label(spark, "longctx ppl: score documents");
       JavaRDD<Row> rows = tokenized.filter(d -> !splits(d, splitAbove)).map(d -> {
         DocumentScore sc;
         try {
           // Tokens counted chunk by chunk: the driver sees a running task's count in its heartbeats.
           sc = Loaded.get(o.model).model.score(d.tokens(), o.chunkLen, o.perToken, positions -> {
-            tokensDone.add(positions);
+            done.add(d.index(), positions);
             FaultHooks.at(FaultHooks.PPL_CHUNK);
           });
         } catch (LlamaModel.NumericOverflowException e) {
           throw new InputError("doc '" + d.docId() + "', " + e.getMessage());
         }
-        docsDone.add(1);
-        tokensDone.add(Math.min(1, d.tokens().length)); // the last token, which predicts nothing
+        done.finish(d.index(), d.tokens().length);
         return row(d.docId(), sc.nTokens(), sc.sumLogprob(), sc.logprobs(), d.bytes(), bpb, o.perToken);
       });
       if (!longDocs.isEmpty()) {
@@ -440,8 +443,7 @@ public final class PplJob {
             opt.chunkLen, splitParts, opt.balance, checkpoints, progress);
         rows = rows.union(split.scored.map(sc -> {
           Tuple2<String, long[]> m = meta.get(sc.index());
-          docsDone.add(1);
-          tokensDone.add(m._2()[0]);
+          done.finish(sc.index(), m._2()[0]);
           return row(m._1(), (int) m._2()[0], sc.sum(), sc.logprobs(), m._2()[1], bpb, o.perToken);
         }));
       }
@@ -460,7 +462,9 @@ public final class PplJob {
     } finally {
       if (poller != null) {
         poller.interrupt();
-        spark.sparkContext().removeSparkListener(inFlight);
+      }
+      if (listener != null) {
+        spark.sparkContext().removeSparkListener(listener);
       }
       if (result != null) {
         result.unpersist();
@@ -573,33 +577,98 @@ public final class PplJob {
   }
 
   /**
-   * Tokens counted by the scoring tasks: those of finished tasks, plus the count of each running task as
-   * its last heartbeat reported it (spark.executor.heartbeatInterval, 10 s by default), so a long
-   * document in one task shows progress before it ends. A failed task's count is dropped with it, as
-   * Spark drops its accumulator updates.
+   * Tokens scored per document (by its index), from inside the tasks: a task adds chunk by chunk, and a
+   * finished document is marked as such. Merged by the larger value per document, so a document scored
+   * twice (a retried or speculative task, a cached result recomputed after a lost executor) counts once.
+   * A concurrent map: the executor's heartbeat reads it while the task adds.
    */
-  static final class TokensInFlight extends org.apache.spark.scheduler.SparkListener {
-    private final long accumulatorId;
-    private final Map<Long, Long> running = new HashMap<>();
-    private final Set<Long> ended = new HashSet<>();
-    private long finished;
+  static final class DocProgress extends org.apache.spark.util.AccumulatorV2<long[], Map<Long, Long>> {
+    private static final long serialVersionUID = 1L;
+    /** Added to a finished document's tokens: above any count in progress (a document holds < 2^31 tokens). */
+    static final long FINISHED = 1L << 40;
+    private final ConcurrentHashMap<Long, Long> byDoc = new ConcurrentHashMap<>();
 
-    TokensInFlight(long accumulatorId) {
+    void add(long doc, long tokens) {
+      byDoc.merge(doc, tokens, Long::sum);
+    }
+
+    void finish(long doc, long tokens) {
+      byDoc.put(doc, FINISHED + tokens);
+    }
+
+    /** {documents finished, tokens scored} of per-document values as this accumulator holds them. */
+    static long[] count(Map<?, ?> byDoc) {
+      long docs = 0, tokens = 0;
+      for (Object v : byDoc.values()) {
+        long x = ((Number) v).longValue();
+        docs += x >= FINISHED ? 1 : 0;
+        tokens += x >= FINISHED ? x - FINISHED : x;
+      }
+      return new long[] {docs, tokens};
+    }
+
+    @Override
+    public boolean isZero() {
+      return byDoc.isEmpty();
+    }
+
+    @Override
+    public DocProgress copy() {
+      DocProgress c = new DocProgress();
+      c.byDoc.putAll(byDoc);
+      return c;
+    }
+
+    @Override
+    public void reset() {
+      byDoc.clear();
+    }
+
+    @Override
+    public void add(long[] docAndTokens) {
+      add(docAndTokens[0], docAndTokens[1]);
+    }
+
+    @Override
+    public void merge(org.apache.spark.util.AccumulatorV2<long[], Map<Long, Long>> other) {
+      other.value().forEach((doc, v) -> byDoc.merge(doc, v, Math::max));
+    }
+
+    @Override
+    public Map<Long, Long> value() {
+      return byDoc;
+    }
+  }
+
+  /**
+   * The driver's view of a {@link DocProgress}: the values of finished tasks, and of each running task
+   * as its executor's last heartbeat reported them (spark.executor.heartbeatInterval, 10 s by default),
+   * so a long document in one task shows progress before it ends. A failed task's values are dropped,
+   * as Spark drops its accumulator updates; a heartbeat arriving after its task's end is ignored.
+   */
+  static final class ProgressListener extends org.apache.spark.scheduler.SparkListener {
+    private final long accumulatorId;
+    private final Map<Long, Map<?, ?>> running = new HashMap<>();
+    private final Set<Long> ended = new HashSet<>();
+    private final Map<Object, Long> finished = new HashMap<>();
+
+    ProgressListener(long accumulatorId) {
       this.accumulatorId = accumulatorId;
     }
 
-    synchronized long tokens() {
-      long sum = finished;
-      for (long v : running.values()) {
-        sum += v;
+    /** {documents finished, tokens scored}, each document counted once. */
+    synchronized long[] done() {
+      Map<Object, Long> all = new HashMap<>(finished);
+      for (Map<?, ?> m : running.values()) {
+        m.forEach((doc, v) -> all.merge(doc, ((Number) v).longValue(), Math::max));
       }
-      return sum;
+      return DocProgress.count(all);
     }
 
-    private Long ours(scala.collection.Seq<org.apache.spark.scheduler.AccumulableInfo> infos) {
+    private Map<?, ?> ours(scala.collection.Seq<org.apache.spark.scheduler.AccumulableInfo> infos) {
       for (org.apache.spark.scheduler.AccumulableInfo a : scala.jdk.javaapi.CollectionConverters.asJava(infos)) {
-        if (a.id() == accumulatorId && a.update().isDefined()) {
-          return ((Number) a.update().get()).longValue();
+        if (a.id() == accumulatorId && a.update().isDefined() && a.update().get() instanceof Map<?, ?> m) {
+          return new HashMap<>(m); // a copy: in a local master the map is the task's own, still growing
         }
       }
       return null;
@@ -610,9 +679,9 @@ public final class PplJob {
       for (scala.Tuple4<Object, Object, Object, scala.collection.immutable.Seq<org.apache.spark.scheduler.AccumulableInfo>> t
           : scala.jdk.javaapi.CollectionConverters.asJava(e.accumUpdates())) {
         long task = (Long) t._1();
-        Long v = ours(t._4());
-        if (v != null && !ended.contains(task)) { // a heartbeat can arrive after its task's end
-          running.put(task, v);
+        Map<?, ?> m = ours(t._4());
+        if (m != null && !ended.contains(task)) {
+          running.put(task, m);
         }
       }
     }
@@ -622,32 +691,32 @@ public final class PplJob {
       long task = e.taskInfo().taskId();
       ended.add(task);
       running.remove(task);
-      if (e.reason() instanceof org.apache.spark.Success$) {
-        Long v = ours(e.taskInfo().accumulables());
-        finished += v == null ? 0 : v;
+      Map<?, ?> m = e.reason() instanceof org.apache.spark.Success$ ? ours(e.taskInfo().accumulables()) : null;
+      if (m != null) {
+        m.forEach((doc, v) -> finished.merge(doc, ((Number) v).longValue(), Math::max));
       }
     }
   }
 
   /**
-   * A driver daemon thread printing documents done (an accumulator, updated as tasks finish) and tokens
-   * scored (also within running tasks) every few seconds while either changes; stopped by an interrupt.
+   * A driver daemon thread printing documents finished and tokens scored ({documents, tokens} from
+   * {@code done}) every few seconds while either moves; stopped by an interrupt.
    */
-  static Thread progressPoller(PrintStream progress, long docs, long tokens, LongAccumulator docsDone,
-      java.util.function.LongSupplier tokensDone, long start, long everyMs) {
+  static Thread progressPoller(PrintStream progress, long docs, long tokens, java.util.function.Supplier<long[]> done,
+      long start, long everyMs) {
     Thread t = new Thread(() -> {
       long shownDocs = 0, shownTokens = 0;
       try {
         while (true) {
           Thread.sleep(everyMs);
-          long d = Math.min(docsDone.value(), docs);
-          long tok = Math.min(tokensDone.getAsLong(), tokens);
+          long[] now = done.get();
+          long d = Math.min(now[0], docs), tok = Math.min(now[1], tokens);
           if (d != shownDocs || tok != shownTokens) {
             shownDocs = d;
             shownTokens = tok;
             double s = (System.nanoTime() - start) / 1e9;
-            progress.printf(Locale.ROOT, "longctx ppl: %d/%d documents done, %d/%d tokens (%.0f%%), %.0f s (%.0f "
-                + "tokens/s)%n", d, docs, tok, tokens, tokens > 0 ? 100.0 * tok / tokens : 100.0, s, s > 0 ? tok / s : 0);
+            progress.printf(Locale.ROOT, "longctx ppl: %d/%d documents done, %d/%d tokens (%d%%), %.0f s (%.0f "
+                + "tokens/s)%n", d, docs, tok, tokens, tokens > 0 ? 100 * tok / tokens : 100, s, s > 0 ? tok / s : 0);
             progress.flush();
           }
         }

@@ -568,6 +568,11 @@ class BadInputTest {
     Files.writeString(part, Files.readString(part).replaceFirst("\"pos\":(\\d+)", "\"pos\": $1"));
     fails(edited, queries, part.getFileName() + ": its bytes do not match its checksum file ." + part.getFileName()
         + ".crc beside it", "delete that .crc file");
+    // Hadoop's message, wrapped as a task failure, for a path with spaces
+    InputError named = InputError.find(new RuntimeException("Job aborted", new org.apache.hadoop.fs.ChecksumException(
+        "Checksum error: file:/data/my keys/part 0.json at 0 exp: 1 got: 2", 0)));
+    assertTrue(named != null && named.getMessage().startsWith("file file:/data/my keys/part 0.json: its bytes do not "
+        + "match its checksum file .part 0.json.crc"), String.valueOf(named));
 
     Path qj = Files.createDirectories(tmp.resolve("queries-ids.jsonl"));
     String q = ",\"q\":" + floats(16) + ",\"pos\":3}";

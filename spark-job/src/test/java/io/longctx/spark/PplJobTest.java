@@ -1,5 +1,6 @@
 package io.longctx.spark;
 
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotSame;
@@ -187,6 +188,17 @@ class PplJobTest {
     assertEquals(2, run(err, "ppl", "--model", noTokenizer.toString(), "--input", text.toString(), "--output",
         tmp.resolve("out4").toString()), err.toString());
     assertTrue(err.toString().contains("not a valid tokenizer.json"), err.toString());
+  }
+
+  /** Paths with a space (and other characters a URI escapes) are read: the read-all check compares them decoded. */
+  @Test
+  void inputsUnderAFolderWithASpaceAreRead() throws Exception {
+    Path dir = Files.createDirectories(tmp.resolve("my docs %20 #1"));
+    Files.writeString(dir.resolve("part 0.jsonl"), "{\"doc_id\": \"a\", \"tokens\": [1, 5, 9, 30]}\n");
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    assertEquals(0, run(err, "ppl", "--model", model.toString(), "--input", dir.toString(), "--format", "json",
+        "--output", tmp.resolve("out with space").toString()), err.toString());
+    assertEquals(1, spark.read().json(tmp.resolve("out with space").toString()).count());
   }
 
   @Test
@@ -597,23 +609,46 @@ class PplJobTest {
 
   @Test
   void progressLinesFollowTheCounts() throws Exception {
-    org.apache.spark.util.LongAccumulator docs = spark.sparkContext().longAccumulator("test docs");
-    java.util.concurrent.atomic.AtomicLong toks = new java.util.concurrent.atomic.AtomicLong();
+    java.util.concurrent.atomic.AtomicReference<long[]> done = new java.util.concurrent.atomic.AtomicReference<>(
+        new long[] {0, 0});
     ByteArrayOutputStream buf = new ByteArrayOutputStream();
     PrintStream ps = new PrintStream(buf, true, StandardCharsets.UTF_8);
-    Thread t = PplJob.progressPoller(ps, 5, 5000, docs, toks::get, System.nanoTime(), 20);
+    Thread t = PplJob.progressPoller(ps, 5, 5000, done::get, System.nanoTime(), 20);
     try {
-      toks.set(1234); // tokens alone move (a running task's count): a line
-      awaitText(buf, "0/5 documents done, 1234/5000 tokens (25%)");
-      docs.add(2);
-      awaitText(buf, "2/5 documents done, 1234/5000 tokens (25%)");
+      done.set(new long[] {0, 1234}); // tokens alone move (a running task's count): a line
+      awaitText(buf, "0/5 documents done, 1234/5000 tokens (24%)");
+      done.set(new long[] {2, 1234});
+      awaitText(buf, "2/5 documents done, 1234/5000 tokens (24%)");
       Thread.sleep(100); // no change: no new line
       assertEquals(2, buf.toString(StandardCharsets.UTF_8).lines().count(), buf.toString(StandardCharsets.UTF_8));
+      done.set(new long[] {5, 4999}); // rounded down: not 100% before the end
+      awaitText(buf, "5/5 documents done, 4999/5000 tokens (99%)");
     } finally {
       t.interrupt();
       t.join(5000);
     }
     assertFalse(t.isAlive());
+  }
+
+  /** Progress counts a document once however often it was scored: values merge by the larger per document. */
+  @Test
+  void progressCountsEachDocumentOnce() {
+    PplJob.DocProgress a = new PplJob.DocProgress(), b = new PplJob.DocProgress();
+    a.add(7, 100);
+    a.add(7, 50); // chunk by chunk in one task
+    a.finish(8, 30);
+    b.add(7, 100); // doc 7 again (a retried task, say), not as far yet
+    b.add(9, 5);
+    assertArrayEquals(new long[] {1, 180}, PplJob.DocProgress.count(a.value()));
+    a.merge(b);
+    assertArrayEquals(new long[] {1, 185}, PplJob.DocProgress.count(a.value()));
+    b.finish(7, 151);
+    a.merge(b);
+    assertArrayEquals(new long[] {2, 186}, PplJob.DocProgress.count(a.value()), "finished wins over any count");
+    PplJob.DocProgress c = a.copy();
+    a.reset();
+    assertTrue(a.isZero());
+    assertArrayEquals(new long[] {2, 186}, PplJob.DocProgress.count(c.value()));
   }
 
   @Test
