@@ -410,13 +410,13 @@ public final class PplJob {
         try {
           // Tokens counted chunk by chunk: the driver sees a running task's count in its heartbeats.
           sc = Loaded.get(o.model).model.score(d.tokens(), o.chunkLen, o.perToken, positions -> {
-            done.add(d.index(), positions);
+            done.add(0, positions);
             FaultHooks.at(FaultHooks.PPL_CHUNK);
           });
         } catch (LlamaModel.NumericOverflowException e) {
           throw new InputError("doc '" + d.docId() + "', " + e.getMessage());
         }
-        done.finish(d.index(), d.tokens().length);
+        done.add(1, Math.min(1, d.tokens().length)); // and the last token, which predicts nothing
         return row(d.docId(), sc.nTokens(), sc.sumLogprob(), sc.logprobs(), d.bytes(), bpb, o.perToken);
       });
       if (!longDocs.isEmpty()) {
@@ -443,7 +443,7 @@ public final class PplJob {
             opt.chunkLen, splitParts, opt.balance, checkpoints, progress);
         rows = rows.union(split.scored.map(sc -> {
           Tuple2<String, long[]> m = meta.get(sc.index());
-          done.finish(sc.index(), m._2()[0]);
+          done.add(1, m._2()[0]);
           return row(m._1(), (int) m._2()[0], sc.sum(), sc.logprobs(), m._2()[1], bpb, o.perToken);
         }));
       }
@@ -577,66 +577,68 @@ public final class PplJob {
   }
 
   /**
-   * Tokens scored per document (by its index), from inside the tasks: a task adds chunk by chunk, and a
-   * finished document is marked as such. Merged by the larger value per document, so a document scored
-   * twice (a retried or speculative task, a cached result recomputed after a lost executor) counts once.
-   * A concurrent map: the executor's heartbeat reads it while the task adds.
+   * Documents finished and tokens scored, from inside the tasks, per partition of the scoring stage: a
+   * task adds chunk by chunk. Merged by the larger value per partition, so a partition scored twice (a
+   * retried or speculative task, a cached result recomputed after a lost executor: the same documents
+   * in the same order) counts once, and the driver holds one entry per task, not per document. A
+   * concurrent map: the executor's heartbeat reads it while the task adds.
    */
-  static final class DocProgress extends org.apache.spark.util.AccumulatorV2<long[], Map<Long, Long>> {
+  static final class DocProgress extends org.apache.spark.util.AccumulatorV2<long[], Map<Integer, long[]>> {
     private static final long serialVersionUID = 1L;
-    /** Added to a finished document's tokens: above any count in progress (a document holds < 2^31 tokens). */
-    static final long FINISHED = 1L << 40;
-    private final ConcurrentHashMap<Long, Long> byDoc = new ConcurrentHashMap<>();
+    private final ConcurrentHashMap<Integer, long[]> byPartition = new ConcurrentHashMap<>();
 
-    void add(long doc, long tokens) {
-      byDoc.merge(doc, tokens, Long::sum);
+    /** In a task: {@code docs} more documents finished, {@code tokens} more tokens scored. */
+    void add(long docs, long tokens) {
+      add(new long[] {TaskContext.getPartitionId(), docs, tokens});
     }
 
-    void finish(long doc, long tokens) {
-      byDoc.put(doc, FINISHED + tokens);
-    }
-
-    /** {documents finished, tokens scored} of per-document values as this accumulator holds them. */
-    static long[] count(Map<?, ?> byDoc) {
+    /** {documents finished, tokens scored} of per-partition values as this accumulator holds them. */
+    static long[] count(Map<?, long[]> byPartition) {
       long docs = 0, tokens = 0;
-      for (Object v : byDoc.values()) {
-        long x = ((Number) v).longValue();
-        docs += x >= FINISHED ? 1 : 0;
-        tokens += x >= FINISHED ? x - FINISHED : x;
+      for (long[] v : byPartition.values()) {
+        docs += v[0];
+        tokens += v[1];
       }
       return new long[] {docs, tokens};
     }
 
     @Override
     public boolean isZero() {
-      return byDoc.isEmpty();
+      return byPartition.isEmpty();
     }
 
     @Override
     public DocProgress copy() {
       DocProgress c = new DocProgress();
-      c.byDoc.putAll(byDoc);
+      c.byPartition.putAll(byPartition);
       return c;
     }
 
     @Override
     public void reset() {
-      byDoc.clear();
+      byPartition.clear();
+    }
+
+    /** {partition, documents, tokens}: added to that partition's counts (values replaced, never changed). */
+    @Override
+    public void add(long[] partitionDocsTokens) {
+      byPartition.merge((int) partitionDocsTokens[0], new long[] {partitionDocsTokens[1], partitionDocsTokens[2]},
+          (a, b) -> new long[] {a[0] + b[0], a[1] + b[1]});
     }
 
     @Override
-    public void add(long[] docAndTokens) {
-      add(docAndTokens[0], docAndTokens[1]);
+    public void merge(org.apache.spark.util.AccumulatorV2<long[], Map<Integer, long[]>> other) {
+      other.value().forEach((part, v) -> byPartition.merge(part, v.clone(), DocProgress::larger));
+    }
+
+    /** Two counts of one partition: each the larger (counts only grow, over the same documents in order). */
+    static long[] larger(long[] a, long[] b) {
+      return new long[] {Math.max(a[0], b[0]), Math.max(a[1], b[1])};
     }
 
     @Override
-    public void merge(org.apache.spark.util.AccumulatorV2<long[], Map<Long, Long>> other) {
-      other.value().forEach((doc, v) -> byDoc.merge(doc, v, Math::max));
-    }
-
-    @Override
-    public Map<Long, Long> value() {
-      return byDoc;
+    public Map<Integer, long[]> value() {
+      return byPartition;
     }
   }
 
@@ -648,27 +650,29 @@ public final class PplJob {
    */
   static final class ProgressListener extends org.apache.spark.scheduler.SparkListener {
     private final long accumulatorId;
-    private final Map<Long, Map<?, ?>> running = new HashMap<>();
+    private final Map<Long, Map<Object, long[]>> running = new HashMap<>();
     private final Set<Long> ended = new HashSet<>();
-    private final Map<Object, Long> finished = new HashMap<>();
+    private final Map<Object, long[]> finished = new HashMap<>();
 
     ProgressListener(long accumulatorId) {
       this.accumulatorId = accumulatorId;
     }
 
-    /** {documents finished, tokens scored}, each document counted once. */
+    /** {documents finished, tokens scored}, each partition counted once. */
     synchronized long[] done() {
-      Map<Object, Long> all = new HashMap<>(finished);
-      for (Map<?, ?> m : running.values()) {
-        m.forEach((doc, v) -> all.merge(doc, ((Number) v).longValue(), Math::max));
+      Map<Object, long[]> all = new HashMap<>(finished);
+      for (Map<Object, long[]> m : running.values()) {
+        m.forEach((part, v) -> all.merge(part, v, DocProgress::larger));
       }
       return DocProgress.count(all);
     }
 
-    private Map<?, ?> ours(scala.collection.Seq<org.apache.spark.scheduler.AccumulableInfo> infos) {
+    private Map<Object, long[]> ours(scala.collection.Seq<org.apache.spark.scheduler.AccumulableInfo> infos) {
       for (org.apache.spark.scheduler.AccumulableInfo a : scala.jdk.javaapi.CollectionConverters.asJava(infos)) {
         if (a.id() == accumulatorId && a.update().isDefined() && a.update().get() instanceof Map<?, ?> m) {
-          return new HashMap<>(m); // a copy: in a local master the map is the task's own, still growing
+          Map<Object, long[]> copy = new HashMap<>(); // in a local master the map is the task's own, still growing
+          m.forEach((part, v) -> copy.put(part, ((long[]) v).clone()));
+          return copy;
         }
       }
       return null;
@@ -679,7 +683,7 @@ public final class PplJob {
       for (scala.Tuple4<Object, Object, Object, scala.collection.immutable.Seq<org.apache.spark.scheduler.AccumulableInfo>> t
           : scala.jdk.javaapi.CollectionConverters.asJava(e.accumUpdates())) {
         long task = (Long) t._1();
-        Map<?, ?> m = ours(t._4());
+        Map<Object, long[]> m = ours(t._4());
         if (m != null && !ended.contains(task)) {
           running.put(task, m);
         }
@@ -691,9 +695,9 @@ public final class PplJob {
       long task = e.taskInfo().taskId();
       ended.add(task);
       running.remove(task);
-      Map<?, ?> m = e.reason() instanceof org.apache.spark.Success$ ? ours(e.taskInfo().accumulables()) : null;
+      Map<Object, long[]> m = e.reason() instanceof org.apache.spark.Success$ ? ours(e.taskInfo().accumulables()) : null;
       if (m != null) {
-        m.forEach((doc, v) -> finished.merge(doc, ((Number) v).longValue(), Math::max));
+        m.forEach((part, v) -> finished.merge(part, v, DocProgress::larger));
       }
     }
   }

@@ -630,25 +630,25 @@ class PplJobTest {
     assertFalse(t.isAlive());
   }
 
-  /** Progress counts a document once however often it was scored: values merge by the larger per document. */
+  /** Progress counts a partition's documents once however often it ran: values merge by the larger per partition. */
   @Test
-  void progressCountsEachDocumentOnce() {
+  void progressCountsEachPartitionOnce() {
     PplJob.DocProgress a = new PplJob.DocProgress(), b = new PplJob.DocProgress();
-    a.add(7, 100);
-    a.add(7, 50); // chunk by chunk in one task
-    a.finish(8, 30);
-    b.add(7, 100); // doc 7 again (a retried task, say), not as far yet
-    b.add(9, 5);
-    assertArrayEquals(new long[] {1, 180}, PplJob.DocProgress.count(a.value()));
+    a.add(new long[] {7, 0, 100});
+    a.add(new long[] {7, 1, 51}); // chunk by chunk in one task, then the document's end
+    a.add(new long[] {8, 0, 30});
+    b.add(new long[] {7, 0, 100}); // partition 7 again (a retried task, say), not as far yet
+    b.add(new long[] {9, 0, 5});
+    assertArrayEquals(new long[] {1, 181}, PplJob.DocProgress.count(a.value()));
     a.merge(b);
-    assertArrayEquals(new long[] {1, 185}, PplJob.DocProgress.count(a.value()));
-    b.finish(7, 151);
+    assertArrayEquals(new long[] {1, 186}, PplJob.DocProgress.count(a.value()));
+    b.add(new long[] {7, 2, 200}); // the retry goes further
     a.merge(b);
-    assertArrayEquals(new long[] {2, 186}, PplJob.DocProgress.count(a.value()), "finished wins over any count");
+    assertArrayEquals(new long[] {2, 335}, PplJob.DocProgress.count(a.value()));
     PplJob.DocProgress c = a.copy();
     a.reset();
     assertTrue(a.isZero());
-    assertArrayEquals(new long[] {2, 186}, PplJob.DocProgress.count(c.value()));
+    assertArrayEquals(new long[] {2, 335}, PplJob.DocProgress.count(c.value()));
   }
 
   @Test
