@@ -18,7 +18,6 @@ import io.longctx.kernels.NonFiniteScoreException;
 import io.longctx.kernels.QkMayOverflowException;
 import io.longctx.kernels.Tensor;
 import java.io.IOException;
-import java.nio.ByteBuffer;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -158,9 +157,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     try {
       Map<String, NDArray> t = new java.util.HashMap<>();
       for (String name : expected.keySet()) {
-        Safetensors.Entry e = entries.get(name);
-        ByteBuffer b = Safetensors.readAsFloat32(e);
-        t.put(name, wm.create(b, new Shape(e.shape()), DataType.FLOAT32));
+        t.put(name, Safetensors.load(entries.get(name), wm));
       }
       w = new Loaded(cfg, t, vocabShard, wm);
     } catch (IOException | RuntimeException e) {

@@ -308,26 +308,80 @@ public final class Safetensors {
           + " elements, above the 2 GiB float32 buffer limit");
     }
     ByteBuffer out = ByteBuffer.allocateDirect((int) (n * 4)).order(ByteOrder.nativeOrder());
+    readAsFloat32(e, 0, (int) n, out);
+    return out;
+  }
+
+  /**
+   * Reads elements [from, from + count) of a tensor, converting F16 and BF16 to float32, into
+   * {@code out} (native order) from its index 0, refusing a NaN or infinite one by its place.
+   */
+  static void readAsFloat32(Entry e, long from, int count, ByteBuffer out) throws IOException {
+    int es = elementSize(e.dtype());
     try (FileChannel ch = FileChannel.open(e.file(), StandardOpenOption.READ)) {
-      ByteBuffer raw = ch.map(FileChannel.MapMode.READ_ONLY, e.begin(), e.end() - e.begin())
+      ByteBuffer raw = ch.map(FileChannel.MapMode.READ_ONLY, e.begin() + from * es, (long) count * es)
           .order(ByteOrder.LITTLE_ENDIAN);
       switch (e.dtype()) {
         case "F32" -> out.asFloatBuffer().put(raw.asFloatBuffer());
         case "BF16" -> {
-          for (long i = 0; i < n; i++) {
-            out.putFloat(HalfFloats.bf16ToFloat(raw.getShort()));
+          for (int i = 0; i < count; i++) {
+            out.putFloat(i * 4, HalfFloats.bf16ToFloat(raw.getShort()));
           }
         }
         case "F16" -> {
-          for (long i = 0; i < n; i++) {
-            out.putFloat(HalfFloats.halfToFloat(raw.getShort()));
+          for (int i = 0; i < count; i++) {
+            out.putFloat(i * 4, HalfFloats.halfToFloat(raw.getShort()));
           }
         }
         default -> throw new AssertionError(e.dtype());
       }
     }
-    out.rewind();
-    requireFinite(e, out.asFloatBuffer());
+    requireFinite(e, from, out.asFloatBuffer().limit(count));
+  }
+
+  /** Bytes of the buffer through which {@link #load} copies a tensor into libtorch, a block of rows at a time. */
+  static final int STAGING_BYTES = 64 << 20;
+
+  /**
+   * A tensor as a float32 array of {@code manager} in libtorch's own memory, copied in blocks of rows
+   * through one direct buffer. An array made from a direct buffer keeps that buffer, so weights loaded
+   * that way counted against the JVM's direct-memory limit (by default the heap's -Xmx): a
+   * Llama-3.2-1B-shaped checkpoint (5 GB as float32) failed to load under -Xmx3g, and a tensor of 2 GiB
+   * or more as float32 (Llama-3-8B's embedding) could not be read at all.
+   */
+  public static ai.djl.ndarray.NDArray load(Entry e, ai.djl.ndarray.NDManager manager) throws IOException {
+    long[] shape = e.shape();
+    ai.djl.ndarray.types.Shape full = new ai.djl.ndarray.types.Shape(shape);
+    if (shape.length == 0) {
+      ByteBuffer one = ByteBuffer.allocateDirect(4).order(ByteOrder.nativeOrder());
+      readAsFloat32(e, 0, 1, one);
+      return manager.create(one.getFloat(0));
+    }
+    long rowElems = e.numel() / Math.max(1, shape[0]);
+    if (rowElems * 4 > Integer.MAX_VALUE) {
+      throw new IllegalArgumentException(e.file() + ": tensor " + e.name() + " has rows of " + rowElems
+          + " elements, above the 2 GiB float32 buffer limit");
+    }
+    int rowsPerBlock = (int) Math.max(1, Math.min(shape[0], STAGING_BYTES / 4 / Math.max(1, rowElems)));
+    ByteBuffer staging = ByteBuffer.allocateDirect((int) (rowsPerBlock * rowElems * 4)).order(ByteOrder.nativeOrder());
+    ai.djl.ndarray.NDArray out = manager.create(full, ai.djl.ndarray.types.DataType.FLOAT32); // uninitialized
+    try {
+      for (long r = 0; r < shape[0]; r += rowsPerBlock) {
+        int rows = (int) Math.min(rowsPerBlock, shape[0] - r);
+        readAsFloat32(e, r * rowElems, (int) (rows * rowElems), staging);
+        long[] blockShape = shape.clone();
+        blockShape[0] = rows;
+        try (ai.djl.ndarray.NDManager tmp = manager.newSubManager()) {
+          ai.djl.ndarray.NDArray block = tmp.create(staging.slice(0, (int) (rows * rowElems * 4))
+              .order(ByteOrder.nativeOrder()), new ai.djl.ndarray.types.Shape(blockShape),
+              ai.djl.ndarray.types.DataType.FLOAT32);
+          out.set(new ai.djl.ndarray.index.NDIndex(r + ":" + (r + rows)), block); // copied into libtorch's memory
+        }
+      }
+    } catch (IOException | RuntimeException ex) {
+      out.close();
+      throw ex;
+    }
     return out;
   }
 
@@ -335,10 +389,11 @@ public final class Safetensors {
    * A NaN or infinite weight is refused, naming the file, tensor and element: it made every score of
    * a document NaN (exit 0, NaN in every column) or surfaced as an attention error naming no tensor.
    */
-  private static void requireFinite(Entry e, java.nio.FloatBuffer f) {
-    for (int i = 0, n = f.limit(); i < n; i++) {
-      float x = f.get(i);
+  private static void requireFinite(Entry e, long from, java.nio.FloatBuffer f) {
+    for (int k = 0, n = f.limit(); k < n; k++) {
+      float x = f.get(k);
       if (!Float.isFinite(x)) {
+        long i = from + k;
         long cols = e.shape().length > 1 ? e.shape()[e.shape().length - 1] : 1;
         throw new IllegalArgumentException(e.file() + ": tensor " + e.name() + " holds " + x + " at element " + i
             + (e.shape().length > 1 ? " (row " + i / cols + ", column " + i % cols + ")" : "")

@@ -389,4 +389,49 @@ class LlamaModelTest {
       }
     }
   }
+
+  /** Loads MODEL and prints the sum of log-probabilities of tokens 1..40 (in a child JVM with a small direct-memory limit). */
+  public static final class LoadAndScore {
+    public static void main(String[] args) throws Exception {
+      try (NDManager nm = NDManager.newBaseManager("PyTorch")) {
+        LlamaModel m = LlamaModel.load(Path.of(args[0]), nm);
+        int[] t = new int[40];
+        for (int i = 0; i < t.length; i++) {
+          t[i] = 3 + i * 7;
+        }
+        System.out.println("sum " + Double.doubleToRawLongBits(m.score(t, 16, false).sumLogprob()));
+      }
+    }
+  }
+
+  /**
+   * The weights live in libtorch's memory: a model larger as float32 than the JVM's direct-memory limit
+   * loads (an array made from a direct buffer keeps the buffer, and a 1B-parameter checkpoint failed to
+   * load under -Xmx3g), and scores with the same bits as in this JVM.
+   */
+  @Test
+  void weightsAreNotHeldInTheJvmsDirectMemory(@TempDir Path tmp) throws Exception {
+    ModelGenerator.Spec s = LlamaTesting.tiny(Seeds.forTest());
+    s.hidden = 256;
+    s.vocab = 12_000;
+    s.layers = 3; // about 37 MB as float32, 12 MB of it in each of the embedding and the LM head
+    Path dir = LlamaTesting.generate(s, tmp.resolve("m"));
+    String want;
+    try (NDManager nm = NDManager.newBaseManager("PyTorch")) {
+      int[] t = new int[40];
+      for (int i = 0; i < t.length; i++) {
+        t[i] = 3 + i * 7;
+      }
+      want = "sum " + Double.doubleToRawLongBits(LlamaModel.load(dir, nm).score(t, 16, false).sumLogprob());
+    }
+    Process p = new ProcessBuilder(Path.of(System.getProperty("java.home"), "bin", "java").toString(),
+        "-XX:MaxDirectMemorySize=24m", "-Dai.djl.offline=true", "--add-modules=jdk.incubator.vector", "-cp",
+        System.getProperty("java.class.path"), LoadAndScore.class.getName(), dir.toString()).redirectErrorStream(true)
+        .start();
+    String out = new String(p.getInputStream().readAllBytes(), java.nio.charset.StandardCharsets.UTF_8);
+    assertTrue(p.waitFor(180, java.util.concurrent.TimeUnit.SECONDS), out);
+    assertEquals(0, p.exitValue(), out);
+    assertTrue(out.contains(want), "the same bits as in this JVM (" + want + "):\n" + out);
+  }
+
 }

@@ -2,7 +2,6 @@ package io.longctx.examples;
 
 import ai.djl.ndarray.NDArray;
 import ai.djl.ndarray.NDManager;
-import ai.djl.ndarray.types.DataType;
 import ai.djl.ndarray.types.Shape;
 import ai.djl.nn.Activation;
 import io.longctx.djl.LlamaConfig;
@@ -43,7 +42,7 @@ final class DenseLlama implements AutoCloseable {
     DenseLlama m = new DenseLlama(cfg, parent.newSubManager());
     for (String name : expected.keySet()) {
       Safetensors.Entry e = entries.get(name);
-      NDArray a = m.manager.create(Safetensors.readAsFloat32(e), new Shape(e.shape()), DataType.FLOAT32);
+      NDArray a = Safetensors.load(e, m.manager);
       // Matrices held transposed ([in, out]), once, so that a forward creates nothing on the weights' manager.
       if (name.equals("model.embed_tokens.weight")) {
         m.w.put(name, a);
