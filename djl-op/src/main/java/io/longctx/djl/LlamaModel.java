@@ -155,11 +155,11 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     backend = explicitBackend != null ? explicitBackend : AttentionBackends.select(AttentionBackends.choice());
     NDManager wm = manager.newSubManager();
     try {
-      Map<String, NDArray> t = new java.util.HashMap<>();
+      List<Safetensors.Entry> wanted = new ArrayList<>();
       for (String name : expected.keySet()) {
-        t.put(name, Safetensors.load(entries.get(name), wm));
+        wanted.add(entries.get(name));
       }
-      w = new Loaded(cfg, t, vocabShard, wm);
+      w = new Loaded(cfg, Safetensors.load(wanted, wm), vocabShard, wm);
     } catch (IOException | RuntimeException e) {
       wm.close();
       throw e;

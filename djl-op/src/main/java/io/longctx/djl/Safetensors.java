@@ -339,32 +339,54 @@ public final class Safetensors {
     requireFinite(e, from, out.asFloatBuffer().limit(count));
   }
 
-  /** Bytes of the buffer through which {@link #load} copies a tensor into libtorch, a block of rows at a time. */
+  /** Bytes of the buffer through which {@link #load} copies tensors into libtorch, a block of rows at a time. */
   static final int STAGING_BYTES = 64 << 20;
 
   /**
-   * A tensor as a float32 array of {@code manager} in libtorch's own memory, copied in blocks of rows
-   * through one direct buffer. An array made from a direct buffer keeps that buffer, so weights loaded
-   * that way counted against the JVM's direct-memory limit (by default the heap's -Xmx): a
-   * Llama-3.2-1B-shaped checkpoint (5 GB as float32) failed to load under -Xmx3g, and a tensor of 2 GiB
-   * or more as float32 (Llama-3-8B's embedding) could not be read at all.
+   * Tensors as float32 arrays of {@code manager} in libtorch's own memory (by name, in the order given),
+   * copied in blocks of rows through one direct buffer. An array made from a direct buffer keeps that
+   * buffer, so weights loaded that way counted against the JVM's direct-memory limit (by default the
+   * heap's -Xmx): a Llama-3.2-1B-shaped checkpoint (5 GB as float32) failed to load under -Xmx3g, and
+   * a tensor of 2 GiB or more as float32 (Llama-3-8B's embedding) could not be read at all. On failure
+   * the arrays made so far are closed.
    */
-  public static ai.djl.ndarray.NDArray load(Entry e, ai.djl.ndarray.NDManager manager) throws IOException {
+  public static Map<String, ai.djl.ndarray.NDArray> load(java.util.Collection<Entry> entries,
+      ai.djl.ndarray.NDManager manager) throws IOException {
+    Map<String, ai.djl.ndarray.NDArray> out = new LinkedHashMap<>();
+    ByteBuffer staging = ByteBuffer.allocateDirect(0);
+    try {
+      for (Entry e : entries) {
+        long[] shape = e.shape();
+        long rowBytes = shape.length == 0 ? 4 : e.numel() / Math.max(1, shape[0]) * 4;
+        if (rowBytes > Integer.MAX_VALUE) {
+          throw new IllegalArgumentException(e.file() + ": tensor " + e.name() + " has rows of " + rowBytes / 4
+              + " elements, above the 2 GiB float32 buffer limit");
+        }
+        long want = Math.max(rowBytes, Math.min(STAGING_BYTES, e.numel() * 4)); // one row at least
+        if (staging.capacity() < want) {
+          staging = ByteBuffer.allocateDirect((int) want).order(ByteOrder.nativeOrder());
+        }
+        out.put(e.name(), load(e, manager, staging));
+      }
+    } catch (IOException | RuntimeException ex) {
+      out.values().forEach(ai.djl.ndarray.NDArray::close);
+      throw ex;
+    }
+    return out;
+  }
+
+  /** One tensor through {@code staging} (see {@link #load(java.util.Collection, ai.djl.ndarray.NDManager)}). */
+  private static ai.djl.ndarray.NDArray load(Entry e, ai.djl.ndarray.NDManager manager, ByteBuffer staging)
+      throws IOException {
     long[] shape = e.shape();
-    ai.djl.ndarray.types.Shape full = new ai.djl.ndarray.types.Shape(shape);
     if (shape.length == 0) {
-      ByteBuffer one = ByteBuffer.allocateDirect(4).order(ByteOrder.nativeOrder());
-      readAsFloat32(e, 0, 1, one);
-      return manager.create(one.getFloat(0));
+      readAsFloat32(e, 0, 1, staging);
+      return manager.create(staging.getFloat(0));
     }
     long rowElems = e.numel() / Math.max(1, shape[0]);
-    if (rowElems * 4 > Integer.MAX_VALUE) {
-      throw new IllegalArgumentException(e.file() + ": tensor " + e.name() + " has rows of " + rowElems
-          + " elements, above the 2 GiB float32 buffer limit");
-    }
-    int rowsPerBlock = (int) Math.max(1, Math.min(shape[0], STAGING_BYTES / 4 / Math.max(1, rowElems)));
-    ByteBuffer staging = ByteBuffer.allocateDirect((int) (rowsPerBlock * rowElems * 4)).order(ByteOrder.nativeOrder());
-    ai.djl.ndarray.NDArray out = manager.create(full, ai.djl.ndarray.types.DataType.FLOAT32); // uninitialized
+    int rowsPerBlock = (int) Math.max(1, Math.min(shape[0], staging.capacity() / 4 / Math.max(1, rowElems)));
+    ai.djl.ndarray.NDArray out = manager.create(new ai.djl.ndarray.types.Shape(shape),
+        ai.djl.ndarray.types.DataType.FLOAT32); // uninitialized, libtorch's memory
     try {
       for (long r = 0; r < shape[0]; r += rowsPerBlock) {
         int rows = (int) Math.min(rowsPerBlock, shape[0] - r);

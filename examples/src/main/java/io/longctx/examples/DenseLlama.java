@@ -9,6 +9,7 @@ import io.longctx.djl.Safetensors;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.HashMap;
+import java.util.List;
 import java.util.Map;
 
 /**
@@ -40,9 +41,14 @@ final class DenseLlama implements AutoCloseable {
     Map<String, Safetensors.Entry> entries = Safetensors.checkpointEntries(dir);
     Map<String, long[]> expected = cfg.requireTensors(entries, dir);
     DenseLlama m = new DenseLlama(cfg, parent.newSubManager());
+    List<Safetensors.Entry> wanted = new java.util.ArrayList<>();
+    for (String name : expected.keySet()) {
+      wanted.add(entries.get(name));
+    }
+    Map<String, NDArray> loaded = Safetensors.load(wanted, m.manager);
     for (String name : expected.keySet()) {
       Safetensors.Entry e = entries.get(name);
-      NDArray a = Safetensors.load(e, m.manager);
+      NDArray a = loaded.get(name);
       // Matrices held transposed ([in, out]), once, so that a forward creates nothing on the weights' manager.
       if (name.equals("model.embed_tokens.weight")) {
         m.w.put(name, a);
