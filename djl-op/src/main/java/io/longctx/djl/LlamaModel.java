@@ -160,7 +160,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
         wanted.add(entries.get(name));
       }
       w = new Loaded(cfg, Safetensors.load(wanted, wm), vocabShard, wm);
-    } catch (IOException | RuntimeException e) {
+    } catch (IOException | RuntimeException | Error e) { // an OutOfMemoryError too: the weights are libtorch's
       wm.close();
       throw e;
     }

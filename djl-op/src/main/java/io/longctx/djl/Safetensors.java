@@ -368,7 +368,7 @@ public final class Safetensors {
         }
         out.put(e.name(), load(e, manager, staging));
       }
-    } catch (IOException | RuntimeException ex) {
+    } catch (IOException | RuntimeException | Error ex) { // an OutOfMemoryError too: the arrays are libtorch's
       out.values().forEach(ai.djl.ndarray.NDArray::close);
       throw ex;
     }
@@ -400,7 +400,7 @@ public final class Safetensors {
           out.set(new ai.djl.ndarray.index.NDIndex(r + ":" + (r + rows)), block); // copied into libtorch's memory
         }
       }
-    } catch (IOException | RuntimeException ex) {
+    } catch (IOException | RuntimeException | Error ex) { // an OutOfMemoryError too: the arrays are libtorch's
       out.close();
       throw ex;
     }

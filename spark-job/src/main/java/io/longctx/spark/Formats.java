@@ -167,9 +167,10 @@ final class Formats {
     return "";
   }
 
-  /** Parses lines as Spark's JSON reader does by default (NaN and Infinity allowed), with no length limits. */
+  /** Parses lines as Spark's JSON reader does by default (NaN, Infinity, single quotes allowed), with no length limits. */
   static final com.fasterxml.jackson.core.JsonFactory JSON = com.fasterxml.jackson.core.JsonFactory.builder()
       .enable(com.fasterxml.jackson.core.json.JsonReadFeature.ALLOW_NON_NUMERIC_NUMBERS)
+      .enable(com.fasterxml.jackson.core.json.JsonReadFeature.ALLOW_SINGLE_QUOTES)
       .streamReadConstraints(com.fasterxml.jackson.core.StreamReadConstraints.builder()
           .maxStringLength(Integer.MAX_VALUE).maxNumberLength(Integer.MAX_VALUE).build())
       .build();

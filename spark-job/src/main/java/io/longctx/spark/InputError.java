@@ -121,7 +121,7 @@ public sealed class InputError extends RuntimeException permits InputError.Dupli
     // since (a bad line fixed by hand) fails to read with a stack trace that says nothing of the cause.
     String checksum = causeLine(t, "Checksum error: ");
     java.util.regex.Matcher m = checksum == null ? null
-        : java.util.regex.Pattern.compile("Checksum error: (.+?) at \\d+ exp:").matcher(checksum);
+        : java.util.regex.Pattern.compile("Checksum error: (.+?) at \\d+(?: exp:.*)?$").matcher(checksum); // "exp:" only for a chunk read whole
     if (m != null && m.find()) {
       org.apache.hadoop.fs.Path f = new org.apache.hadoop.fs.Path(m.group(1));
       return new InputError("file " + f + ": its bytes do not match its checksum file ." + f.getName() + ".crc beside it "

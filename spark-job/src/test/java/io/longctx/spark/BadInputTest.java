@@ -573,6 +573,11 @@ class BadInputTest {
         "Checksum error: file:/data/my keys/part 0.json at 0 exp: 1 got: 2", 0)));
     assertTrue(named != null && named.getMessage().startsWith("file file:/data/my keys/part 0.json: its bytes do not "
         + "match its checksum file .part 0.json.crc"), String.valueOf(named));
+    // data past what the .crc covers (text appended to a file of a whole number of checksum chunks)
+    named = InputError.find(new RuntimeException("Job aborted", new org.apache.hadoop.fs.ChecksumException(
+        "Checksum error: /data/keys/part-0.json at 512", 512)));
+    assertTrue(named != null && named.getMessage().startsWith("file /data/keys/part-0.json: its bytes do not match"),
+        String.valueOf(named));
 
     Path qj = Files.createDirectories(tmp.resolve("queries-ids.jsonl"));
     String q = ",\"q\":" + floats(16) + ",\"pos\":3}";

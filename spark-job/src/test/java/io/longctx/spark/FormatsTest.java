@@ -45,11 +45,12 @@ class FormatsTest {
   @Test
   void aRowWithoutAFieldIsToldByItsTopLevelFields() throws Exception {
     for (String l : new String[] {"{\"tokens\": [1]}", "{\"doc_id\": null}", "{\"meta\": {\"doc_id\": \"x\"}}",
-        "{\"Doc_Id\": \"x\"}", "{\"doc_id\": \"x\", \"doc_id\": null}", "[{\"doc_id\": \"x\"}, {\"y\": 1}]"}) {
+        "{\"Doc_Id\": \"x\"}", "{\"doc_id\": \"x\", \"doc_id\": null}", "[{\"doc_id\": \"x\"}, {\"y\": 1}]",
+        "{'pos': 1}"}) { // single quotes: Spark's reader takes them
       assertTrue(Formats.rowLacks(l, "doc_id"), l);
     }
     for (String l : new String[] {"{\"doc_id\": \"x\", \"t\": NaN}", "{\"doc_id\": 7}", "{\"doc_id\": {}}",
-        "{\"doc_id\": null, \"doc_id\": \"x\"}", "", "  ", "not json", "{\"doc_id\"", "[{\"doc_id\": \"x\"}]", "5"}) {
+        "{\"doc_id\": null, \"doc_id\": \"x\"}", "", "  ", "not json", "{\"doc_id\"", "[{\"doc_id\": \"x\"}]", "5", "{'doc_id': 'x'}"}) {
       assertFalse(Formats.rowLacks(l, "doc_id"), l);
     }
     Path f = tmp.resolve("d.jsonl");
