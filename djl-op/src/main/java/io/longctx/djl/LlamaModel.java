@@ -155,11 +155,7 @@ public final class LlamaModel extends AbstractBlock implements AutoCloseable {
     backend = explicitBackend != null ? explicitBackend : AttentionBackends.select(AttentionBackends.choice());
     NDManager wm = manager.newSubManager();
     try {
-      List<Safetensors.Entry> wanted = new ArrayList<>();
-      for (String name : expected.keySet()) {
-        wanted.add(entries.get(name));
-      }
-      w = new Loaded(cfg, Safetensors.load(wanted, wm), vocabShard, wm);
+      w = new Loaded(cfg, Safetensors.load(entries, expected.keySet(), wm), vocabShard, wm);
     } catch (IOException | RuntimeException | Error e) { // an OutOfMemoryError too: the weights are libtorch's
       wm.close();
       throw e;

@@ -343,19 +343,20 @@ public final class Safetensors {
   static final int STAGING_BYTES = 64 << 20;
 
   /**
-   * Tensors as float32 arrays of {@code manager} in libtorch's own memory (by name, in the order given),
+   * Tensors {@code names} of {@code entries} as float32 arrays of {@code manager} in libtorch's own memory (by name),
    * copied in blocks of rows through one direct buffer. An array made from a direct buffer keeps that
    * buffer, so weights loaded that way counted against the JVM's direct-memory limit (by default the
    * heap's -Xmx): a Llama-3.2-1B-shaped checkpoint (5 GB as float32) failed to load under -Xmx3g, and
    * a tensor of 2 GiB or more as float32 (Llama-3-8B's embedding) could not be read at all. On failure
    * the arrays made so far are closed.
    */
-  public static Map<String, ai.djl.ndarray.NDArray> load(java.util.Collection<Entry> entries,
+  public static Map<String, ai.djl.ndarray.NDArray> load(Map<String, Entry> entries, java.util.Collection<String> names,
       ai.djl.ndarray.NDManager manager) throws IOException {
     Map<String, ai.djl.ndarray.NDArray> out = new LinkedHashMap<>();
     ByteBuffer staging = ByteBuffer.allocateDirect(0);
     try {
-      for (Entry e : entries) {
+      for (String name : names) {
+        Entry e = entries.get(name);
         long[] shape = e.shape();
         long rowBytes = shape.length == 0 ? 4 : e.numel() / Math.max(1, shape[0]) * 4;
         if (rowBytes > Integer.MAX_VALUE) {
@@ -375,7 +376,7 @@ public final class Safetensors {
     return out;
   }
 
-  /** One tensor through {@code staging} (see {@link #load(java.util.Collection, ai.djl.ndarray.NDManager)}). */
+  /** One tensor through {@code staging} (see {@link #load(Map, java.util.Collection, ai.djl.ndarray.NDManager)}). */
   private static ai.djl.ndarray.NDArray load(Entry e, ai.djl.ndarray.NDManager manager, ByteBuffer staging)
       throws IOException {
     long[] shape = e.shape();

@@ -9,7 +9,6 @@ import io.longctx.djl.Safetensors;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.HashMap;
-import java.util.List;
 import java.util.Map;
 
 /**
@@ -41,11 +40,7 @@ final class DenseLlama implements AutoCloseable {
     Map<String, Safetensors.Entry> entries = Safetensors.checkpointEntries(dir);
     Map<String, long[]> expected = cfg.requireTensors(entries, dir);
     DenseLlama m = new DenseLlama(cfg, parent.newSubManager());
-    List<Safetensors.Entry> wanted = new java.util.ArrayList<>();
-    for (String name : expected.keySet()) {
-      wanted.add(entries.get(name));
-    }
-    Map<String, NDArray> loaded = Safetensors.load(wanted, m.manager);
+    Map<String, NDArray> loaded = Safetensors.load(entries, expected.keySet(), m.manager);
     for (String name : expected.keySet()) {
       Safetensors.Entry e = entries.get(name);
       NDArray a = loaded.get(name);

@@ -176,12 +176,12 @@ final class Formats {
       .build();
 
   /**
-   * Whether a JSON Lines line holds a row that Spark reads with {@code field} null: an object without
-   * that top-level field or with it null (the last one counts, as in Spark), or a top-level array (Spark
-   * reads each element object as a row) holding one. A blank or unparsable line holds none.
+   * ", line N" of the first line of a JSON Lines input file holding a row that {@code row} accepts (see
+   * {@link #rowWhere}; Spark's reader gives a row no line number), or "" (a Parquet file, or none found):
+   * on the way to an error only.
    */
-  static boolean rowLacks(String line, String field) {
-    return rowWhere(line, row -> row.get(field) == null);
+  static String lineOfRow(String file, java.util.function.Predicate<Map<String, String>> row) {
+    return lineWhere(file, line -> rowWhere(line, row));
   }
 
   /**

@@ -269,6 +269,10 @@ public final class PplJob {
    */
   static final String TEXT_NOT_A_STRING = "\u0000text is a JSON ";
 
+  /** A partition's tokens and its documents to split: (index, (doc_id, {tokens, bytes})). */
+  record PartitionLengths(long tokens, List<Tuple2<Long, Tuple2<String, long[]>>> longDocs) implements
+      java.io.Serializable {}
+
   /** System property: seconds between progress lines (default 10). */
   public static final String PROGRESS_SECONDS_PROPERTY = "longctx.progressSeconds";
 
@@ -369,28 +373,23 @@ public final class PplJob {
     boolean written = false;
     try {
       long splitAbove = opt.splitAbove >= 0 ? opt.splitAbove : defaultSplitAbove(spark, cfg, opt.chunkLen);
-      // One pass over the tokenized rows: the long documents, and every document's length (a key of -1 holds the
-      // total, for the progress lines).
+      // One pass over the tokenized rows: the long documents, and the tokens of all (for the progress lines).
       List<Tuple2<Long, Tuple2<String, long[]>>> longDocs = new ArrayList<>();
       long totalTokens = 0;
-      for (Tuple2<Long, Tuple2<String, long[]>> d : tokenized.mapPartitions(it -> {
-        List<Tuple2<Long, Tuple2<String, long[]>>> out = new ArrayList<>();
+      for (PartitionLengths p : tokenized.mapPartitions(it -> {
+        List<Tuple2<Long, Tuple2<String, long[]>>> found = new ArrayList<>();
         long sum = 0;
         while (it.hasNext()) {
           SplitPpl.Doc d = it.next();
           sum += d.tokens().length;
           if (splits(d, splitAbove)) {
-            out.add(new Tuple2<>(d.index(), new Tuple2<>(d.docId(), new long[] {d.tokens().length, d.bytes()})));
+            found.add(new Tuple2<>(d.index(), new Tuple2<>(d.docId(), new long[] {d.tokens().length, d.bytes()})));
           }
         }
-        out.add(new Tuple2<>(-1L, new Tuple2<>(null, new long[] {sum})));
-        return out.iterator();
+        return List.of(new PartitionLengths(sum, found)).iterator();
       }).collect()) {
-        if (d._1() < 0) {
-          totalTokens += d._2()._2()[0];
-        } else {
-          longDocs.add(d);
-        }
+        totalTokens += p.tokens();
+        longDocs.addAll(p.longDocs());
       }
       if (progress != null) {
         progress.printf(Locale.ROOT, "longctx ppl: scoring %d document%s (%d tokens) in %d task%s (model %s, chunk %d "
@@ -860,8 +859,8 @@ public final class PplJob {
     }
     if (r.isNullAt(0)) {
       // A JSON row has no text to look for: the first line holding a row without doc_id is named.
-      throw new InputError(where + (o.resolvedFormat().equals("json")
-          ? Formats.lineWhere(file, line -> Formats.rowLacks(line, "doc_id")) : "") + ": a row has no doc_id");
+      throw new InputError(where + Formats.lineOfRow(file, row -> row.get("doc_id") == null)
+          + ": a row has no doc_id");
     }
     String doc = r.getString(0);
     where += ", doc '" + doc + "'";

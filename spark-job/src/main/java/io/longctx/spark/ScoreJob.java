@@ -585,12 +585,12 @@ public final class ScoreJob {
           + t.getDocId() + "', pos " + t.getPos()) + ": " + bad);
     }
     if (t.getDocId() == null) {
-      throw new InputError("KEYS file " + file + firstLine(file, r -> r.get("doc_id") == null) + ": a row has no doc_id "
+      throw new InputError("KEYS file " + file + Formats.lineOfRow(file, r -> r.get("doc_id") == null) + ": a row has no doc_id "
           + "(pos " + t.getPos() + ")");
     }
     String where = "KEYS file " + file + ", doc '" + t.getDocId() + "', pos " + t.getPos();
     if (t.getPos() == null) {
-      throw new InputError("KEYS file " + file + firstLine(file, r -> r.get("pos") == null
+      throw new InputError("KEYS file " + file + Formats.lineOfRow(file, r -> r.get("pos") == null
           && t.getDocId().equals(r.get("doc_id"))) + ", doc '" + t.getDocId() + "': column 'pos' is missing or null "
           + "(in JSON: the field absent, misspelled or null)");
     }
@@ -601,14 +601,6 @@ public final class ScoreJob {
     }
     t.setFile(null);
     return t;
-  }
-
-  /**
-   * ", line N" of the first line of a JSON Lines input file holding a row like the one refused (Spark's
-   * reader gives a row no line number), or "" (a Parquet file, or none found): on the way to an error only.
-   */
-  private static String firstLine(String file, java.util.function.Predicate<java.util.Map<String, String>> row) {
-    return Formats.lineWhere(file, line -> Formats.rowWhere(line, row));
   }
 
   /** A row whose fields could not be read at all (no document or position to name): say the file only. */
@@ -630,7 +622,7 @@ public final class ScoreJob {
       String field = t.getQueryId() == null ? "query_id" : "doc_id";
       String other = t.getQueryId() == null ? "doc_id" : "query_id";
       String value = t.getQueryId() == null ? t.getDocId() : t.getQueryId();
-      throw new InputError("QUERIES file " + file + firstLine(file, r -> r.get(field) == null
+      throw new InputError("QUERIES file " + file + Formats.lineOfRow(file, r -> r.get(field) == null
           && (value == null || value.equals(r.get(other)))) + row + ": column '" + field + "' is missing or null");
     }
     checkVector(t.getQ(), "q", s.heads() * s.dim(), "heads*dim" + s.origin(), where);
