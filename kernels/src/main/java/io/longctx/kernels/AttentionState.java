@@ -170,17 +170,67 @@ public final class AttentionState {
    * (a caller can compute each state just before it is taken).
    */
   public static AttentionState mergeAll(int n, java.util.Iterator<AttentionState> states) {
-    if (n < 1) {
-      throw new IllegalArgumentException("mergeAll needs at least one state, got n=" + n);
-    }
-    if (n == 1) {
+    TreeMerge m = new TreeMerge(n);
+    for (int i = 0; i < n; i++) {
       if (!states.hasNext()) {
-        throw new IllegalArgumentException("mergeAll: fewer states than the n given");
+        throw new IllegalArgumentException("mergeAll: fewer states than the n given (" + i + " of " + n + ")");
       }
-      return states.next();
+      m.add(states.next());
     }
-    AttentionState left = mergeAll(n / 2, states); // the first half is the smaller one, as in ((s0 s1) (s2 s3 s4))
-    return left.merge(mergeAll(n - n / 2, states));
+    return m.result();
+  }
+
+  /**
+   * {@link #mergeAll(List)} fed one state at a time: after {@code n} calls of {@link #add}, {@link
+   * #result} holds the bits of mergeAll over the states in the order added, and each subtree is
+   * merged as soon as its states are in, so at most about log2(n) states are held. For callers
+   * that build several trees from one stream (a task computing two query blocks against the same
+   * key chunks as they arrive).
+   */
+  public static final class TreeMerge {
+    private final int n;
+    private int added;
+    /** The path from the root to the next leaf: each subtree's leaf count and the half being filled (1, 2). */
+    private final int[] size = new int[34], half = new int[34];
+    private int depth;
+    private final java.util.ArrayDeque<AttentionState> held = new java.util.ArrayDeque<>();
+
+    public TreeMerge(int n) {
+      if (n < 1) {
+        throw new IllegalArgumentException("mergeAll needs at least one state, got n=" + n);
+      }
+      this.n = n;
+      size[0] = n;
+      depth = 1;
+    }
+
+    public void add(AttentionState s) {
+      if (added == n) {
+        throw new IllegalStateException("TreeMerge: more than the " + n + " states given");
+      }
+      while (size[depth - 1] > 1) { // down to the leaf: the first half is the smaller one, as in ((s0 s1) (s2 s3 s4))
+        int m = size[depth - 1];
+        int h = ++half[depth - 1];
+        size[depth] = h == 1 ? m / 2 : m - m / 2;
+        half[depth] = 0;
+        depth++;
+      }
+      depth--;
+      held.push(s);
+      added++;
+      while (depth > 0 && half[depth - 1] == 2) { // both halves done: merge them (left, right)
+        AttentionState right = held.pop();
+        held.push(held.pop().merge(right));
+        depth--;
+      }
+    }
+
+    public AttentionState result() {
+      if (added != n) {
+        throw new IllegalStateException("TreeMerge: " + added + " of " + n + " states given");
+      }
+      return held.peek();
+    }
   }
 
   /**

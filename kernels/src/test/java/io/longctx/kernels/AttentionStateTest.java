@@ -89,6 +89,36 @@ class AttentionStateTest {
   }
 
   @Test
+  void treeMergesFedInTurnAreEachTheBalancedTree() {
+    SplittableRandom rng = new SplittableRandom(43);
+    for (int n = 1; n <= 40; n++) {
+      int m = 1 + (n * 7) % 23; // a second tree of another size, fed in the same loop
+      List<AttentionState> a = new java.util.ArrayList<>(), b = new java.util.ArrayList<>();
+      AttentionState.TreeMerge ta = new AttentionState.TreeMerge(n), tb = new AttentionState.TreeMerge(m);
+      for (int i = 0; i < Math.max(n, m); i++) {
+        if (i < n) {
+          a.add(randomState(rng));
+          ta.add(a.get(i));
+        }
+        if (i < m) {
+          b.add(randomState(rng));
+          tb.add(b.get(i));
+        }
+      }
+      assertArrayEquals(tree(a, 0, n).o(), ta.result().o(), "o, n=" + n);
+      assertArrayEquals(tree(a, 0, n).lse(), ta.result().lse(), "lse, n=" + n);
+      assertArrayEquals(tree(b, 0, m).o(), tb.result().o(), "o, m=" + m);
+      AttentionState.TreeMerge full = ta;
+      assertThrows(IllegalStateException.class, () -> full.add(a.get(0)), "more than n states");
+    }
+    AttentionState.TreeMerge part = new AttentionState.TreeMerge(3);
+    part.add(randomState(rng));
+    IllegalStateException e = assertThrows(IllegalStateException.class, part::result);
+    assertTrue(e.getMessage().contains("1 of 3"), e.getMessage());
+    assertThrows(IllegalArgumentException.class, () -> new AttentionState.TreeMerge(0));
+  }
+
+  @Test
   void mergeIsCommutativeBitForBitAndAssociativeWithinRounding() {
     long seed = Seeds.forTest();
     SplittableRandom rng = new SplittableRandom(seed);

@@ -27,6 +27,7 @@ import org.apache.spark.api.java.function.FlatMapFunction;
 import org.apache.spark.api.java.function.FlatMapGroupsFunction;
 import org.apache.spark.api.java.function.MapFunction;
 import org.apache.spark.api.java.function.MapGroupsFunction;
+import org.apache.spark.api.java.function.MapPartitionsFunction;
 import org.apache.spark.broadcast.Broadcast;
 import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Dataset;
@@ -198,6 +199,9 @@ public final class ScoreJob {
       PairPlan plan;
       try {
         plan = PairPlan.make(chunkMeta, blockMeta, attn, opt.keys, opt.queries);
+        if (prefill) {
+          plan = plan.forPrefill(spark.sessionState().conf().numShufflePartitions());
+        }
       } catch (InputError e) { // "no key rows", "a document without keys": rows the ranges left out may be why
         InputError unplaced = unplacedKey(keyRows, sh, prefill);
         throw unplaced != null ? unplaced : e;
@@ -206,27 +210,25 @@ public final class ScoreJob {
 
       Dataset<Row> result;
       if (prefill) {
-        // Prefill: the work is keyed by query block, and a block is its chunk's own tokens. Each key token,
-        // validated where its file is known, goes in one shuffle to the blocks that see its chunk (its K/V)
-        // and to its own block (its q); a block's task assembles the chunks from those rows, in chunk order,
-        // and merges its partial states there (the tree lse_merge would build), so one state per token leaves
-        // the task. K/V per pair is smaller than the q per pair plus a partial state per (token, chunk) that
-        // keying by chunk ships (2 * kv-heads <= 2 * heads), and a task holds one block, not every block that
-        // sees chunk 0. (Building whole chunks first cost a shuffle and a stage of its own: 0.9-2.9 s of a
-        // 65,536-token job.)
+        // Prefill: the work is keyed by group, one query block or a pair of them (PairPlan.forPrefill), and a
+        // block is its chunk's own tokens. Each key token, validated where its file is known, goes in one
+        // shuffle to the groups that see its chunk (its K/V, once per group) and to its own block's group (its
+        // q), in the partition the plan gave the group; a group's rows are assembled into chunks in chunk
+        // order, and each block's partial states merged there (the tree lse_merge would build), so one state
+        // per token leaves the task. K/V per pair is smaller than the q per pair plus a partial state per
+        // (token, chunk) that keying by chunk ships (2 * kv-heads <= 2 * heads), and a task holds one group at
+        // a time, not every block that sees chunk 0. (Building whole chunks first cost a shuffle and a stage
+        // of its own: 0.9-2.9 s of a 65,536-token job.)
         Dataset<BlockToken> routed = keyRows.flatMap((FlatMapFunction<Token, BlockToken>) t -> route(
             validateKey(t, sh, true), planB.value(), chunkLen), Encoders.bean(BlockToken.class));
-        // A token's states are all merged in its block's task: its one state is final, written from there (an
-        // lse_merge of single states would only add a shuffle). A group sorts its own chunk's rows (the q)
-        // first, then the other chunks in order, each by position.
+        // A token's states are all merged in its group's task: its one state is final, written from there (an
+        // lse_merge of single states would only add a shuffle). A group's rows come sorted: its blocks' own
+        // chunks (the rows with q) first, then the other chunks in order, each by position.
         result = routed
-            .groupByKey((MapFunction<BlockToken, Tuple2<String, Long>>) r -> new Tuple2<>(r.getDocId(), r.getBlock()),
-                KEY)
-            .flatMapSortedGroups(new Column[] {col("chunk").notEqual(col("block")), col("chunk"), col("pos")},
-                (FlatMapGroupsFunction<Tuple2<String, Long>, BlockToken, Partial>) (key, it) -> computeBlock(it,
-                    key._2(), planB.value().chunksOf(key._1(), key._2()), sh, attn, task(backend, used), chunkLen,
-                    keysPath),
-                Encoders.bean(Partial.class))
+            .repartitionById(plan.partitions, col("partition"))
+            .sortWithinPartitions(col("docId"), col("group"), col("q").isNull(), col("chunk"), col("pos"))
+            .mapPartitions((MapPartitionsFunction<BlockToken, Partial>) it -> computeGroups(it, planB.value(), sh,
+                attn, task(backend, used), chunkLen, keysPath), Encoders.bean(Partial.class))
             .toDF()
             .select(col("docId").as("doc_id"), col("pos"), col("o"), col("lse"), col("keyCount").as("n_keys"));
       } else {
@@ -700,15 +702,17 @@ public final class ScoreJob {
    */
   static Iterator<BlockToken> route(Token t, PairPlan plan, int chunkLen) {
     long c = Chunking.index(t.getPos(), chunkLen);
-    long[] bs = plan.blocksOf(t.getDocId(), c);
-    List<BlockToken> r = new ArrayList<>(bs.length + 1);
+    String doc = t.getDocId();
+    long own = plan.groupOf(doc, c)[0]; // the group of the token's own block, which takes its q
+    long[] groups = plan.seenBy(doc, c);
+    List<BlockToken> r = new ArrayList<>(groups.length + 1);
     boolean ownSees = false;
-    for (long b : bs) {
-      r.add(BlockToken.of(t, b, c, true));
-      ownSees |= b == c;
+    for (long g : groups) {
+      r.add(BlockToken.of(t, g, plan.partitionOf(doc, g), c, true, g == own));
+      ownSees |= g == own;
     }
     if (!ownSees) {
-      r.add(BlockToken.of(t, c, c, false));
+      r.add(BlockToken.of(t, own, plan.partitionOf(doc, own), c, false, true));
     }
     return r.iterator();
   }
@@ -863,71 +867,124 @@ public final class ScoreJob {
   }
 
   /**
-   * Prefill: query block {@code block} over the chunks it sees ({@code visible}, ascending), from its
-   * rows ({@link #route}) sorted as the job sorts them: its own chunk's tokens (with the q) first,
-   * then the other chunks in order, each by position. Each chunk is assembled and its state computed
-   * when the merge takes it, and the states merge as {@link AttentionState#mergeAll} merges them (the
-   * tree {@link LseMerge} would build from the same partial states), so a task holds the block (with
-   * its own chunk's K/V), one other chunk and about log2(chunks) states. Yields each token's final state.
+   * A prefill task: its partition's rows, sorted by document, group, then as {@link #computeGroup} takes
+   * them; one group at a time, each computed when its rows are reached.
    */
-  static Iterator<Partial> computeBlock(Iterator<BlockToken> rows, long block, long[] visible, Shape s,
+  static Iterator<Partial> computeGroups(Iterator<BlockToken> rows, PairPlan plan, Shape s, AttentionOptions attn,
+      AttentionBackend backend, int chunkLen, String keysPath) {
+    return new Iterator<>() {
+      private BlockToken next = rows.hasNext() ? rows.next() : null;
+      private Iterator<Partial> out = java.util.Collections.emptyIterator();
+
+      @Override
+      public boolean hasNext() {
+        while (!out.hasNext() && next != null) {
+          String doc = next.getDocId();
+          long group = next.getGroup();
+          Iterator<BlockToken> groupRows = new Iterator<>() {
+            @Override
+            public boolean hasNext() {
+              return next != null && next.getGroup() == group && next.getDocId().equals(doc);
+            }
+
+            @Override
+            public BlockToken next() {
+              if (!hasNext()) {
+                throw new java.util.NoSuchElementException();
+              }
+              BlockToken r = next;
+              next = rows.hasNext() ? rows.next() : null;
+              return r;
+            }
+          };
+          // takes every row of the group (or throws: a row the plan does not pair), so next is the next group's
+          out = computeGroup(groupRows, doc, plan.groupOf(doc, group), plan, s, attn, backend, chunkLen, keysPath);
+        }
+        return out.hasNext();
+      }
+
+      @Override
+      public Partial next() {
+        if (!hasNext()) {
+          throw new java.util.NoSuchElementException();
+        }
+        return out.next();
+      }
+    };
+  }
+
+  /**
+   * One prefill group: its query blocks ({@link PairPlan#groupOf}: one, or a pair) against the chunks
+   * each sees. The rows come sorted: the blocks' own chunks (the rows with q) first, then every other
+   * chunk in order, each by position. Each chunk is assembled once and paired with every block of the
+   * group that sees it, then dropped; each block's states merge in chunk order as they come, in the tree
+   * {@link AttentionState#mergeAll} builds (the tree {@link LseMerge} would build from the same partial
+   * states), so a block's bits do not depend on its group. It holds its blocks (with their own chunks'
+   * K/V), one other chunk and about log2(chunks) states per block. Yields each token's final state.
+   */
+  static Iterator<Partial> computeGroup(Iterator<BlockToken> rows, String doc, long[] blocks, PairPlan plan, Shape s,
       AttentionOptions attn, AttentionBackend backend, int chunkLen, String keysPath) {
     FaultHooks.at(FaultHooks.MAP); // test-only fault injection, off by default
     ChunkRows in = new ChunkRows(rows);
-    List<BlockToken> ownRows = in.take(block);
-    String doc = ownRows.isEmpty() ? null : ownRows.get(0).getDocId();
-    if (ownRows.isEmpty() || ownRows.get(0).getQ() == null) { // the q rows make the group: they sort first
-      throw new IllegalStateException("query block " + block + ": K/V arrived without the block's q");
+    int nb = blocks.length, h = s.heads(), d = s.dim();
+    Chunk[] own = new Chunk[nb];
+    QueryBlock[] qb = new QueryBlock[nb];
+    long[][] visible = new long[nb][], keys = new long[nb][];
+    AttentionState.TreeMerge[] merged = new AttentionState.TreeMerge[nb];
+    java.util.TreeSet<Long> wanted = new java.util.TreeSet<>();
+    for (int i = 0; i < nb; i++) {
+      List<BlockToken> ownRows = in.take(blocks[i]);
+      if (ownRows.isEmpty() || ownRows.get(0).getQ() == null) { // the q rows sort first
+        throw new IllegalStateException("query block " + blocks[i] + " of doc '" + doc
+            + "': K/V arrived without the block's q");
+      }
+      own[i] = chunkOf(ownRows, s, chunkLen, keysPath);
+      qb[i] = prefillBlock(own[i]);
+      visible[i] = plan.chunksOf(doc, blocks[i]);
+      keys[i] = new long[qb[i].getQPos().length];
+      merged[i] = visible[i].length == 0 ? null : new AttentionState.TreeMerge(visible[i].length);
+      for (long c : visible[i]) {
+        wanted.add(c);
+      }
     }
-    Chunk own = chunkOf(ownRows, s, chunkLen, keysPath);
-    ownRows = null; // the chunk holds their data now
-    QueryBlock b = prefillBlock(own);
-    int n = b.getQPos().length, h = s.heads(), d = s.dim();
-    long[] keys = new long[n];
-    AttentionState st;
-    if (visible.length == 0) {
-      st = AttentionState.empty(n, h, d);
-    } else {
-      Iterator<AttentionState> states = new Iterator<>() {
-        private int i;
-
-        @Override
-        public boolean hasNext() {
-          return i < visible.length;
+    for (long want : wanted) {
+      int ownAt = Arrays.binarySearch(blocks, want);
+      Chunk c;
+      if (ownAt >= 0) {
+        c = own[ownAt];
+        if (c.getK() == null) {
+          throw new IllegalStateException("query block " + want + " of doc '" + doc
+              + "': its own chunk is planned but its K/V did not arrive");
         }
-
-        @Override
-        public AttentionState next() {
-          long want = visible[i++];
-          Chunk c;
-          if (want == block) {
-            if (own.getK() == null) {
-              throw new IllegalStateException("query block " + block + " of doc '" + doc
-                  + "': its own chunk is planned but its K/V did not arrive");
-            }
-            c = own;
-          } else {
-            List<BlockToken> part = in.take(want);
-            if (part.isEmpty()) { // the plan's chunk is lost: an error, never an empty state
-              throw new IllegalStateException("query block " + block + " of doc '" + doc + "': the planned key chunk "
-                  + want + (in.hasNext() ? " did not arrive (chunk " + in.nextChunk() + " came instead)"
-                  : " did not arrive"));
-            }
-            c = chunkOf(part, s, chunkLen, keysPath);
-          }
-          for (int t = 0; t < n; t++) {
-            keys[t] += attn.visibleCount(c.getKPos(), b.getQPos()[t]);
-          }
-          return kernel(backend, b, c, s, attn);
+      } else {
+        List<BlockToken> part = in.take(want);
+        if (part.isEmpty()) { // the plan's chunk is lost: an error, never an empty state
+          throw new IllegalStateException("query blocks " + Arrays.toString(blocks) + " of doc '" + doc
+              + "': the planned key chunk " + want + (in.hasNext() ? " did not arrive (chunk " + in.nextChunk()
+              + " came instead)" : " did not arrive"));
         }
-      };
-      st = AttentionState.mergeAll(visible.length, states);
+        c = chunkOf(part, s, chunkLen, keysPath);
+      }
+      for (int i = 0; i < nb; i++) {
+        if (Arrays.binarySearch(visible[i], want) >= 0) {
+          for (int t = 0; t < keys[i].length; t++) {
+            keys[i][t] += attn.visibleCount(c.getKPos(), qb[i].getQPos()[t]);
+          }
+          merged[i].add(kernel(backend, qb[i], c, s, attn));
+        }
+      }
     }
     if (in.hasNext()) {
-      throw new IllegalStateException("query block " + block + " of doc '" + doc + "': chunk " + in.nextChunk()
-          + " arrived, which the plan does not pair with it");
+      throw new IllegalStateException("query blocks " + Arrays.toString(blocks) + " of doc '" + doc + "': chunk "
+          + in.nextChunk() + " arrived, which the plan does not pair with them");
     }
-    return rows(b, st, t -> keys[t]);
+    java.util.stream.Stream<Partial> out = java.util.stream.Stream.empty();
+    for (int i = 0; i < nb; i++) {
+      long[] k = keys[i];
+      out = java.util.stream.Stream.concat(out, rowStream(qb[i], merged[i] == null ? AttentionState.empty(k.length, h,
+          d) : merged[i].result(), t -> k[t]));
+    }
+    return out.iterator();
   }
 
   /** A block's sorted rows, taken a chunk at a time. */
@@ -992,6 +1049,11 @@ public final class ScoreJob {
 
   /** The block's state as one row per query: its identity, the keys it attended, its lse and o. */
   private static Iterator<Partial> rows(QueryBlock b, AttentionState st, java.util.function.IntToLongFunction keys) {
+    return rowStream(b, st, keys).iterator();
+  }
+
+  private static java.util.stream.Stream<Partial> rowStream(QueryBlock b, AttentionState st,
+      java.util.function.IntToLongFunction keys) {
     float[] so = st.o(), sl = st.lse();
     int h = st.heads(), w = h * st.dim();
     return java.util.stream.IntStream.range(0, st.rows()).mapToObj(t -> {
@@ -1004,7 +1066,7 @@ public final class ScoreJob {
       p.setLse(Arrays.copyOfRange(sl, t * h, (t + 1) * h));
       p.setO(Arrays.copyOfRange(so, t * w, (t + 1) * w));
       return p;
-    }).iterator();
+    });
   }
 
 

@@ -128,7 +128,8 @@ class EndToEndTest {
   @Test
   void prefillPartitionsDoNotChangeABitAndChunkLenOnlyRounding() throws Exception {
     // Prefill merges a query block's partial states inside its task (chunks arriving in order); the bits
-    // must still not depend on partitioning, and a block sees 1 to 7 chunks here (odd counts included).
+    // must still not depend on partitioning, and a block sees 1 to 7 chunks here (odd counts included),
+    // computed in pairs of blocks (PairPlan.forPrefill).
     long seed = Seeds.forTest();
     TestData data = new TestData(seed, 6, 2, 24).doc("a", 211, 0, 1).doc("b", 90, 5, 3);
     Path keys = data.writeKeys(spark, tmp, "parquet", true);
@@ -144,7 +145,18 @@ class EndToEndTest {
       assertTrue(run[1] == 1 ? files == 1 : files > 1, files + " part files with --partitions " + run[1]);
       Map<String, Outputs.Result> got = Outputs.read(spark, Path.of(o.output), "parquet", true);
       assertEquals(301, got.size());
-      if (base == null) {
+      if (base == null) { // and right: the blocks run in pairs ((0, 6), (1, 5), (2, 4) of "a"), each its own state
+        AttentionOptions causal = AttentionOptions.DEFAULT.withCausal(true);
+        for (Map.Entry<String, java.util.List<TestData.Key>> e : data.docs.entrySet()) {
+          for (TestData.Key k : e.getValue()) {
+            Outputs.Result r = got.get(e.getKey() + "@" + k.pos());
+            ReferenceAttention.Result ref = data.reference(e.getKey(), k.q(), k.pos(), causal);
+            double[] err = Demo.errors(r.o(), r.lse(), ref.o(), ref.lse());
+            String what = "token " + e.getKey() + "@" + k.pos() + " (seed " + seed + ")";
+            assertTrue(err[0] <= O_TOL && err[1] <= LSE_TOL, "errors " + err[0] + ", " + err[1] + " for " + what);
+            assertEquals(data.visibleCount(e.getKey(), k.pos(), causal), r.nKeys(), what);
+          }
+        }
         base = got;
         continue;
       }

@@ -55,9 +55,9 @@ class PairPlanTest {
     assertEquals(9, causal.queries);
     assertEquals(5, causal.chunks);
     // The routing map is the inverse, ascending.
-    assertArrayEquals(new long[] {0, 1, 2, 3}, causal.blocksOf("d", 0));
-    assertArrayEquals(new long[] {2, 3}, causal.blocksOf("d", 3));
-    assertArrayEquals(new long[0], causal.blocksOf("nope", 0));
+    assertArrayEquals(new long[] {0, 1, 2, 3}, causal.seenBy("d", 0));
+    assertArrayEquals(new long[] {2, 3}, causal.seenBy("d", 3));
+    assertArrayEquals(new long[0], causal.seenBy("nope", 0));
 
     // Window 7: the query at 25 sees (18, 25]: chunks 1 (by its key 19) and 2; at 39: (32, 39]: chunk 3.
     // Window 6: (19, 25] leaves chunk 1 out.
@@ -92,5 +92,82 @@ class PairPlanTest {
     assertTrue(e.getMessage().contains("query 'ghost-q0' refers to document 'ghost', which has no keys in KEYS K"),
         e.getMessage());
     assertThrows(InputError.class, () -> PairPlan.make(List.of(), bs, AttentionOptions.DEFAULT, "K", "Q"));
+  }
+
+  /** A prefill document of n chunks of 10 positions: block b is chunk b's own tokens. */
+  static PairPlan prefill(String doc, int n, AttentionOptions attn) {
+    List<RangeMeta> cs = new ArrayList<>();
+    for (int i = 0; i < n; i++) {
+      cs.add(range(doc, i, 10L * i, 10L * i + 9, 10, true));
+    }
+    return PairPlan.make(cs, cs, attn, "K", "K").forPrefill(16);
+  }
+
+  @Test
+  void causalPrefillBlocksArePairedHeaviestWithLightestAndEachChunkGoesOncePerTask() {
+    PairPlan p = prefill("d", 8, AttentionOptions.DEFAULT.withCausal(true));
+    for (int b = 0; b < 8; b++) {
+      assertArrayEquals(new long[] {Math.min(b, 7 - b), Math.max(b, 7 - b)}, p.groupOf("d", b), "block " + b);
+    }
+    assertArrayEquals(new long[] {0, 1, 2, 3}, p.seenBy("d", 0), "chunk 0: every task once");
+    assertArrayEquals(new long[] {0, 1, 2}, p.seenBy("d", 5), "chunk 5: blocks 7, 6, 5 in tasks 0, 1, 2");
+    long sends = 0;
+    for (int c = 0; c < 8; c++) {
+      sends += p.seenBy("d", c).length;
+    }
+    assertEquals(8 + 7 + 6 + 5, sends, "the larger block of each pair sets its task's chunks");
+    assertEquals(36, p.computed, "pairs are the same");
+    // Blocks 0..2 of three: 3 + 1 chunks would pass the heaviest's 3 by more than a quarter; 2 + 1 does not.
+    PairPlan three = prefill("t", 3, AttentionOptions.DEFAULT.withCausal(true));
+    assertArrayEquals(new long[] {2}, three.groupOf("t", 2));
+    assertArrayEquals(new long[] {0, 1}, three.groupOf("t", 0));
+    assertArrayEquals(new long[] {0, 1}, three.groupOf("t", 1));
+    assertArrayEquals(new long[] {0, 2}, three.seenBy("t", 0));
+  }
+
+  @Test
+  void prefillBlocksOfEqualWorkStayAlone() {
+    PairPlan full = prefill("d", 8, AttentionOptions.DEFAULT);
+    for (int b = 0; b < 8; b++) {
+      assertArrayEquals(new long[] {b}, full.groupOf("d", b), "no mask, block " + b);
+      assertEquals(8, full.seenBy("d", b).length);
+    }
+    // A window of 25 positions: blocks see 1, 2, 3, 4, 4, 4, 4, 4 chunks; 4 + 1 and 3 + 2 stay within 5.
+    PairPlan w = prefill("d", 8, AttentionOptions.DEFAULT.withCausal(true).withWindow(25));
+    assertArrayEquals(new long[] {0, 3}, w.groupOf("d", 0));
+    assertArrayEquals(new long[] {0, 3}, w.groupOf("d", 3));
+    assertArrayEquals(new long[] {1, 2}, w.groupOf("d", 1));
+    for (int b : new int[] {4, 5, 6, 7}) {
+      assertArrayEquals(new long[] {b}, w.groupOf("d", b), "window, block " + b);
+    }
+    PairPlan two = prefill("d", 2, AttentionOptions.DEFAULT.withCausal(true));
+    assertArrayEquals(new long[] {1}, two.groupOf("d", 1), "1 + 2 chunks is half again the heaviest's 2");
+  }
+
+  @Test
+  void prefillGroupsArePlacedHeaviestFirstOnTheLeastLoadedPartition() {
+    List<RangeMeta> cs = new ArrayList<>();
+    for (int i = 0; i < 8; i++) {
+      cs.add(range("long", i, 10L * i, 10L * i + 9, 10, true));
+    }
+    cs.add(range("short", 0, 0, 4, 5, true));
+    PairPlan base = PairPlan.make(cs, cs, AttentionOptions.DEFAULT.withCausal(true), "K", "K");
+    // Groups (0, 7), (1, 6), (2, 5), (3, 4) of "long" see 9 chunks each, "short" 1.
+    PairPlan wide = base.forPrefill(16);
+    assertEquals(5, wide.partitions, "one partition per group when there are enough");
+    for (int g = 0; g < 4; g++) {
+      assertEquals(g, wide.partitionOf("long", g), "equal groups in block order, first");
+    }
+    assertEquals(4, wide.partitionOf("short", 0), "the lightest last");
+    PairPlan two = base.forPrefill(2);
+    assertEquals(2, two.partitions);
+    int[] load = new int[2];
+    for (int g = 0; g < 4; g++) {
+      load[two.partitionOf("long", g)] += 9;
+    }
+    load[two.partitionOf("short", 0)] += 1;
+    assertEquals(19, Math.max(load[0], load[1]), "18 + 1 against 18");
+    assertThrows(IllegalStateException.class, () -> two.partitionOf("long", 7), "a group is named by its first block");
+    assertThrows(IllegalArgumentException.class, () -> base.forPrefill(0));
   }
 }
