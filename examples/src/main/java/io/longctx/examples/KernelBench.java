@@ -770,10 +770,9 @@ public final class KernelBench {
         json.forEach(System.out::println);
         return true;
       } else {
-        String last = lines.isEmpty() ? "" : lines.get(lines.size() - 1).replace("\"", "'");
         System.out.println(String.format(Locale.ROOT,
             "{\"impl\": \"%s\", \"op\": \"%s\", \"causal\": %b, \"error\": \"exit %d: %s\"}", name, op, causal,
-            rc, last.length() > 200 ? last.substring(0, 200) : last));
+            rc, ChildOutput.why(lines, 200)));
         return false;
       }
     } catch (IOException e) {

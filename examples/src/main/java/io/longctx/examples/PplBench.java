@@ -344,13 +344,13 @@ public final class PplBench {
       if (done && p.exitValue() == 0 && !json.isEmpty()) {
         return json.get(json.size() - 1);
       }
-      String last;
+      String said;
       synchronized (lines) {
-        last = lines.isEmpty() ? "" : lines.get(lines.size() - 1).replace("\"", "'").replace("\\", "/");
+        said = ChildOutput.why(lines, 300);
       }
-      String why = !done ? "timed out after " + o.childTimeoutS + " s" : "exit " + p.exitValue() + ": " + last;
+      String why = !done ? "timed out after " + o.childTimeoutS + " s" : "exit " + p.exitValue() + ": " + said;
       return String.format(Locale.ROOT, "{\"bench\": \"ppl\", \"path\": \"%s\", \"t\": %d, \"error\": \"%s\", "
-          + "\"estimate_extra_mb\": %.0f}", path, t, why.length() > 300 ? why.substring(0, 300) : why, est / 1048576.0);
+          + "\"estimate_extra_mb\": %.0f}", path, t, why, est / 1048576.0);
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     } catch (InterruptedException e) {
