@@ -1,6 +1,9 @@
 package io.longctx.spark;
 
 import java.io.IOException;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 
@@ -127,16 +130,7 @@ final class Formats {
       return "";
     }
     org.apache.hadoop.fs.Path path = new org.apache.hadoop.fs.Path(java.net.URI.create(file));
-    // the job's spark.hadoop.* settings (an object store's credentials, say), as the reader had them
-    org.apache.hadoop.conf.Configuration conf = new org.apache.hadoop.conf.Configuration();
-    org.apache.spark.SparkEnv env = org.apache.spark.SparkEnv.get();
-    if (env != null) {
-      for (scala.Tuple2<String, String> kv : env.conf().getAll()) {
-        if (kv._1().startsWith("spark.hadoop.")) {
-          conf.set(kv._1().substring("spark.hadoop.".length()), kv._2());
-        }
-      }
-    }
+    org.apache.hadoop.conf.Configuration conf = readerConf();
     try {
       org.apache.hadoop.fs.FileSystem fs = path.getFileSystem(conf);
       org.apache.hadoop.io.compress.CompressionCodec codec =
@@ -167,6 +161,79 @@ final class Formats {
     return "";
   }
 
+  /** The job's spark.hadoop.* settings (an object store's credentials, say), as Spark's reader had them. */
+  private static org.apache.hadoop.conf.Configuration readerConf() {
+    org.apache.hadoop.conf.Configuration conf = new org.apache.hadoop.conf.Configuration();
+    org.apache.spark.SparkEnv env = org.apache.spark.SparkEnv.get();
+    if (env != null) {
+      for (scala.Tuple2<String, String> kv : env.conf().getAll()) {
+        if (kv._1().startsWith("spark.hadoop.")) {
+          conf.set(kv._1().substring("spark.hadoop.".length()), kv._2());
+        }
+      }
+    }
+    return conf;
+  }
+
+  /** How many rows of a Parquet file {@link #rowIndexWhere} reads: past that the message names the file alone. */
+  static final long ROW_SEARCH_ROWS = 100_000_000L;
+
+  /**
+   * ", row_index N" of the first row of the Parquet FILE whose top-level {@code columns} (their values as
+   * text; null or absent ones left out) {@code match} accepts, N counted from 0 as Spark's
+   * {@code _metadata.row_index} counts; "" when none does, or FILE is not Parquet or cannot be read here.
+   * Reads only those columns; only on the way to an error.
+   */
+  static String rowIndexWhere(String file, List<String> columns,
+      java.util.function.Predicate<Map<String, String>> match) {
+    if (file == null) {
+      return "";
+    }
+    org.apache.hadoop.fs.Path path = new org.apache.hadoop.fs.Path(java.net.URI.create(file));
+    org.apache.hadoop.conf.Configuration conf = readerConf();
+    try {
+      org.apache.parquet.hadoop.util.HadoopInputFile in = org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(path,
+          conf);
+      org.apache.parquet.schema.MessageType schema;
+      long rows;
+      try (org.apache.parquet.hadoop.ParquetFileReader footer = org.apache.parquet.hadoop.ParquetFileReader.open(in)) {
+        schema = footer.getFooter().getFileMetaData().getSchema();
+        rows = footer.getRecordCount();
+      }
+      List<org.apache.parquet.schema.Type> read = new ArrayList<>();
+      for (String c : columns) {
+        if (schema.containsField(c) && schema.getType(c).isPrimitive()) {
+          read.add(schema.getType(c));
+        }
+      }
+      if (read.isEmpty()) { // none of the columns: every row has them null
+        return rows > 0 && match.test(Map.of()) ? ", row_index 0" : "";
+      }
+      conf.set(org.apache.parquet.hadoop.api.ReadSupport.PARQUET_READ_SCHEMA,
+          new org.apache.parquet.schema.MessageType(schema.getName(), read).toString());
+      try (org.apache.parquet.hadoop.ParquetReader<org.apache.parquet.example.data.Group> r =
+          org.apache.parquet.hadoop.ParquetReader.builder(new org.apache.parquet.hadoop.example.GroupReadSupport(), path)
+              .withConf(conf).build()) {
+        long n = 0;
+        for (org.apache.parquet.example.data.Group g; n < ROW_SEARCH_ROWS && (g = r.read()) != null; n++) {
+          Map<String, String> row = new HashMap<>();
+          for (org.apache.parquet.schema.Type t : read) {
+            int at = g.getType().getFieldIndex(t.getName());
+            if (g.getFieldRepetitionCount(at) > 0) {
+              row.put(t.getName(), g.getValueToString(at, 0));
+            }
+          }
+          if (match.test(row)) {
+            return ", row_index " + n;
+          }
+        }
+      }
+    } catch (IOException | RuntimeException e) {
+      // best effort (not Parquet, say): the message still names the file
+    }
+    return "";
+  }
+
   /** Parses lines as Spark's JSON reader does by default (NaN, Infinity, single quotes allowed), with no length limits. */
   static final com.fasterxml.jackson.core.JsonFactory JSON = com.fasterxml.jackson.core.JsonFactory.builder()
       .enable(com.fasterxml.jackson.core.json.JsonReadFeature.ALLOW_NON_NUMERIC_NUMBERS)
@@ -177,11 +244,12 @@ final class Formats {
 
   /**
    * ", line N" of the first line of a JSON Lines input file holding a row that {@code row} accepts (see
-   * {@link #rowWhere}; Spark's reader gives a row no line number), or "" (a Parquet file, or none found):
-   * on the way to an error only.
+   * {@link #rowWhere}; Spark's reader gives a row no line number); for a Parquet file its
+   * {@link #rowIndexWhere} over {@code columns}; "" where none is found. On the way to an error only.
    */
-  static String lineOfRow(String file, java.util.function.Predicate<Map<String, String>> row) {
-    return lineWhere(file, line -> rowWhere(line, row));
+  static String lineOfRow(String file, List<String> columns, java.util.function.Predicate<Map<String, String>> row) {
+    String line = lineWhere(file, l -> rowWhere(l, row));
+    return line.isEmpty() ? rowIndexWhere(file, columns, row) : line;
   }
 
   /**

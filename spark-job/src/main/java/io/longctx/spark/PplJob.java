@@ -859,7 +859,7 @@ public final class PplJob {
     }
     if (r.isNullAt(0)) {
       // A JSON row has no text to look for: the first line holding a row without doc_id is named.
-      throw new InputError(where + Formats.lineOfRow(file, row -> row.get("doc_id") == null)
+      throw new InputError(where + Formats.lineOfRow(file, List.of("doc_id"), row -> row.get("doc_id") == null)
           + ": a row has no doc_id");
     }
     String doc = r.getString(0);

@@ -587,12 +587,12 @@ public final class ScoreJob {
           + t.getDocId() + "', pos " + t.getPos()) + ": " + bad);
     }
     if (t.getDocId() == null) {
-      throw new InputError("KEYS file " + file + Formats.lineOfRow(file, r -> r.get("doc_id") == null) + ": a row has no doc_id "
-          + "(pos " + t.getPos() + ")");
+      throw new InputError("KEYS file " + file + Formats.lineOfRow(file, List.of("doc_id"), r -> r.get("doc_id") == null)
+          + ": a row has no doc_id (pos " + t.getPos() + ")");
     }
     String where = "KEYS file " + file + ", doc '" + t.getDocId() + "', pos " + t.getPos();
     if (t.getPos() == null) {
-      throw new InputError("KEYS file " + file + Formats.lineOfRow(file, r -> r.get("pos") == null
+      throw new InputError("KEYS file " + file + Formats.lineOfRow(file, List.of("pos", "doc_id"), r -> r.get("pos") == null
           && t.getDocId().equals(r.get("doc_id"))) + ", doc '" + t.getDocId() + "': column 'pos' is missing or null "
           + "(in JSON: the field absent, misspelled or null)");
     }
@@ -624,8 +624,9 @@ public final class ScoreJob {
       String field = t.getQueryId() == null ? "query_id" : "doc_id";
       String other = t.getQueryId() == null ? "doc_id" : "query_id";
       String value = t.getQueryId() == null ? t.getDocId() : t.getQueryId();
-      throw new InputError("QUERIES file " + file + Formats.lineOfRow(file, r -> r.get(field) == null
-          && (value == null || value.equals(r.get(other)))) + row + ": column '" + field + "' is missing or null");
+      throw new InputError("QUERIES file " + file + Formats.lineOfRow(file, List.of(field, other),
+          r -> r.get(field) == null && (value == null || value.equals(r.get(other)))) + row + ": column '" + field
+          + "' is missing or null");
     }
     checkVector(t.getQ(), "q", s.heads() * s.dim(), "heads*dim" + s.origin(), where);
     t.setFile(null);

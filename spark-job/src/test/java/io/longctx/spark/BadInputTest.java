@@ -12,6 +12,7 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
+import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.SparkSession;
@@ -561,6 +562,25 @@ class BadInputTest {
     String doc = new com.google.gson.Gson().fromJson(noPos.get(3), java.util.Map.class).get("doc_id").toString();
     fails(kj, queries, keyFile.getFileName() + ", line 4, doc '" + doc + "': column 'pos' is missing or null");
     Files.write(keyFile, keyLines);
+
+    // In Parquet, by the row's index in its file (Spark's _metadata.row_index, from 0).
+    Dataset<Row> rows = spark.read().json(keyFile.toString());
+    List<Row> all = new ArrayList<>(rows.collectAsList());
+    int docAt = rows.schema().fieldIndex("doc_id"), posAt = rows.schema().fieldIndex("pos");
+    Object[] noDocRow = new Object[all.get(2).size()], noPosRow = new Object[all.get(3).size()];
+    for (int i = 0; i < noDocRow.length; i++) {
+      noDocRow[i] = i == docAt ? null : all.get(2).get(i);
+      noPosRow[i] = i == posAt ? null : all.get(3).get(i);
+    }
+    all.set(2, org.apache.spark.sql.RowFactory.create(noDocRow));
+    Path kp = tmp.resolve("ids-parquet");
+    spark.createDataFrame(all, rows.schema()).coalesce(1).write().parquet(kp.toString());
+    fails(kp, queries, ".parquet, row_index 2: a row has no doc_id");
+    all.set(2, rows.collectAsList().get(2));
+    all.set(3, org.apache.spark.sql.RowFactory.create(noPosRow));
+    Path kp2 = tmp.resolve("pos-parquet");
+    spark.createDataFrame(all, rows.schema()).coalesce(1).write().parquet(kp2.toString());
+    fails(kp2, queries, ".parquet, row_index 3, doc '" + doc + "': column 'pos' is missing or null");
 
     // A file edited by hand beside the checksum file Spark wrote with it: named, with what to do.
     Path edited = d.writeKeys(spark, tmp.resolve("edited"), "json", false);

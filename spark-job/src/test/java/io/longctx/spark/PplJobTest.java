@@ -368,6 +368,11 @@ class PplJobTest {
         "{\"doc_id\": \"b\", \"tokens\": [2]}"), model, "d.jsonl, line 3: a row has no doc_id");
     fails(jsonl("d2.jsonl", "{\"doc_id\": \"a\", \"tokens\": [1]}", "{\"doc_id\": null, \"tokens\": [2]}"), model,
         "d2.jsonl, line 2: a row has no doc_id");
+    // In Parquet, by the row's index in its file (Spark's _metadata.row_index): the file is read again too.
+    Path pq = tmp.resolve("d3.parquet");
+    spark.read().json(jsonl("d3.jsonl", "{\"doc_id\": \"a\", \"tokens\": [1]}", "{\"doc_id\": \"b\", \"tokens\": [2]}",
+        "{\"doc_id\": null, \"tokens\": [3]}").toString()).coalesce(1).write().parquet(pq.toString());
+    fails(pq, model, ".parquet, row_index 2: a row has no doc_id");
     fails(jsonl("e.jsonl", "{\"doc_id\": \"neg\", \"tokens\": [-1]}"), model, "doc 'neg'", "-1");
     fails(jsonl("e2.jsonl", "{\"doc_id\": \"hole\", \"tokens\": [1, null, 3]}"), model, "doc 'hole'",
         "the token id at position 1 is null");
