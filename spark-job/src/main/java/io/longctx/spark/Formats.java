@@ -180,7 +180,8 @@ final class Formats {
 
   /**
    * ", row_index N" of the first row of the Parquet FILE whose top-level {@code columns} (their values as
-   * text; null or absent ones left out) {@code match} accepts, N counted from 0 as Spark's
+   * text; null or absent ones left out; names matched ignoring case, as Spark reads them) {@code match}
+   * accepts, N counted from 0 as Spark's
    * {@code _metadata.row_index} counts; "" when none does, or FILE is not Parquet or cannot be read here.
    * Reads only those columns; only on the way to an error.
    */
@@ -200,10 +201,15 @@ final class Formats {
         schema = footer.getFooter().getFileMetaData().getSchema();
         rows = footer.getRecordCount();
       }
-      List<org.apache.parquet.schema.Type> read = new ArrayList<>();
+      List<org.apache.parquet.schema.Type> read = new ArrayList<>(); // the file's own names
+      List<String> asNamed = new ArrayList<>();
       for (String c : columns) {
-        if (schema.containsField(c) && schema.getType(c).isPrimitive()) {
-          read.add(schema.getType(c));
+        for (org.apache.parquet.schema.Type t : schema.getFields()) {
+          if (t.getName().equalsIgnoreCase(c) && t.isPrimitive()) { // Spark matches names ignoring case
+            read.add(t);
+            asNamed.add(c);
+            break;
+          }
         }
       }
       if (read.isEmpty()) { // none of the columns: every row has them null
@@ -217,10 +223,10 @@ final class Formats {
         long n = 0;
         for (org.apache.parquet.example.data.Group g; n < ROW_SEARCH_ROWS && (g = r.read()) != null; n++) {
           Map<String, String> row = new HashMap<>();
-          for (org.apache.parquet.schema.Type t : read) {
-            int at = g.getType().getFieldIndex(t.getName());
+          for (int i = 0; i < read.size(); i++) {
+            int at = g.getType().getFieldIndex(read.get(i).getName());
             if (g.getFieldRepetitionCount(at) > 0) {
-              row.put(t.getName(), g.getValueToString(at, 0));
+              row.put(asNamed.get(i), g.getValueToString(at, 0));
             }
           }
           if (match.test(row)) {

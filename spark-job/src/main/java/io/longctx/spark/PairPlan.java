@@ -13,8 +13,9 @@ import java.util.PriorityQueue;
 /**
  * The (query block, key chunk) pair plan, made on the driver from one small row per chunk and per
  * block ({@link RangeMeta}): which chunks each block sees (pairs invisible by position are skipped)
- * and, for prefill's routing, which tasks see each chunk. Plain functions over plain data, tested
- * without Spark ({@code PairPlanTest}); the job broadcasts the two maps.
+ * and, for prefill, the pairs of blocks computed together, which of them see each chunk and the
+ * partition of each ({@link #forPrefill}). Plain functions over plain data, tested without Spark
+ * ({@code PairPlanTest}); the job broadcasts the plan.
  */
 final class PairPlan implements Serializable {
   private static final long serialVersionUID = 1L;

@@ -57,7 +57,7 @@ import scala.Tuple2;
  *   <li>Chunk: key chunk c of a document holds the keys with positions in
  *       [c * chunkLen, (c + 1) * chunkLen), sorted by position (for dense positions 0..T-1 this is
  *       rank / chunkLen). Duplicate (doc_id, pos) land in one chunk and are reported there.
- *       No task ever holds more than one chunk of a document.
+ *       No task holds more than one chunk of a document at a time (prefill: besides its blocks' own).
  *   <li>Query blocks: decode queries of a document sorted by (has pos, pos, query_id) and cut into
  *       blocks of --query-block; prefill blocks are the chunks themselves. Queries without pos
  *       attend the whole document: their blocks run unmasked.
@@ -66,8 +66,9 @@ import scala.Tuple2;
  *       (block, chunk) pair runs the job's one backend ({@link JobBackend}, the CPU kernels unless
  *       chosen otherwise) on that chunk only, with absolute positions. Decode: each
  *       block goes to the chunks it sees ({@link #computePairs}), one partial state per (query,
- *       chunk). Prefill: each chunk's K/V goes to the blocks that see it, arriving in chunk order,
- *       and the block merges its states there ({@link #computeBlock}), one state per token.
+ *       chunk). Prefill: blocks in pairs of equal work ({@link PairPlan#forPrefill}); each chunk's K/V
+ *       goes once to each pair that sees it, arriving in chunk order, and each block merges its
+ *       states there ({@link #computeGroup}), one state per token.
  *   <li>Reduce (decode): {@link LseMerge} (SQL {@code lse_merge}) per query: partials merged in
  *       chunk-index order with {@link AttentionState#mergeAll}, so the bits do not depend on
  *       partitioning. Prefill's states are already merged, by the same tree, in their block's task.
@@ -200,7 +201,9 @@ public final class ScoreJob {
       try {
         plan = PairPlan.make(chunkMeta, blockMeta, attn, opt.keys, opt.queries);
         if (prefill) {
-          plan = plan.forPrefill(spark.sessionState().conf().numShufflePartitions());
+          // spark.sql.shuffle.partitions (--partitions), not AQE's initial partition number: AQE does not
+          // coalesce this stage, so its count is the user's
+          plan = plan.forPrefill(spark.sessionState().conf().defaultNumShufflePartitions());
         }
       } catch (InputError e) { // "no key rows", "a document without keys": rows the ranges left out may be why
         InputError unplaced = unplacedKey(keyRows, sh, prefill);

@@ -141,8 +141,9 @@ class EndToEndTest {
       o.chunkLen = run[0];
       o.partitions = run[1];
       int files = runUncoalesced(o);
-      // 16 blocks over 1, 5 and 16 reduce tasks: the partitioning really differs
-      assertTrue(run[1] == 1 ? files == 1 : files > 1, files + " part files with --partitions " + run[1]);
+      // 16 blocks in 9 groups at chunk-len 32 over 1, 5 and 9 reduce tasks: the partitioning really differs
+      assertTrue(run[0] == 32 ? files == Math.min(9, run[1]) : files > 1, files + " part files with --partitions "
+          + run[1]);
       Map<String, Outputs.Result> got = Outputs.read(spark, Path.of(o.output), "parquet", true);
       assertEquals(301, got.size());
       if (base == null) { // and right: the blocks run in pairs ((0, 6), (1, 5), (2, 4) of "a"), each its own state
@@ -180,6 +181,22 @@ class EndToEndTest {
           }
         }
       }
+    }
+    // --partitions sets the pair stage's task count, also where adaptive execution has an initial number
+    String initial = "spark.sql.adaptive.coalescePartitions.initialPartitionNum";
+    spark.conf().set(initial, "7");
+    try {
+      ScoreOptions o = options(keys, null, "pf-initial");
+      o.mode = ScoreOptions.Mode.PREFILL;
+      o.dim = 24;
+      o.chunkLen = 32;
+      o.partitions = 2;
+      ScoreJob.run(spark, o);
+      try (var parts = Files.list(Path.of(o.output))) {
+        assertEquals(2, parts.filter(p -> p.getFileName().toString().startsWith("part-")).count());
+      }
+    } finally {
+      spark.conf().unset(initial);
     }
   }
 

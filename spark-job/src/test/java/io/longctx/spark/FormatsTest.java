@@ -61,4 +61,30 @@ class FormatsTest {
     Files.writeString(f, "{\"doc_id\": \"a\"}\r\n\r\n{\"doc_id\": \"b\"}\r{\"text\": \"doc_id\"}\n");
     assertEquals(", line 4", Formats.lineWhere(f.toUri().toString(), l -> lacksDocId(l)));
   }
+
+  @Test
+  void aParquetRowIsToldByItsIndexWithColumnNamesMatchedAsSparkMatchesThem() throws Exception {
+    org.apache.spark.sql.SparkSession spark = TestSpark.get();
+    List<org.apache.spark.sql.Row> rows = new java.util.ArrayList<>();
+    for (int i = 0; i < 5; i++) {
+      rows.add(org.apache.spark.sql.RowFactory.create(i == 3 ? null : "d" + i, (long) i));
+    }
+    org.apache.spark.sql.types.StructType schema = new org.apache.spark.sql.types.StructType()
+        .add("Doc_Id", "string").add("pos", "long");
+    Path dir = tmp.resolve("cased");
+    spark.createDataFrame(rows, schema).coalesce(1).write().parquet(dir.toString());
+    String file;
+    try (var parts = Files.list(dir)) {
+      file = parts.filter(p -> p.toString().endsWith(".parquet")).findFirst().orElseThrow().toUri().toString();
+    }
+    assertEquals(", row_index 3", Formats.lineOfRow(file, List.of("doc_id"), r -> r.get("doc_id") == null));
+    assertEquals(", row_index 2", Formats.rowIndexWhere(file, List.of("pos", "doc_id"), r -> "2".equals(r.get("pos"))
+        && "d2".equals(r.get("doc_id"))));
+    assertEquals(", row_index 0", Formats.rowIndexWhere(file, List.of("query_id"), r -> r.get("query_id") == null),
+        "a column the file lacks is null in every row");
+    assertEquals("", Formats.rowIndexWhere(file, List.of("pos"), r -> "9".equals(r.get("pos"))));
+    Path json = tmp.resolve("d.jsonl");
+    Files.writeString(json, "{\"doc_id\": null}\n");
+    assertEquals("", Formats.rowIndexWhere(json.toUri().toString(), List.of("doc_id"), r -> true), "not Parquet");
+  }
 }
