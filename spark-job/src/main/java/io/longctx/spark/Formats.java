@@ -181,9 +181,8 @@ final class Formats {
   /**
    * ", row_index N" of the first row of the Parquet FILE whose top-level {@code columns} (their values as
    * text; null or absent ones left out; names matched ignoring case, as Spark reads them) {@code match}
-   * accepts, N counted from 0 as Spark's
-   * {@code _metadata.row_index} counts; "" when none does, or FILE is not Parquet or cannot be read here.
-   * Reads only those columns; only on the way to an error.
+   * accepts, N counted from 0 as Spark's {@code _metadata.row_index} counts; "" when none does, or FILE
+   * is not Parquet or cannot be read here. Reads only those columns; only on the way to an error.
    */
   static String rowIndexWhere(String file, List<String> columns,
       java.util.function.Predicate<Map<String, String>> match) {
