@@ -23,20 +23,9 @@ final class ChildOutput {
     if (why.length() > max) {
       why = why.substring(0, max);
     }
-    StringBuilder b = new StringBuilder(why.length());
-    for (char c : why.toCharArray()) {
-      switch (c) {
-        case '"' -> b.append("\\\"");
-        case '\\' -> b.append("\\\\");
-        default -> {
-          if (c < 0x20) {
-            b.append(String.format("\\u%04x", (int) c));
-          } else {
-            b.append(c);
-          }
-        }
-      }
-    }
-    return b.toString();
+    String quoted = JSON.toJson(why);
+    return quoted.substring(1, quoted.length() - 1);
   }
+
+  private static final com.google.gson.Gson JSON = new com.google.gson.GsonBuilder().disableHtmlEscaping().create();
 }

@@ -20,7 +20,8 @@ class ChildOutputTest {
     assertEquals("Caused by: java.io.IOException: C:\\\\models\\\\x: no such file", ChildOutput.why(caused, 300),
         "the root cause, backslashes escaped for JSON");
     assertEquals("Caused by", ChildOutput.why(caused, 9));
-    assertEquals("tab\\u0009in", ChildOutput.why(List.of("tab\tin"), 300));
+    assertEquals("tab\tin", new com.google.gson.Gson().fromJson("\"" + ChildOutput.why(List.of("tab\tin"), 300) + "\"",
+        String.class), "a control character escaped: the JSON string reads back as the line");
     assertEquals("", ChildOutput.why(List.of(), 300));
   }
 }
