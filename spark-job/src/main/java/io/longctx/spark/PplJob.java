@@ -105,7 +105,7 @@ public final class PplJob {
                               contiguous runs (to measure the difference); never changes the result
 
       Bad input exits 2 naming the document: a token id outside the vocabulary, a row with neither or
-      both of text and tokens, a missing doc_id (named by its file, and in JSON Lines its line), text
+      both of text and tokens, a missing doc_id (named by its file and its line, or in Parquet its row_index), text
       that is not valid Unicode (Parquet: with the byte offset; JSON Lines: a lone surrogate escape with its
       character offset, raw invalid UTF-8 as a malformed record with its line), a document on which the model's
       values leave float32 (with the layer and position); an unreadable or inconsistent checkpoint or
@@ -858,7 +858,7 @@ public final class PplJob {
       throw new InputError(where + Formats.lineOf(file, problem) + (surrogate != null ? surrogate : ": " + problem));
     }
     if (r.isNullAt(0)) {
-      // A JSON row has no text to look for: the first line holding a row without doc_id is named.
+      // Spark gives the row no place: its file is read again for the first row without doc_id (line or row_index).
       throw new InputError(where + Formats.lineOfRow(file, List.of("doc_id"), row -> row.get("doc_id") == null)
           + ": a row has no doc_id");
     }
