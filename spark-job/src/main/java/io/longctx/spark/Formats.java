@@ -126,39 +126,109 @@ final class Formats {
    * the task that found it.
    */
   static String lineWhere(String file, java.util.function.Predicate<String> match) {
+    try {
+      long n = firstLine(file, LINE_SEARCH_BYTES, match);
+      return n > 0 ? ", line " + n : "";
+    } catch (IOException | RuntimeException e) {
+      return ""; // best effort: the message still names the file
+    }
+  }
+
+  /**
+   * The 1-based number of the first line of the JSON Lines FILE within its first {@code limitBytes}
+   * (about: characters counted) that {@code match} accepts; 0 where none does, the file is Parquet or
+   * FILE is null. Lines split at \n, \r and \r\n, as Spark's line reader splits them.
+   */
+  static long firstLine(String file, long limitBytes, java.util.function.Predicate<String> match) throws IOException {
     if (file == null) {
-      return "";
+      return 0;
     }
     org.apache.hadoop.fs.Path path = new org.apache.hadoop.fs.Path(java.net.URI.create(file));
     org.apache.hadoop.conf.Configuration conf = readerConf();
-    try {
-      org.apache.hadoop.fs.FileSystem fs = path.getFileSystem(conf);
-      org.apache.hadoop.io.compress.CompressionCodec codec =
-          new org.apache.hadoop.io.compress.CompressionCodecFactory(conf).getCodec(path);
-      try (org.apache.hadoop.fs.FSDataInputStream raw = fs.open(path);
-          java.io.InputStream in = codec == null ? raw : codec.createInputStream(raw);
-          java.io.BufferedReader r = new java.io.BufferedReader(
-              new java.io.InputStreamReader(in, java.nio.charset.StandardCharsets.UTF_8), 1 << 16)) {
-        long n = 0;
-        long read = 0;
-        r.mark(4);
-        if (r.read() == 'P' && r.read() == 'A' && r.read() == 'R' && r.read() == '1') {
-          return ""; // a Parquet file: no lines
-        }
-        r.reset();
-        // readLine splits at \n, \r and \r\n, as Spark's line reader does: the same line numbers
-        for (String line; (line = r.readLine()) != null && read < LINE_SEARCH_BYTES; ) {
-          n++;
-          read += line.length() + 1;
-          if (match.test(line)) {
-            return ", line " + n;
-          }
+    org.apache.hadoop.fs.FileSystem fs = path.getFileSystem(conf);
+    org.apache.hadoop.io.compress.CompressionCodec codec =
+        new org.apache.hadoop.io.compress.CompressionCodecFactory(conf).getCodec(path);
+    try (org.apache.hadoop.fs.FSDataInputStream raw = fs.open(path);
+        java.io.InputStream in = codec == null ? raw : codec.createInputStream(raw);
+        java.io.BufferedReader r = new java.io.BufferedReader(
+            new java.io.InputStreamReader(in, java.nio.charset.StandardCharsets.UTF_8), 1 << 16)) {
+      long n = 0;
+      long read = 0;
+      r.mark(4);
+      if (r.read() == 'P' && r.read() == 'A' && r.read() == 'R' && r.read() == '1') {
+        return 0; // a Parquet file: no lines
+      }
+      r.reset();
+      for (String line; read < limitBytes && (line = r.readLine()) != null; ) {
+        n++;
+        read += line.length() + 1;
+        if (match.test(line)) {
+          return n;
         }
       }
-    } catch (IOException | RuntimeException e) {
-      // best effort: the message still names the file
     }
-    return "";
+    return 0;
+  }
+
+  /** The index of the first UTF-16 surrogate in S without its pair, or -1 where there is none. */
+  static int loneSurrogate(String s) {
+    for (int i = 0; i < s.length(); i++) {
+      char ch = s.charAt(i);
+      if (Character.isHighSurrogate(ch) && i + 1 < s.length() && Character.isLowSurrogate(s.charAt(i + 1))) {
+        i++; // a pair
+      } else if (Character.isSurrogate(ch)) {
+        return i;
+      }
+    }
+    return -1;
+  }
+
+  /** Per JVM, "column NUL file" of each JSON file whose ids {@link #refuseLoneSurrogateId} read and found whole. */
+  private static final java.util.Set<String> WHOLE_IDS = java.util.concurrent.ConcurrentHashMap.newKeySet();
+
+  /**
+   * Refuses an id that held a lone UTF-16 surrogate in JSON Lines. Spark's JSON reader takes the escape
+   * of one (U+D800 to U+DFFF without its pair: not Unicode) and stores it as '?', so ids that differ only
+   * there would silently become one document, named by neither. Every such id holds a '?' as read: for
+   * one that does ({@code value}, from FILE's COLUMN), the whole file is read once per JVM and the first
+   * row whose COLUMN (its name matched ignoring case, as Spark matches it) holds a lone surrogate is bad
+   * input, named by its line. Costs nothing for ids without '?', and Parquet strings cannot hold one.
+   */
+  static void refuseLoneSurrogateId(String what, String file, String column, String value) {
+    if (value == null || value.indexOf('?') < 0 || file == null || WHOLE_IDS.contains(column + '\0' + file)) {
+      return;
+    }
+    String[] bad = new String[1];
+    long line;
+    try {
+      line = firstLine(file, Long.MAX_VALUE, l -> rowWhere(l, m -> {
+        for (Map.Entry<String, String> f : m.entrySet()) {
+          if (f.getKey().equalsIgnoreCase(column) && loneSurrogate(f.getValue()) >= 0) {
+            bad[0] = f.getValue();
+            return true;
+          }
+        }
+        return false;
+      }));
+    } catch (IOException | RuntimeException e) {
+      return; // not readable here (Spark read it): left unchecked rather than failing the job on the check
+    }
+    if (line == 0) {
+      WHOLE_IDS.add(column + '\0' + file);
+      return;
+    }
+    String id = bad[0];
+    int at = loneSurrogate(id);
+    StringBuilder shown = new StringBuilder();
+    for (int i = 0; i < id.length(); i++) {
+      char ch = id.charAt(i);
+      boolean paired = Character.isHighSurrogate(ch) ? i + 1 < id.length() && Character.isLowSurrogate(id.charAt(i + 1))
+          : Character.isLowSurrogate(ch) && i > 0 && Character.isHighSurrogate(id.charAt(i - 1));
+      shown.append(Character.isSurrogate(ch) && !paired ? String.format(Locale.ROOT, "\\u%04x", (int) ch) : ch);
+    }
+    throw new InputError(what + " file " + file + ", line " + line + ": " + column + " '" + shown + "' holds a lone "
+        + "UTF-16 surrogate (\\u" + Integer.toHexString(id.charAt(at)) + ") at character " + id.codePointCount(0, at)
+        + " (code points from 0): not valid Unicode; Spark would read it as '?', and ids that differ only there as one");
   }
 
   /** The job's spark.hadoop.* settings (an object store's credentials, say), as Spark's reader had them. */

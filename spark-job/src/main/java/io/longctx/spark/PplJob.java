@@ -784,6 +784,8 @@ public final class PplJob {
     if (!dup.isEmpty()) {
       Row r = dup.get(0);
       String first = r.getString(2), last = r.getString(3);
+      Formats.refuseLoneSurrogateId("INPUT", first, "doc_id", r.getString(0)); // the reason two ids became one
+      Formats.refuseLoneSurrogateId("INPUT", last, "doc_id", r.getString(0));
       throw new InputError("INPUT " + input + ": doc_id '" + r.getString(0) + "' appears " + r.getLong(1) + " times ("
           + (first.equals(last) ? "in file " + first : "in files " + first + " and " + last + " at least")
           + "); the output has one row per doc_id, so give each document its own");
@@ -863,6 +865,7 @@ public final class PplJob {
           + ": a row has no doc_id");
     }
     String doc = r.getString(0);
+    Formats.refuseLoneSurrogateId("INPUT", file, "doc_id", doc);
     where += ", doc '" + doc + "'";
     boolean text = !r.isNullAt(1), tokens = !r.isNullAt(2);
     if (text == tokens) {
@@ -951,17 +954,10 @@ public final class PplJob {
     } catch (IOException | RuntimeException e) {
       return null;
     }
-    for (int i = 0; text != null && i < text.length(); i++) {
-      char ch = text.charAt(i);
-      if (Character.isHighSurrogate(ch) && i + 1 < text.length() && Character.isLowSurrogate(text.charAt(i + 1))) {
-        i++; // a pair
-      } else if (Character.isSurrogate(ch)) {
-        return (doc == null ? "" : ", doc '" + doc + "'") + ": text holds a lone UTF-16 surrogate (\\u"
-            + Integer.toHexString(ch) + ") at character " + text.codePointCount(0, i) + " (code points from 0): "
-            + "not valid Unicode, so it has no UTF-8 bytes to tokenize or count";
-      }
-    }
-    return null;
+    int i = text == null ? -1 : Formats.loneSurrogate(text);
+    return i < 0 ? null : (doc == null ? "" : ", doc '" + doc + "'") + ": text holds a lone UTF-16 surrogate (\\u"
+        + Integer.toHexString(text.charAt(i)) + ") at character " + text.codePointCount(0, i) + " (code points from 0): "
+        + "not valid Unicode, so it has no UTF-8 bytes to tokenize or count";
   }
 
   /** An output row (see {@link #outputSchema}); bytes < 0: not a text row. */

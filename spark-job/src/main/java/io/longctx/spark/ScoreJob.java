@@ -593,6 +593,7 @@ public final class ScoreJob {
       throw new InputError("KEYS file " + file + Formats.lineOfRow(file, List.of("doc_id"), r -> r.get("doc_id") == null)
           + ": a row has no doc_id (pos " + t.getPos() + ")");
     }
+    Formats.refuseLoneSurrogateId("KEYS", file, "doc_id", t.getDocId());
     String where = "KEYS file " + file + ", doc '" + t.getDocId() + "', pos " + t.getPos();
     if (t.getPos() == null) {
       throw new InputError("KEYS file " + file + Formats.lineOfRow(file, List.of("pos", "doc_id"), r -> r.get("pos") == null
@@ -631,6 +632,8 @@ public final class ScoreJob {
           r -> r.get(field) == null && (value == null || value.equals(r.get(other)))) + row + ": column '" + field
           + "' is missing or null");
     }
+    Formats.refuseLoneSurrogateId("QUERIES", file, "query_id", t.getQueryId());
+    Formats.refuseLoneSurrogateId("QUERIES", file, "doc_id", t.getDocId());
     checkVector(t.getQ(), "q", s.heads() * s.dim(), "heads*dim" + s.origin(), where);
     t.setFile(null);
     return t;

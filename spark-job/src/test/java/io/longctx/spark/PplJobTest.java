@@ -415,6 +415,13 @@ class PplJobTest {
     fails(jsonl("s.jsonl", "{\"doc_id\": \"ok\", \"text\": \"fine\"}",
         "{\"doc_id\": \"sur\", \"text\": \"a\\ud83d\\ude42b\\udc00c\"}"), model,
         "s.jsonl, line 2, doc 'sur': text holds a lone UTF-16 surrogate (\\udc00) at character 3");
+    // An id too: Spark reads one as '?'. Alone it was scored as 'e?' with exit 0; two were refused as one id 'd?'
+    // appearing twice, which is in neither file.
+    fails(jsonl("sid1.jsonl", "{\"doc_id\": \"e\\udfff\", \"tokens\": [1, 2]}"), model,
+        "sid1.jsonl, line 1: doc_id 'e\\udfff' holds a lone UTF-16 surrogate (\\udfff) at character 1");
+    fails(jsonl("sid.jsonl", "{\"doc_id\": \"ok?\", \"tokens\": [1]}", "{\"doc_id\": \"d\\ud800\", \"tokens\": [1, 2]}",
+        "{\"doc_id\": \"d\\udc00\", \"tokens\": [3]}"), model,
+        "sid.jsonl, line 2: doc_id 'd\\ud800' holds a lone UTF-16 surrogate (\\ud800) at character 1");
     String text = "a\ud83d\ude42b \ufffd"; // a pair (escaped in the JSON below) and U+FFFD itself
     Path good = jsonl("pair.jsonl", "{\"doc_id\": \"pair\", \"text\": \"a\\ud83d\\ude42b \ufffd\"}");
     Path out = tmp.resolve("pair-out");
