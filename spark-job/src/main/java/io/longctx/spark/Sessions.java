@@ -127,29 +127,68 @@ public final class Sessions {
   }
 
   /**
-   * Tasks running on the executors, those of a failed job's stage included. Spark's status tracker
-   * counts them from its listener bus, so a task started just before the failure may not be counted
-   * yet (the drain then stops sooner than it could, and that task may log the error); and its store
-   * saves a start or an end at most every 100 ms (spark.ui.liveUpdate.period) unless the count falls
-   * to 0, so a count above 0 can lag until the executor's next heartbeat (the drain then waits longer,
-   * up to its limit).
+   * Tasks running on the executors, those of a failed job's stage included: started minus ended, as
+   * the listener bus delivered them to the session's {@link TaskCount} (all it had posted by now).
+   * Spark's status tracker was no help: its store saves a count at most every 100 ms
+   * (spark.ui.liveUpdate.period) unless the count falls to 0, so two tasks started right after an
+   * earlier stage ended still read 0 when one of them failed, and a failed ppl run stopped its session
+   * under the other (3 runs in 4: Spark's stack traces after the one-line error).
    */
   static int runningTasks(org.apache.spark.SparkContext sc) {
     if (sc.isStopped()) { // by a signal's shutdown, say: nothing runs
       return 0;
     }
-    int n = 0;
-    for (org.apache.spark.SparkExecutorInfo e : sc.statusTracker().getExecutorInfos()) {
-      n += e.numRunningTasks();
+    TaskCount count = COUNTS.get(sc);
+    if (count == null) { // a session made elsewhere: the status tracker, late as it may be
+      int n = 0;
+      for (org.apache.spark.SparkExecutorInfo e : sc.statusTracker().getExecutorInfos()) {
+        n += e.numRunningTasks();
+      }
+      return n;
     }
-    return n;
+    try {
+      sc.listenerBus().waitUntilEmpty(10_000);
+    } catch (java.util.concurrent.TimeoutException | IllegalStateException e) {
+      // a listener slower than that, or the bus stopped: the count as delivered so far
+    }
+    return count.running.get();
   }
+
+  /** Tasks started minus tasks ended on one SparkContext, from its listener bus. */
+  static final class TaskCount extends org.apache.spark.scheduler.SparkListener {
+    final java.util.concurrent.atomic.AtomicInteger running = new java.util.concurrent.atomic.AtomicInteger();
+
+    @Override
+    public void onTaskStart(org.apache.spark.scheduler.SparkListenerTaskStart e) {
+      running.incrementAndGet();
+    }
+
+    @Override
+    public void onTaskEnd(org.apache.spark.scheduler.SparkListenerTaskEnd e) {
+      running.decrementAndGet();
+    }
+  }
+
+  private static final Map<org.apache.spark.SparkContext, TaskCount> COUNTS =
+      java.util.Collections.synchronizedMap(new java.util.WeakHashMap<>());
+
+  /** Counts the tasks of SC from now on ({@link #runningTasks}); once per context. */
+  static void countTasks(org.apache.spark.SparkContext sc) {
+    COUNTS.computeIfAbsent(sc, c -> {
+      TaskCount t = new TaskCount();
+      c.addSparkListener(t);
+      return t;
+    });
+  }
+
 
   public static SparkSession create(String appName, String master, List<String> confs) {
     SparkSession.Builder b = SparkSession.builder().appName(appName);
     settings(master, confs).forEach(b::config);
     try {
-      return b.getOrCreate();
+      SparkSession spark = b.getOrCreate();
+      countTasks(spark.sparkContext());
+      return spark;
     } catch (Exception e) { // Scala throws SparkException unchecked
       if (String.valueOf(e.getMessage()).startsWith("Could not parse Master URL")) { // bad usage: exit 2, one line
         throw new InputError("--master: " + e.getMessage());

@@ -15,6 +15,7 @@ final class TestSpark {
           .config("spark.ui.showConsoleProgress", "false")
           .config("spark.sql.shuffle.partitions", "4")
           .getOrCreate();
+      Sessions.countTasks(spark.sparkContext()); // as a command's session does
     }
     return spark;
   }
