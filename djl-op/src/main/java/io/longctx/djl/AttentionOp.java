@@ -425,13 +425,20 @@ public final class AttentionOp {
   }
 
   /**
-   * Checks this package's system properties ({@link #PATH_PROPERTY}, {@value HugePages#PROPERTY},
-   * {@link LlamaModel#KV_GROUP_FLOATS_PROPERTY}) without acting on them, so that a command can refuse
+   * Checks the system properties this package reads ({@value AttentionBackends#PROPERTY}, {@link #PATH_PROPERTY},
+   * {@value HugePages#PROPERTY}, {@link LlamaModel#KV_GROUP_FLOATS_PROPERTY}) without acting on them, so that a command can refuse
    * a bad value before its work starts instead of failing at its first attention call.
    *
    * @throws IllegalArgumentException naming the first bad property and its value
    */
   public static void checkSettings() {
+    if (!AttentionBackends.choice().equals("auto")) {
+      try {
+        AttentionBackends.provider(AttentionBackends.choice()); // a name no provider has
+      } catch (IllegalArgumentException e) {
+        throw new IllegalArgumentException("-D" + e.getMessage(), e);
+      }
+    }
     forcedPath();
     HugePages.mode();
     LlamaModel.kvGroupFloatsSetting();

@@ -42,8 +42,9 @@ final class JobBackend implements Serializable {
     io.longctx.kernels.AttentionBackendProvider p;
     try {
       p = AttentionBackends.provider(c);
-    } catch (IllegalArgumentException e) {
-      throw new InputError("--backend: " + e.getMessage());
+    } catch (IllegalArgumentException e) { // the option's name, or the property's
+      throw new InputError(choice != null ? "--backend must be auto or one of " + AttentionBackends.names() + ", got '"
+          + choice + "'" : "-D" + e.getMessage());
     }
     // With local or local[N] the tasks run in this JVM: a backend it cannot run, no task can. Said here,
     // before any work, instead of by the first task's failure. (local-cluster's executors are other JVMs,

@@ -73,8 +73,24 @@ class BackendSelectionTest {
         tmp.resolve("o").toString(), "--dim", "8", "--backend", "tpu"};
     ByteArrayOutputStream err = new ByteArrayOutputStream();
     assertEquals(2, LongctxMain.run(args, System.out, new PrintStream(err, true)), err.toString());
-    assertTrue(err.toString().contains("--backend: longctx.backend must be auto or one of [cuda, cpu, counting]"),
+    assertTrue(err.toString().contains("--backend must be auto or one of [cuda, cpu, counting], got 'tpu'"),
         err.toString());
+    // The property is named as itself (it was said to be --backend's fault, and ppl's model's), before any work.
+    String before = System.getProperty("longctx.backend");
+    System.setProperty("longctx.backend", "cdua");
+    try {
+      err.reset();
+      String[] noOption = java.util.Arrays.copyOf(args, args.length - 2);
+      assertEquals(2, LongctxMain.run(noOption, System.out, new PrintStream(err, true)), err.toString());
+      assertTrue(err.toString().contains("error: -Dlongctx.backend must be auto or one of [cuda, cpu, counting], got "
+          + "'cdua'"), err.toString());
+    } finally {
+      if (before == null) {
+        System.clearProperty("longctx.backend");
+      } else {
+        System.setProperty("longctx.backend", before);
+      }
+    }
 
     assumeFalse(CudaProbe.status().available(), "a GPU is present: cuda would run");
     args[args.length - 1] = "cuda";
