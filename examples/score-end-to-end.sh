@@ -28,7 +28,7 @@ echo "== 1. corpus (JSON Lines) in $work/corpus"
 "$longctx" gen --docs 2 --tokens 20000 --min-tokens 5000 --heads 8 --kv-heads 2 --dim 64 \
   --queries-per-doc 6 --format json --output "$work/corpus" --overwrite
 
-echo "== 2. decode: causal, window 1024, chunks of 4096 tokens"
+echo "== 2. decode: causal, window 1024, chunks of 4096 tokens (every 4th query has no pos: it attends the whole document)"
 "$longctx" score --keys "$work/corpus/keys.jsonl" --queries "$work/corpus/queries.jsonl" \
   --output "$work/scores.jsonl" --overwrite --dim 64 --causal --window 1024 --chunk-len 4096 "$@"
 

@@ -75,7 +75,8 @@ final class Formats {
       if (why != null) {
         throw new InputError(what + " " + path + ": " + why + (resolve(null, path).equals("json")
             ? " (--format parquet applies to every input: leave it out, and each input's format comes from its name)"
-            : " (for JSON Lines give --format json, or name the file with a .jsonl extension)"));
+            : " (for JSON Lines give --format json, or end the name of " + path + " in .jsonl: a folder's own name"
+                + " decides, not its files')"));
       }
       if (InputError.causeLine(e, "UNABLE_TO_INFER_SCHEMA") != null) { // Parquet: no data file to take it from
         throw new InputError(what + " " + path + ": no data files to read (an empty directory, or only _SUCCESS and "

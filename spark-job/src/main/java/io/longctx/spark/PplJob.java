@@ -736,7 +736,8 @@ public final class PplJob {
   private static LlamaConfig checkModel(String dir) throws IOException {
     java.nio.file.Path p = java.nio.file.Path.of(dir);
     if (!java.nio.file.Files.isDirectory(p)) {
-      throw new InputError("MODEL " + dir + ": not a directory");
+      throw new InputError("MODEL " + dir + ": " + (java.nio.file.Files.exists(p) ? "not a directory (a checkpoint is a "
+          + "folder holding config.json and *.safetensors)" : "no such directory"));
     }
     try {
       LlamaConfig cfg = LlamaConfig.read(p);

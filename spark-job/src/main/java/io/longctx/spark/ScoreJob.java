@@ -194,8 +194,9 @@ public final class ScoreJob {
         // A query without pos attends the whole document by design; when none has one, a mask was asked
         // for and would apply nowhere: most likely the field is misspelled or missing.
         throw new InputError("QUERIES " + opt.queries + ": " + (attn.causal() ? "--causal" : "--window")
-            + " needs query positions, but no query has a 'pos' (a query without one attends the whole document): "
-            + "give each query its position, or leave out " + (attn.causal() ? "--causal" : "--window"));
+            + " needs query positions, but no query has a 'pos' (a query without one attends the whole document; the "
+            + "name is matched exactly, so 'Pos' or 'position' is not it): give each query its position, or leave out "
+            + (attn.causal() ? "--causal" : "--window"));
       }
       PairPlan plan;
       try {
@@ -542,6 +543,19 @@ public final class ScoreJob {
     String where = " (first rows: " + rows + ")";
     if (dim > CpuAttention.MAX_DIM) {
       throw new InputError("head dim " + dim + " is above the kernels' maximum " + CpuAttention.MAX_DIM + where);
+    }
+    // A count inferred by a division that left a remainder: said as such (the quotient alone read as a wrong count).
+    String dimFrom = opt.dim > 0 ? "--dim" : opt.heads > 0 ? "from --heads" : "from --kv-heads";
+    String notMultiple = opt.dim == 0 && opt.heads > 0 && qLen % opt.heads != 0
+        ? "q has " + qLen + " floats, not a multiple of --heads " + opt.heads
+        : opt.dim == 0 && opt.heads == 0 && kLen % opt.kvHeads != 0
+        ? "k has " + kLen + " floats, not a multiple of --kv-heads " + opt.kvHeads
+        : opt.heads == 0 && qLen % dim != 0 ? "q has " + qLen + " floats, not a multiple of the head dim " + dim + " ("
+            + dimFrom + ")"
+        : opt.kvHeads == 0 && kLen % dim != 0 ? "k has " + kLen + " floats, not a multiple of the head dim " + dim + " ("
+            + dimFrom + ")" : null;
+    if (notMultiple != null) {
+      throw new InputError("shape: " + notMultiple + where);
     }
     // long products: --heads and --dim are any ints, and an int product can wrap onto the array length
     if (heads < 1 || kvHeads < 1 || (long) heads * dim != qLen || (long) kvHeads * dim != kLen) {

@@ -75,6 +75,9 @@ public final class ScoreOptions implements Serializable {
     if (heads < 0 || kvHeads < 0 || dim < 0 || partitions < 0) {
       throw new IllegalArgumentException("--heads, --kv-heads, --dim and --partitions must be >= 1 (0 here: not given, inferred)");
     }
-    attention(); // validates scale, softcap, window
+    if (window < 0) { // said as the option (the kernels' own check names their parameter)
+      throw new IllegalArgumentException("--window must be >= 0 (0: no window), got " + window);
+    }
+    attention(); // validates scale, softcap
   }
 }

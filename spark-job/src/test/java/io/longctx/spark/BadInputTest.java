@@ -176,7 +176,15 @@ class BadInputTest {
     Path queries = d.writeQueries(spark, tmp, "parquet");
     Run r = score(keys, queries, "--heads", "3");
     assertEquals(2, r.rc(), r.err());
-    assertTrue(r.err().contains("does not match the data"), r.err());
+    assertTrue(r.err().contains("shape: q has 16 floats, not a multiple of --heads 3 (first rows: KEYS "), r.err());
+    // a count inferred by a division with a remainder was printed as its quotient ("heads=2 ... dim=6")
+    r = score(keys, queries, "--dim", "6");
+    assertEquals(2, r.rc(), r.err());
+    assertTrue(r.err().contains("shape: q has 16 floats, not a multiple of the head dim 6 (--dim)"), r.err());
+    r = score(keys, queries, "--kv-heads", "3");
+    assertTrue(r.rc() == 2 && r.err().contains("shape: k has 8 floats, not a multiple of --kv-heads 3"), r.err());
+    r = score(keys, queries, "--dim", "4", "--heads", "3");
+    assertTrue(r.rc() == 2 && r.err().contains("shape heads=3 kv-heads=2 dim=4 does not match the data"), r.err());
   }
 
   record Run(int rc, String err) {}

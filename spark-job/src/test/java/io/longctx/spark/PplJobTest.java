@@ -445,7 +445,9 @@ class PplJobTest {
     Path colon = copyOfModel("m o:d", null);
     for (String[] bad : new String[][] {
         {"--model", colon.toString(), "MODEL file://" + colon + ": Hadoop cannot take this path"},
-        {"--output", tmp.resolve("o u:t").toString(), "output " + tmp.resolve("o u:t") + ": a ':' in its name"}}) {
+        {"--output", tmp.resolve("o u:t").toString(), "output " + tmp.resolve("o u:t") + ": a ':' in its name"},
+        {"--model", tmp.resolve("nockpt").toString(), "MODEL " + tmp.resolve("nockpt") + ": no such directory"},
+        {"--model", in.toString(), "MODEL " + in + ": not a directory (a checkpoint is a folder"}}) {
       ByteArrayOutputStream err = new ByteArrayOutputStream();
       List<String> args = new ArrayList<>(List.of("ppl", "--model", model.toString(), "--input", in.toString(),
           "--output", tmp.resolve("out").toString()));
