@@ -60,13 +60,30 @@ if [ -n "$(ls -A "$data" 2>/dev/null)" ] && ! ours; then
     "folder, or, if it is an earlier run's data, adopt it with: touch $marker" >&2
   exit 2
 fi
+# clean deletes the default DATA (inside the clone's target/) whole; in another DATA only what the marker
+# lists, the names this script made there (a user's files put there later stay), then DATA if that empties it.
 if [ "${1:-}" = clean ]; then
-  if [ -d "$data" ] && ours; then rm -rf "$data"; echo "deleted $data" >&2
-  elif [ -d "$data" ]; then echo "scale-runs: not deleting $data: this script did not make it" >&2; exit 2; fi
+  [ -d "$data" ] || exit 0
+  if ! ours; then echo "scale-runs: not deleting $data: this script did not make it" >&2; exit 2; fi
+  if [ "$data" = "$root/examples/target/scale-data" ]; then rm -rf "$data"; echo "deleted $data" >&2; exit 0; fi
+  while IFS= read -r n; do
+    case "$n" in ""|.|..|*/*) continue ;; esac
+    rm -rf -- "${data:?}/$n"
+  done <"$marker"
+  rm -f -- "$marker"
+  if [ -z "$(ls -A "$data")" ]; then rmdir "$data"; echo "deleted $data" >&2
+  else echo "scale-runs: deleted what it made in $data; kept what it did not make:" $(ls -A "$data") >&2; fi
   exit 0
 fi
 mkdir -p "$data/tmp" "$events" "$(dirname "$out")"
 touch "$marker"
+# made NAME...: records names this script made at DATA's top level, for clean.
+made() {
+  local n
+  for n in "$@"; do grep -qxF -- "$n" "$marker" || echo "$n" >>"$marker"; done
+}
+made tmp
+[ "$events" = "$data/events" ] && made events
 
 # Every Spark JVM: heap capped, scratch under DATA, event log on. In local mode the driver IS the
 # executor: spark.driver.memory cannot change a running JVM's heap, so -Xmx does it (the property is
@@ -85,6 +102,7 @@ measure() {
   local name="$1" naive="$2"
   shift 2
   local log="$data/$name.log" ev_before
+  made "$name.log" "$name.peak.json"
   ev_before="$(ls "$events" | sort)"
   echo "== $name: $* (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
   local load0 t0 rc=0
@@ -94,8 +112,13 @@ measure() {
   local pid=$!
   python3 "$root/examples/procpeak.py" "$pid" >"$data/$name.peak.json" &
   local sampler=$!
+  # Background jobs of a script ignore INT: a Ctrl-C (or a TERM to this script) is passed on to the job,
+  # which then ends as a signalled command does (its output written whole or not at all).
+  trap 'kill -TERM "$pid" "$sampler" 2>/dev/null; wait "$pid" "$sampler" 2>/dev/null; exit 130' INT
+  trap 'kill -TERM "$pid" "$sampler" 2>/dev/null; wait "$pid" "$sampler" 2>/dev/null; exit 143' TERM
   wait "$pid" || rc=$?
   wait "$sampler" || true
+  trap - INT TERM
   local wall
   wall="$(python3 -c "import time; print(round(time.time() - $t0, 1))")"
   local ev_new
@@ -113,6 +136,7 @@ naive_bytes() { # T_q x T_k x heads x 4 B: the score matrix of the naive computa
 decode() {
   local tokens="${TOKENS:-1000000}"
   local d="$data/decode-$tokens" # one folder per size: a smaller corpus made earlier is never taken for this one
+  made "decode-$tokens"
   if [ ! -d "$d/keys.parquet" ] || [ ! -d "$d/queries.parquet" ]; then
     measure "gen-decode-$tokens" 0 "$longctx" gen --docs 1 --tokens "$tokens" --heads 32 --kv-heads 8 --dim 128 \
       --queries-per-doc 64 --output "$d" --overwrite "${spark_conf[@]}" --master "local[2]"
@@ -128,6 +152,7 @@ decode() {
 cluster_conf=()
 setup_cluster() {
   local home="$data/spark-home"
+  made spark-home
   mkdir -p "$home/jars" "$home/launcher/target/scala-2.13"
   export SPARK_HOME="$home" SPARK_SCALA_VERSION=2.13
   cluster_conf=(--conf "spark.executor.extraClassPath=$root/spark-job/target/classes:$(cat "$root/spark-job/target/classpath.txt")"
@@ -142,6 +167,7 @@ heap_mb() {
 cluster_decode() {
   local tokens="${TOKENS:-1000000}"
   local d="$data/decode-$tokens" # one folder per size: a smaller corpus made earlier is never taken for this one
+  made "decode-$tokens"
   setup_cluster
   measure "cluster-decode-$tokens" "$(naive_bytes 64 "$tokens" 32)" "$longctx" score --keys "$d/keys.parquet" \
     --queries "$d/queries.parquet" --output "$d/out-cluster" --overwrite --dim 128 --causal --chunk-len 4096 \
@@ -151,6 +177,7 @@ cluster_decode() {
 gen_prefill() {
   local tokens="${PREFILL_TOKENS:-131072}"
   local d="$data/prefill-$tokens" # one folder per size
+  made "prefill-$tokens"
   if [ ! -d "$d/keys.parquet" ]; then
     measure "gen-prefill-$tokens" 0 "$longctx" gen --docs 1 --tokens "$tokens" --heads 8 --kv-heads 8 --dim 128 \
       --queries-per-doc 0 --prefill --output "$d" --overwrite "${spark_conf[@]}" --master "local[2]"
@@ -160,6 +187,7 @@ gen_prefill() {
 prefill() {
   local tokens="${PREFILL_TOKENS:-131072}"
   local d="$data/prefill-$tokens" # one folder per size
+  made "prefill-$tokens"
   gen_prefill
   measure "prefill-$tokens" "$(naive_bytes "$tokens" "$tokens" 8)" "$longctx" score --mode prefill \
     --keys "$d/keys.parquet" --output "$d/out" --overwrite --heads 8 --chunk-len 8192 --partitions "${PARTITIONS:-64}" \
@@ -168,6 +196,7 @@ prefill() {
 
 scaling() {
   local tokens="${SCALING_TOKENS:-32768}"
+  made bench
   for m in "local[1]" "local[2]"; do
     measure "spark-bench-$tokens-$m" "$(naive_bytes "$tokens" "$tokens" 8)" "$longctx" spark-bench --tokens "$tokens" \
       --heads 8 --kv-heads 2 --dim 64 --chunk-len 8192 --dir "$data/bench" "${spark_conf[@]}" --master "$m"
@@ -215,6 +244,7 @@ ppl_run() {
 # ppl_long NAME TYPE TOKENS LAYERS [WINDOW]: one long document split over the default tasks per layer.
 ppl_long() {
   local name="$1" type="$2" tokens="$3" layers="$4" window="${5:-}" d="$data/ppl"
+  made ppl
   mkdir -p "$d"
   gen_ppl_model "$d/$type-$layers" "$type" "$layers" "$window"
   gen_tokens "$d/doc-$tokens.jsonl" "$tokens"
@@ -224,6 +254,7 @@ ppl_long() {
 
 ppl_overhead() {
   local tokens="${PPL_TOKENS:-32768}" layers="${PPL_LAYERS:-8}" d="$data/ppl"
+  made ppl
   mkdir -p "$d"
   gen_ppl_model "$d/mistral-$layers" mistral "$layers" 4096
   gen_tokens "$d/doc-$tokens.jsonl" "$tokens"
@@ -248,6 +279,7 @@ ppl_overhead() {
 # threads to spare, a lone heavy task would borrow the idle core and hide the imbalance.
 ppl_balance() {
   local tokens="${PPL_TOKENS:-32768}" d="$data/ppl"
+  made ppl
   mkdir -p "$d"
   gen_ppl_model "$d/llama-2" llama 2
   gen_tokens "$d/doc-$tokens.jsonl" "$tokens"

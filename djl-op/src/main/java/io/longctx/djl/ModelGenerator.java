@@ -172,8 +172,8 @@ public final class ModelGenerator {
    * Writes the checkpoint as {@code dir}, which must not exist or be an empty directory (we never
    * write into a directory we did not make and that holds something). The files are written into a
    * hidden sibling {@code .NAME-tmp-UUID}, renamed to {@code dir} once complete (into an existing
-   * empty {@code dir} the files are moved one by one): a failed run leaves nothing, a killed one only
-   * that hidden directory, never a partial checkpoint under a new name asked for.
+   * empty {@code dir} the files are moved one by one): a failed or interrupted run leaves nothing (a
+   * killed one, SIGKILL, that hidden directory), never a partial checkpoint under a new name asked for.
    */
   public static void generate(Spec s, Path dir) throws IOException {
     if (Files.exists(dir)) {
@@ -210,7 +210,9 @@ public final class ModelGenerator {
     }
     Files.createDirectories(parent);
     Path staging = parent.resolve("." + dir.getFileName() + "-tmp-" + UUID.randomUUID());
-    try {
+    // deleted on failure, and by a shutdown hook on Ctrl-C or SIGTERM (an interrupted run left a partial
+    // checkpoint of 1.2 GB there); renamed away on success, so nothing is left to delete then
+    try (MadeFolders.Temporary ignored = new MadeFolders.Temporary(staging, false)) {
       Files.createDirectory(staging);
       writeFiles(s, staging, configJson, tok, cfg);
       if (Files.isDirectory(dir)) { // the user's empty directory (a mount point, say): kept, the files moved in
@@ -223,9 +225,6 @@ public final class ModelGenerator {
       } else {
         Files.move(staging, dir); // fails, rather than replaces, should dir have appeared meanwhile
       }
-    } catch (IOException | RuntimeException e) {
-      MadeFolders.deleteOrWarn(staging); // a hidden .NAME-tmp-UUID folder
-      throw e;
     }
   }
 

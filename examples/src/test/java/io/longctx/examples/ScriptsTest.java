@@ -77,6 +77,21 @@ class ScriptsTest {
     }
   }
 
+  /** --help, or an OUTDIR that reads as an option, ran the sweep (mkdir took it as its own option). */
+  @Test
+  void benchSweepHelpAndADashLedOutdirRunNothing() throws Exception {
+    Path calls = tmp.resolve("calls");
+    Path logging = tmp.resolve("logging-stub.sh");
+    Files.writeString(logging, "#!/bin/sh\necho \"$@\" >> " + calls + "\n");
+    assertTrue(logging.toFile().setExecutable(true));
+    Result help = run(Map.of("LONGCTX", logging.toString(), "TS", "1024"), "examples/bench-sweep.sh", "--help");
+    assertEquals(0, help.rc(), help.out());
+    assertTrue(help.out().contains("examples/bench-sweep.sh [OUTDIR]"), help.out());
+    Result dash = run(Map.of("LONGCTX", logging.toString(), "TS", "1024"), "examples/bench-sweep.sh", "--out");
+    assertEquals(2, dash.rc(), dash.out());
+    assertTrue(!Files.exists(calls) && !Files.exists(Path.of("--out")), "the launcher was called: " + dash.out());
+  }
+
   @Test
   void benchSweepTagsAndKeepsOnlyJsonLines() throws Exception {
     for (int i = 0; i < REPEATS; i++) {
@@ -154,11 +169,20 @@ class ScriptsTest {
     Result e = run(Map.of("DATA", empty.toString()), "examples/scale-runs.sh", "clean");
     assertEquals(2, e.rc(), e.out());
     assertTrue(Files.isDirectory(empty), e.out());
-    // a folder it made (marker inside) is its to delete
+    // A folder it made (marker inside): what the marker lists is its to delete; a file put there later is not
+    // (clean deleted the whole folder, a user's files with it).
     Path made = tmp.resolve("made-data");
     Files.createDirectories(made.resolve("tmp"));
-    Files.writeString(made.resolve(".made-by-scale-runs"), "");
+    Files.writeString(made.resolve(".made-by-scale-runs"), "tmp\ndecode-100\n");
+    Path notes = Files.writeString(made.resolve("notes.txt"), "mine");
     Result r = run(Map.of("DATA", made.toString()), "examples/scale-runs.sh", "clean");
+    assertEquals(0, r.rc(), r.out());
+    assertEquals(List.of(notes), Files.list(made).toList(), r.out());
+    assertTrue(r.out().contains("kept what it did not make: notes.txt"), r.out());
+    Files.delete(notes);
+    Files.createDirectories(made.resolve("tmp"));
+    Files.writeString(made.resolve(".made-by-scale-runs"), "tmp\n");
+    r = run(Map.of("DATA", made.toString()), "examples/scale-runs.sh", "clean");
     assertEquals(0, r.rc(), r.out());
     assertTrue(!Files.exists(made), r.out());
   }

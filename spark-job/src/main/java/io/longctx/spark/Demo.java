@@ -161,12 +161,11 @@ public final class Demo {
   public static boolean runPpl(SparkSession spark, Path dir, int tokens, PrintStream out) throws Exception {
     Files.createDirectories(dir);
     // The checkpoint and the documents go into a fresh directory of ours, deleted at the end: nothing
-    // of the user's in DIR is written over (the documents were once written onto DIR/ppl-docs.parquet).
+    // of the user's in DIR is written over (the documents were once written onto DIR/ppl-docs.parquet). Deleted on
+    // Ctrl-C or SIGTERM too (a finally block does not run then: each interrupted run left one in DIR).
     Path work = Files.createTempDirectory(dir, ".ppl-demo-");
-    try {
+    try (io.longctx.djl.MadeFolders.Temporary ignored = new io.longctx.djl.MadeFolders.Temporary(work, false)) {
       return runPpl(spark, dir, work, tokens, out);
-    } finally {
-      io.longctx.djl.MadeFolders.deleteOrWarn(work);
     }
   }
 
