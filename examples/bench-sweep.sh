@@ -17,8 +17,13 @@
 # CPU (forward-sweep-CPU-DATE.jsonl: plots draws each file apart, so CPUs never share a plot).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+case "${1:-}" in
+  -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+  -*) echo "bench-sweep.sh: OUTDIR cannot start with '-': $1 (the only argument is OUTDIR; see --help)" >&2; exit 2 ;;
+esac
+[ $# -le 1 ] || { echo "bench-sweep.sh: one argument at most (OUTDIR), got $#" >&2; exit 2; }
 out="${1:-$root/examples/target/bench-data}"
-mkdir -p "$out"
+mkdir -p -- "$out"
 ts="${TS:-1024 2048 4096 8192 16384}"
 longctx="${LONGCTX:-$root/bin/longctx}" # LONGCTX: another launcher (the script test's stub)
 
@@ -67,7 +72,7 @@ if [ -z "${SKIP_TIME:-}" ]; then
     else plain_fits "$t" || { plain=""; echo "   (djl-plain skipped: not enough free memory)" >&2; }; fi
     # shellcheck disable=SC2046
     "$longctx" bench --op forward --t "$t" --heads 8 --kv-heads 8 --dim 128 $plain $(iters_for "$t") | tag \
-      | tee -a "$out/forward-sweep.jsonl"
+      | tee -a -- "$out/forward-sweep.jsonl"
   done
 fi
 
@@ -79,7 +84,7 @@ if [ -z "${SKIP_MEMORY:-}" ]; then
     if [ -n "${SKIP_PLAIN:-}" ]; then impls="java,op,libtorch-sdpa"
     else plain_fits "$t" || { impls="java,op,libtorch-sdpa"; echo "   (djl-plain skipped: not enough free memory)" >&2; }; fi
     "$longctx" bench --op forward --t "$t" --heads 8 --kv-heads 8 --dim 128 --memory --impls "$impls" | tag \
-      | tee -a "$out/memory-sweep.jsonl"
+      | tee -a -- "$out/memory-sweep.jsonl"
   done
 fi
 echo "appended to $out/ (bin/longctx plots --data $out draws it)" >&2

@@ -113,10 +113,14 @@ public final class BenchPlots {
       System.exit(2);
     }
     List<Map<String, String>> memory = Files.isRegularFile(memoryFile) ? read(memoryFile) : List.of();
+    Map<Path, List<Map<String, String>>> speeds = new LinkedHashMap<>(); // every file read (and checked) first
+    for (Path sweep : sweeps) {
+      speeds.put(sweep, read(sweep));
+    }
     Files.createDirectories(out);
     for (Path sweep : sweeps) {
       String suffix = sweep.getFileName().toString().replaceFirst("^forward-sweep", "").replaceFirst("\\.jsonl$", "");
-      List<Map<String, String>> speed = read(sweep);
+      List<Map<String, String>> speed = speeds.get(sweep);
       String speedNote = note(speed, cpu);
       Path tp = out.resolve("throughput-vs-t" + suffix + ".png");
       ImageIO.write(withCaption(sideBySide(throughput(speed, false), throughput(speed, true)),
@@ -370,6 +374,9 @@ public final class BenchPlots {
 
   private static final Pattern FIELD = Pattern.compile("\"([^\"]+)\"\\s*:\\s*(\"((?:[^\"\\\\]|\\\\.)*)\"|[^,}\\s]+)");
 
+  /** The fields the plots read as numbers. */
+  private static final List<String> NUMBERS = List.of("t", "load1", "gflops", "vs_anchor", "peak_extra_mb");
+
   /** The flat JSON objects of a JSON Lines file (string and number values), or none if it is absent. */
   static List<Map<String, String>> read(Path p) {
     List<Map<String, String>> rows = new ArrayList<>();
@@ -378,7 +385,9 @@ public final class BenchPlots {
       return rows;
     }
     try {
+      int n = 0;
       for (String line : Files.readAllLines(p)) {
+        n++;
         if (!line.startsWith("{")) {
           continue;
         }
@@ -386,6 +395,20 @@ public final class BenchPlots {
         Matcher m = FIELD.matcher(line);
         while (m.find()) {
           r.put(m.group(1), m.group(3) != null ? m.group(3) : m.group(2));
+        }
+        for (String f : NUMBERS) { // read as numbers when drawn: a bad one is named here, not by a stack trace
+          String v = r.get(f);
+          try {
+            if (v != null && f.equals("t")) {
+              Integer.parseInt(v);
+            } else if (v != null) {
+              Double.parseDouble(v);
+            }
+          } catch (NumberFormatException e) {
+            System.err.println("plots: " + p + ", line " + n + ": field " + f + " is '" + v + "', expected "
+                + (f.equals("t") ? "an integer" : "a number"));
+            System.exit(2);
+          }
         }
         rows.add(r);
       }

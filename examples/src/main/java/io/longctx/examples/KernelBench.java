@@ -133,16 +133,20 @@ public final class KernelBench {
             t = Integer.parseInt(args[++i]);
             tGiven = true;
           }
-          case "--tk" -> tk = Integer.parseInt(args[++i]);
-          case "--heads" -> heads = Integer.parseInt(args[++i]);
-          case "--kv-heads" -> kvHeads = Integer.parseInt(args[++i]);
+          case "--tk" -> tk = givenSize("--tk", Integer.parseInt(args[++i]));
+          case "--heads" -> heads = givenSize("--heads", Integer.parseInt(args[++i]));
+          case "--kv-heads" -> kvHeads = givenSize("--kv-heads", Integer.parseInt(args[++i]));
           case "--dim" -> dim = Integer.parseInt(args[++i]);
           case "--causal" -> causal = true;
           case "--no-anchor" -> anchor = false;
           case "--plain" -> plain = true;
           case "--no-plain" -> plain = false; // the default now; still accepted
           case "--only" -> only = args[++i];
-          case "--impls" -> i++; // read by memory()
+          case "--impls" -> { // read by memory()
+            if (++i >= args.length) {
+              throw new ArrayIndexOutOfBoundsException(i);
+            }
+          }
           case "--memory" -> memory = true;
           case "--iters" -> iters = Integer.parseInt(args[++i]);
           case "--warmup" -> warmup = Integer.parseInt(args[++i]);
@@ -272,6 +276,15 @@ public final class KernelBench {
       run(op, t, tGiven ? t : 1, tk, heads, kvHeads, dim, iters, warmup, split, causal, kernels, sdpa, anchor, plain,
           only, callers, chunkKeys);
     }
+  }
+
+  /** An optional size as given: -1 stands for "not given" inside, so a given -1 (or below 1) is refused here. */
+  private static int givenSize(String option, int v) {
+    if (v < 1) {
+      System.err.println("bench: " + option + " must be >= 1, got " + v);
+      System.exit(2);
+    }
+    return v;
   }
 
   /**

@@ -50,6 +50,19 @@ final class OverheadBench {
       throw new IllegalArgumentException("--chunk-len and --runs must be >= 1, got " + chunkLen + " and " + runs);
     }
     g.check();
+    // The kernel-only pass holds the whole document in arrays: refused before anything is written (a huge
+    // --tokens wrote tens of GB of corpus first, and a count past int wrapped in the pass).
+    double bytes = 4.0 * g.tokens * ((double) g.heads * g.dim + 2.0 * g.kvHeads * g.dim);
+    long heap = Runtime.getRuntime().maxMemory();
+    if (g.tokens > Integer.MAX_VALUE || bytes > heap / 2.0) {
+      throw new IllegalArgumentException(String.format(Locale.ROOT, "--tokens %d: the kernel-only pass holds the "
+          + "document in memory, %.1f GiB, more than half this JVM's heap of %.1f GiB (LONGCTX_JAVA_OPTS=-Xmx... "
+          + "sets it)", g.tokens, bytes / (1L << 30), heap / (double) (1L << 30)));
+    }
+    if ((long) Math.max(g.heads, g.kvHeads) * Math.min(chunkLen, g.tokens) * g.dim > Integer.MAX_VALUE - 8) {
+      throw new IllegalArgumentException("--chunk-len " + chunkLen + ": a chunk of heads x chunk-len x dim floats "
+          + "must fit one Java array (2^31 - 9 elements)");
+    }
     // Without --dir the generated document and the job's output (a few hundred MB) go to a temporary
     // folder made here and deleted at the end; a --dir of the caller's is left as it is.
     boolean ownDir = a.get("--dir") == null;

@@ -9,6 +9,7 @@ import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.List;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 import org.junit.jupiter.api.Test;
@@ -46,6 +47,21 @@ class OverheadBenchTest {
     Matcher m = Pattern.compile("data\\s+(\\S+) \\(made for this run, deleted at its end\\)").matcher(out);
     assertTrue(m.find(), out);
     assertFalse(Files.exists(Path.of(m.group(1))), "left behind: " + m.group(1));
+  }
+
+  /** A --tokens whose document cannot be held for the kernel-only pass is refused before a byte is written. */
+  @Test
+  void tokensPastTheHeapAreRefusedFirst() throws Exception {
+    Path dir = tmp.resolve("huge");
+    for (String tokens : List.of("9223372036854775807", "2147483648")) {
+      ByteArrayOutputStream err = new ByteArrayOutputStream();
+      int rc = LongctxMain.run(new String[] {"spark-bench", "--tokens", tokens, "--dir", dir.toString()},
+          System.out, new PrintStream(err, true, StandardCharsets.UTF_8));
+      String msg = err.toString(StandardCharsets.UTF_8);
+      assertEquals(2, rc, msg);
+      assertTrue(msg.contains("--tokens " + tokens + ": the kernel-only pass holds the document in memory"), msg);
+      assertFalse(Files.exists(dir), msg);
+    }
   }
 
   @Test
