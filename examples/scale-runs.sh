@@ -19,7 +19,8 @@
 #                                     # contiguous, for the task time spread
 #   examples/scale-runs.sh ppl-balance   # split ppl of a 32,768-token causal document (2 layers),
 #                                     # 16 blocks over 2 tasks: --balance cost vs contiguous
-#   examples/scale-runs.sh clean      # delete the generated data
+#   examples/scale-runs.sh clean      # delete what it generated in DATA (the default DATA whole;
+#                                     # elsewhere the names its marker lists, then DATA if empty)
 #
 # Environment: DATA (default examples/target/scale-data: ignored by git, gone with mvn clean; 7.7 GB of Parquet for decode, 1.6 GB for
 # prefill, plus Spark's shuffle, spill and cache files under DATA/tmp: ~33 GB at the decode's peak), HEAP (default 2g: -Xmx of every JVM, driver
@@ -47,7 +48,7 @@ events="${EVENTS:-$data/events}"
 # inside) or the default one, never a user's folder named by mistake.
 case "${1:-}" in
   decode|ppl-balance|ppl-window|ppl-causal|ppl-overhead|cluster-decode|prefill|gen-prefill|scaling|all|clean) ;;
-  *) sed -n '2,34p' "$0"; exit 2 ;;
+  *) sed -n '2,35p' "$0"; exit 2 ;;
 esac
 marker="$data/.made-by-scale-runs"
 ours() { [ "$data" = "$root/examples/target/scale-data" ] || [ -e "$marker" ]; }
