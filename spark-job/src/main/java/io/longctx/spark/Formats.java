@@ -184,19 +184,29 @@ final class Formats {
     return -1;
   }
 
-  /** Per JVM, "column NUL file" of each JSON file whose ids {@link #refuseLoneSurrogateId} read and found whole. */
+  /**
+   * The files (with the column, and the stage that read them: a later job may read a rewritten file) whose ids
+   * {@link #refuseLoneSurrogateId} read and found whole, in this JVM.
+   */
   private static final java.util.Set<String> WHOLE_IDS = java.util.concurrent.ConcurrentHashMap.newKeySet();
 
   /**
    * Refuses an id that held a lone UTF-16 surrogate in JSON Lines. Spark's JSON reader takes the escape
    * of one (U+D800 to U+DFFF without its pair: not Unicode) and stores it as '?', so ids that differ only
    * there would silently become one document, named by neither. Every such id holds a '?' as read: for
-   * one that does ({@code value}, from FILE's COLUMN), the whole file is read once per JVM and the first
+   * one that does ({@code value}, from FILE's COLUMN), the whole file is read (once per stage and JVM) and the first
    * row whose COLUMN (its name matched ignoring case, as Spark matches it) holds a lone surrogate is bad
    * input, named by its line. Costs nothing for ids without '?', and Parquet strings cannot hold one.
    */
   static void refuseLoneSurrogateId(String what, String file, String column, String value) {
-    if (value == null || value.indexOf('?') < 0 || file == null || WHOLE_IDS.contains(column + '\0' + file)) {
+    if (value == null || value.indexOf('?') < 0 || file == null) {
+      return;
+    }
+    org.apache.spark.TaskContext task = org.apache.spark.TaskContext.get(); // null on the driver: one call, no cache
+    org.apache.spark.SparkEnv env = org.apache.spark.SparkEnv.get();
+    String key = task == null ? null : (env == null ? "" : env.conf().getAppId()) + '\0' + task.stageId() + '\0'
+        + column + '\0' + file;
+    if (key != null && WHOLE_IDS.contains(key)) {
       return;
     }
     String[] bad = new String[1];
@@ -215,7 +225,9 @@ final class Formats {
       return; // not readable here (Spark read it): left unchecked rather than failing the job on the check
     }
     if (line == 0) {
-      WHOLE_IDS.add(column + '\0' + file);
+      if (key != null) {
+        WHOLE_IDS.add(key);
+      }
       return;
     }
     String id = bad[0];
