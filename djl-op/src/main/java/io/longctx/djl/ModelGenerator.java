@@ -107,8 +107,12 @@ public final class ModelGenerator {
   static void run(String[] args) throws IOException {
     Spec s = new Spec();
     Path out = null;
+    java.util.Set<String> given = new java.util.HashSet<>();
     for (int i = 0; i < args.length; i++) {
       String a = args[i];
+      if (a.startsWith("--") && !given.add(a)) { // the last one won in silence
+        throw new IllegalArgumentException(a + " is given twice");
+      }
       if (a.equals("--tie")) {
         s.tie = true;
         continue;
@@ -131,7 +135,8 @@ public final class ModelGenerator {
       try {
         set.accept(s, v);
       } catch (NumberFormatException e) {
-        throw new IllegalArgumentException(a + " needs a number, got '" + v + "'");
+        throw new IllegalArgumentException(a + (v.matches("[-+]?[0-9]+") ? " is out of range: " + v
+            : " needs a number, got '" + v + "'"));
       }
       if (a.equals("--output")) {
         out = Path.of(v);
@@ -187,7 +192,7 @@ public final class ModelGenerator {
       }
     }
     if (!s.dtype.equals("BF16") && !s.dtype.equals("F16") && !s.dtype.equals("F32")) {
-      throw new IllegalArgumentException("--dtype must be bf16, f16 or f32, got " + s.dtype);
+      throw new IllegalArgumentException("--dtype must be bf16, f16 or f32, got " + s.dtype.toLowerCase(Locale.ROOT));
     }
     if (s.shards < 1) {
       throw new IllegalArgumentException("--shards must be >= 1, got " + s.shards);
@@ -203,7 +208,21 @@ public final class ModelGenerator {
     }
     Tokenizer tok = Tokenizer.train(s.vocab, SAMPLE_TEXT);
     String configJson = configJson(s);
-    LlamaConfig cfg = LlamaConfig.parse(configJson, "generated config.json"); // the config must be one we read
+    LlamaConfig cfg;
+    try {
+      cfg = LlamaConfig.parse(configJson, "generated config.json"); // the config must be one we read
+    } catch (IllegalArgumentException e) { // it names config.json's fields: say which options set them
+      List<String> options = new ArrayList<>();
+      for (String[] fo : new String[][] {{"num_hidden_layers", "--layers"}, {"hidden_size", "--hidden"},
+          {"num_attention_heads", "--heads"}, {"num_key_value_heads", "--kv-heads"}, {"intermediate_size", "--ffn"},
+          {"vocab_size", "--vocab"}, {"rope_theta", "--rope-theta"}, {"rope_scaling", "--rope-scaling"},
+          {"sliding_window", "--sliding-window"}, {"model_type", "--model-type"}}) {
+        if (e.getMessage() != null && e.getMessage().contains(fo[0])) {
+          options.add(fo[1] + " (" + fo[0] + ")");
+        }
+      }
+      throw options.isEmpty() ? e : new IllegalArgumentException(String.join(", ", options) + ": " + e.getMessage(), e);
+    }
     Path parent = dir.toAbsolutePath().normalize().getParent();
     if (parent == null) {
       throw new IllegalArgumentException(dir + " is a file system root: give a directory to create");
@@ -233,6 +252,10 @@ public final class ModelGenerator {
     Files.writeString(dir.resolve("config.json"), configJson, StandardCharsets.UTF_8);
     Files.writeString(dir.resolve("tokenizer.json"), tok.toJson(), StandardCharsets.UTF_8);
     Map<String, Safetensors.Tensor> tensors = weights(s, cfg);
+    if (s.shards > tensors.size()) { // a shard without a tensor is a file no loader needs
+      throw new IllegalArgumentException("--shards " + s.shards + " is more than the model's " + tensors.size()
+          + " tensors");
+    }
     if (s.shards == 1) {
       Safetensors.write(dir.resolve("model.safetensors"), tensors);
       return;

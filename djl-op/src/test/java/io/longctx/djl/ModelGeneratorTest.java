@@ -49,9 +49,14 @@ class ModelGeneratorTest {
   @Test
   void badOptionsSayWhatIsWrong() {
     String[][] cases = {{"--bogus"}, {"--bogus", "1"}, {"--layers"}, {"--layers", "two", "--output", "x"},
-        {"--output", "--tie"}};
+        {"--output", "--tie"}, {"--vocab", "99999999999", "--output", "x"}, {"--layers", "2", "--layers", "3"},
+        {"--heads", "3", "--kv-heads", "2", "--output", "x"}, {"--shards", "100", "--output", "x"}};
+    // a number past int was "needs a number"; a repeated option kept its last value; config.json's fields were named,
+    // not the options; 100 shards of a 21-tensor model wrote 79 files without a tensor
     String[] expect = {"unknown option --bogus", "unknown option --bogus", "--layers needs a value",
-        "--layers needs a number, got 'two'", "--output needs a value, got the option --tie"};
+        "--layers needs a number, got 'two'", "--output needs a value, got the option --tie",
+        "--vocab is out of range: 99999999999", "--layers is given twice",
+        "--heads (num_attention_heads), --kv-heads (num_key_value_heads): ", "--shards 100 is more than the model's 21"};
     for (int c = 0; c < cases.length; c++) {
       String[] args = cases[c];
       IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> ModelGenerator.run(args));

@@ -140,6 +140,9 @@ public final class PplBench {
         throw new IllegalArgumentException("--paths takes ours and/or dense, got " + p);
       }
     }
+    if (new java.util.HashSet<>(o.paths).size() < o.paths.size()) { // one path timed twice, in silence
+      throw new IllegalArgumentException("--paths names a path twice: " + String.join(",", o.paths));
+    }
     // Refused here, not by each child in turn (the run then ended with exit 0 and error lines).
     if (Arrays.asList(args).contains("--iters") && o.iters < 1) { // 0 fell back to the default in silence
       throw new IllegalArgumentException("--iters must be >= 1, got " + o.iters);

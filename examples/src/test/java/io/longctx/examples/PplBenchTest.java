@@ -159,11 +159,12 @@ class PplBenchTest {
   void badOptionsAreExit2NamingTheOption() throws Exception {
     String javaBin = Path.of(System.getProperty("java.home"), "bin", "java").toString();
     String[][] cases = {{"--rounds", "0"}, {"--rounds", "x"}, {"--paths", "foo"}, {"--frobnicate", "1"}, {"--t"}, {"--bogus"},
-        {"--t", "0"}, {"--model", "--t"}, {"--iters", "0"}, {"--model", "m", "--layers", "2"}};
+        {"--t", "0"}, {"--model", "--t"}, {"--iters", "0"}, {"--model", "m", "--layers", "2"}, {"--paths", "ours,ours"}};
     String[] expect = {"bench-ppl: --rounds must be >= 1, got 0", "bench-ppl: --rounds needs a number, got 'x'",
         "--paths takes ours and/or dense, got foo", "unknown option --frobnicate", "--t needs a value", "unknown option --bogus",
         "--t values, --chunk-len and --child-timeout must be >= 1", "--model needs a value, got the option --t",
-        "--iters must be >= 1, got 0", "--layers shapes the generated model: with --model the checkpoint's own"};
+        "--iters must be >= 1, got 0", "--layers shapes the generated model: with --model the checkpoint's own",
+        "--paths names a path twice: ours,ours"};
     for (int c = 0; c < cases.length; c++) {
       java.util.List<String> cmd = new java.util.ArrayList<>(java.util.List.of(javaBin, "-cp",
           System.getProperty("java.class.path"), PplBench.class.getName()));

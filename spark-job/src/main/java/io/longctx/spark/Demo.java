@@ -83,7 +83,8 @@ public final class Demo {
     }
     out.println();
     out.print(summary);
-    out.println(ok ? "demo: all checked queries match the float64 reference" : "demo: MISMATCH against the reference");
+    out.println(!ok ? "demo: MISMATCH against the reference" : checked == 0 ? "demo: no query checked (--sample 0)"
+        : "demo: all " + checked + " checked queries match the float64 reference");
     return ok;
   }
 

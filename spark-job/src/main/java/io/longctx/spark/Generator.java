@@ -46,11 +46,22 @@ public final class Generator implements Serializable {
 
   /** Refuses, before any Spark work, a corpus that cannot be made: shape, counts, format, total. */
   public void check() {
-    if (docs < 1 || tokens < 1 || heads < 1 || kvHeads < 1 || dim < 1 || heads % kvHeads != 0 || queriesPerDoc < 0
-        || !(format.equals("parquet") || format.equals("json"))) {
-      throw new IllegalArgumentException("needs docs, tokens, heads, kv-heads, dim >= 1, heads % kv-heads == 0, "
-          + "queries-per-doc >= 0 and format parquet|json; got docs " + docs + ", tokens " + tokens + ", heads " + heads
-          + ", kv-heads " + kvHeads + ", dim " + dim + ", queries-per-doc " + queriesPerDoc + ", format " + format);
+    // each option named alone (one message listing every rule named options a command may not even take)
+    String[] names = {"--docs", "--tokens", "--heads", "--kv-heads", "--dim"};
+    long[] values = {docs, tokens, heads, kvHeads, dim};
+    for (int i = 0; i < names.length; i++) {
+      if (values[i] < 1) {
+        throw new IllegalArgumentException(names[i] + " must be >= 1, got " + values[i]);
+      }
+    }
+    if (heads % kvHeads != 0) {
+      throw new IllegalArgumentException("--heads (" + heads + ") must be a multiple of --kv-heads (" + kvHeads + ")");
+    }
+    if (queriesPerDoc < 0) {
+      throw new IllegalArgumentException("--queries-per-doc must be >= 0, got " + queriesPerDoc);
+    }
+    if (!(format.equals("parquet") || format.equals("json"))) {
+      throw new IllegalArgumentException("--format must be parquet or json, got " + format);
     }
     if (dim > io.longctx.kernels.CpuAttention.MAX_DIM) { // score would refuse the corpus
       throw new IllegalArgumentException("--dim " + dim + " is above the kernels' maximum " + io.longctx.kernels.CpuAttention.MAX_DIM);

@@ -254,8 +254,10 @@ class BadInputTest {
         "--output", g}, System.out, e));
     assertTrue(err.toString().contains("--partitions must be >= 1, got 0"), err.toString());
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--heads", "3", "--kv-heads", "2", "--output", g}, System.out, e));
-    assertTrue(err.toString().contains("heads % kv-heads == 0") && err.toString().contains("heads 3, kv-heads 2"),
-        err.toString());
+    assertTrue(err.toString().contains("--heads (3) must be a multiple of --kv-heads (2)"), err.toString());
+    // spark-bench was told of gen's options (docs, queries-per-doc, format) that it does not take
+    assertEquals(2, LongctxMain.run(new String[] {"spark-bench", "--tokens", "0"}, System.out, e));
+    assertTrue(err.toString().contains("--tokens must be >= 1, got 0"), err.toString());
     // Shapes and counts past what the generator (or score) can handle: an int product wrapped to 0 wrote
     // empty vectors, --docs 2^31-1 and a huge dim ended in stack traces, --dim 1025 wrote what score refuses.
     String[][] big = {{"--heads", "65536", "--kv-heads", "65536", "--dim", "1024"}, {"--docs", "2147483647"},

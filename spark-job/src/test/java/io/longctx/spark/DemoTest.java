@@ -28,7 +28,7 @@ class DemoTest {
         StandardCharsets.UTF_8));
     String text = buf.toString(StandardCharsets.UTF_8);
     assertTrue(ok, text);
-    assertTrue(text.contains("all checked queries match the float64 reference"), text);
+    assertTrue(text.contains("demo: all 12 checked queries match the float64 reference"), text);
     assertTrue(!text.contains("(not checked)"), "every query is checked: " + text);
   }
 
