@@ -187,13 +187,20 @@ class ScriptsTest {
     assertTrue(!Files.exists(made), r.out());
   }
 
-  /** A jar holding class Hello, whose main prints "hello" and exits with its first argument, if any. */
+  /**
+   * A jar holding class Hello, whose main prints "hello" and exits with its first argument, if any; a run
+   * that ends well writes the class archive bin/lib/java-cds asks for, as LongctxMain.writeClassArchive does.
+   */
   static Path helloJar(Path dir) throws IOException {
     Path src = Files.createDirectories(dir.resolve("src")).resolve("Hello.java");
-    Files.writeString(src, "public class Hello { public static void main(String[] a) {"
+    Files.writeString(src, "public class Hello { public static void main(String[] a) throws Exception {"
         + " System.out.println(\"hello\"); if (a.length > 0 && a[0].equals(\"sleep\")) try { Thread.sleep(120_000); }"
         + " catch (InterruptedException e) { } else if (a.length > 0 && !a[0].startsWith(\"-\"))"
-        + " System.exit(Integer.parseInt(a[0])); } }");
+        + " System.exit(Integer.parseInt(a[0]));"
+        + " String f = System.getProperty(\"longctx.cdsArchive\"); if (f != null)"
+        + " java.lang.management.ManagementFactory.getPlatformMBeanServer().invoke(new javax.management.ObjectName("
+        + "\"com.sun.management:type=DiagnosticCommand\"), \"vmCds\", new Object[] {new String[] {\"dynamic_dump\", f}},"
+        + " new String[] {String[].class.getName()}); } }");
     assertEquals(0, ToolProvider.getSystemJavaCompiler().run(null, null, null, "-d", dir.toString(), src.toString()));
     Path jar = dir.resolve("hello.jar");
     try (JarOutputStream out = new JarOutputStream(Files.newOutputStream(jar))) {

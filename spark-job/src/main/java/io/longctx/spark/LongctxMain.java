@@ -123,7 +123,35 @@ public final class LongctxMain {
       """;
 
   public static void main(String[] args) {
-    System.exit(run(args, System.out, System.err));
+    int rc = run(args, System.out, System.err);
+    if (rc == 0) {
+      writeClassArchive();
+    }
+    System.exit(rc);
+  }
+
+  /** System property naming the class archive bin/lib/java-cds asks a successful run to write. */
+  static final String CDS_ARCHIVE_PROPERTY = "longctx.cdsArchive";
+
+  /**
+   * Writes the class archive that bin/lib/java-cds asked for ({@value #CDS_ARCHIVE_PROPERTY}, with
+   * -XX:+RecordDynamicDumpInfo), through the JVM's own diagnostic command: only after a run that
+   * succeeded. The JVM's -XX:ArchiveClassesAtExit wrote it at every exit, so a newcomer's failing first
+   * runs each paid its ~15 s and then threw it away. Nothing to do without the property; a dump that
+   * fails is a warning, never the run's failure.
+   */
+  static void writeClassArchive() {
+    String file = System.getProperty(CDS_ARCHIVE_PROPERTY);
+    if (file == null || file.isEmpty()) {
+      return;
+    }
+    try {
+      java.lang.management.ManagementFactory.getPlatformMBeanServer().invoke(
+          new javax.management.ObjectName("com.sun.management:type=DiagnosticCommand"), "vmCds",
+          new Object[] {new String[] {"dynamic_dump", file}}, new String[] {String[].class.getName()});
+    } catch (Exception | LinkageError e) {
+      System.err.println("longctx: the class archive was not written (" + e + "); the next run tries again");
+    }
   }
 
   /** A command's entry point: its arguments after the name; returns the exit status. */
