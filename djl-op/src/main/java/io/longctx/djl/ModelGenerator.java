@@ -101,6 +101,9 @@ public final class ModelGenerator {
       System.err.println("longctx gen-model: error: " + e.getMessage()
           + (e instanceof ArithmeticException ? " (the sizes given make a tensor past 2^31 elements)" : ""));
       System.exit(2);
+    } catch (IOException e) { // a folder that cannot be written, a full disk: one line naming the path, exit 1
+      System.err.println("longctx gen-model: failed: " + e);
+      System.exit(1);
     }
   }
 

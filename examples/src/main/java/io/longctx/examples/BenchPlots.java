@@ -66,7 +66,9 @@ public final class BenchPlots {
 
   private static final String USAGE = "usage: longctx plots [--data DIR (default examples/target/bench-data, where"
       + " examples/bench-sweep.sh writes)] [--out DIR (default examples/target/plots)] [--cpu LABEL (for lines"
-      + " without a cpu field)]\n  The committed figures: --data docs/bench-data --out docs/plots";
+      + " without a cpu field)]\n  Writes throughput-vs-t*.png, ratio-vs-t*.png and memory-vs-t.png into --out, each whole"
+      + " (a file of another kind under one of those names is refused)\n  The committed figures: --data docs/bench-data"
+      + " --out docs/plots";
 
   public static void main(String[] args) throws IOException {
     Path data = Path.of("examples/target/bench-data");
@@ -123,15 +125,15 @@ public final class BenchPlots {
       List<Map<String, String>> speed = speeds.get(sweep);
       String speedNote = note(speed, cpu);
       Path tp = out.resolve("throughput-vs-t" + suffix + ".png");
-      ImageIO.write(withCaption(sideBySide(throughput(speed, false), throughput(speed, true)),
+      writePng(withCaption(sideBySide(throughput(speed, false), throughput(speed, true)),
           "bin/longctx bench per T: median of rounds that alternate the implementations in one JVM. " + speedNote + ".",
           "Each T ran at its own time and load, so the level moves between T (a peak can be the load, not the kernel):"
-              + " compare lines within one T; the ratio plot does."), "png", tp.toFile());
+              + " compare lines within one T; the ratio plot does."), tp);
       System.out.println("wrote " + tp);
       Path rp = out.resolve("ratio-vs-t" + suffix + ".png");
-      ImageIO.write(withCaption(BitmapEncoder.getBufferedImage(ratioChart(speed)),
+      writePng(withCaption(BitmapEncoder.getBufferedImage(ratioChart(speed)),
           "Each point: libtorch's median time / ours, both from one run (alternating rounds, one JVM).",
-          speedNote + "."), "png", rp.toFile());
+          speedNote + "."), rp);
       System.out.println("wrote " + rp);
     }
     if (memory.isEmpty()) {
@@ -141,12 +143,46 @@ public final class BenchPlots {
     Path cappedFile = data.resolve("memory-capped-heap.jsonl"); // optional: java under a capped heap
     List<Map<String, String>> capped = Files.isRegularFile(cappedFile) ? read(cappedFile) : List.of();
     Path mp = out.resolve("memory-vs-t.png");
-    ImageIO.write(withCaption(BitmapEncoder.getBufferedImage(memoryChart(memory, capped)),
+    writePng(withCaption(BitmapEncoder.getBufferedImage(memoryChart(memory, capped)),
         "Each implementation alone in a fresh JVM, one call: peak resident set (VmHWM) minus the resident set with the"
             + " inputs built. " + note(memory, cpu) + ".",
         "The Java kernel is shown only with a capped heap: uncapped, the JVM grows its heap far beyond what the call"
-            + " needs."), "png", mp.toFile());
+            + " needs."), mp);
     System.out.println("wrote " + mp);
+  }
+
+  /**
+   * Writes a PNG whole: into a hidden sibling, then renamed over TARGET, so an interrupted run leaves the
+   * old plot or the new one, never a cut one. A TARGET that is not a PNG (a link, a folder, a user's file
+   * of another kind under the same name) is refused, exit 2: it was replaced in silence.
+   */
+  static void writePng(java.awt.image.BufferedImage image, Path target) throws IOException {
+    if (Files.exists(target, java.nio.file.LinkOption.NOFOLLOW_LINKS) && !isPng(target)) {
+      System.err.println("plots: " + target + " exists and is not a PNG: refusing to replace it (move it, or give"
+          + " another --out)");
+      System.exit(2);
+    }
+    Path tmp = target.resolveSibling("." + target.getFileName() + "-tmp-" + java.util.UUID.randomUUID());
+    try {
+      if (!ImageIO.write(image, "png", tmp.toFile())) {
+        throw new IOException("no PNG writer in this JVM");
+      }
+      Files.move(tmp, target, java.nio.file.StandardCopyOption.REPLACE_EXISTING,
+          java.nio.file.StandardCopyOption.ATOMIC_MOVE);
+    } finally {
+      Files.deleteIfExists(tmp);
+    }
+  }
+
+  /** A regular file (not a link) that starts with PNG's signature. */
+  private static boolean isPng(Path p) throws IOException {
+    if (!Files.isRegularFile(p, java.nio.file.LinkOption.NOFOLLOW_LINKS)) {
+      return false;
+    }
+    byte[] sig = {(byte) 0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    try (java.io.InputStream in = Files.newInputStream(p)) {
+      return java.util.Arrays.equals(in.readNBytes(sig.length), sig);
+    }
   }
 
   // ---------------------------------------------------------------- charts
