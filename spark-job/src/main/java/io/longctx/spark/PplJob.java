@@ -392,8 +392,10 @@ public final class PplJob {
         longDocs.addAll(p.longDocs());
       }
       if (progress != null) {
-        progress.printf(Locale.ROOT, "longctx ppl: scoring %d document%s (%d tokens) in %d task%s (model %s, chunk %d "
-            + "tokens)%n", n, n == 1 ? "" : "s", totalTokens, parts, parts == 1 ? "" : "s", opt.model, opt.chunkLen);
+        long whole = n - longDocs.size(); // a split document's tasks are said on its own line below
+        progress.printf(Locale.ROOT, "longctx ppl: scoring %d document%s (%d tokens)%s in %d task%s (model %s, chunk %d "
+            + "tokens)%n", n, n == 1 ? "" : "s", totalTokens, longDocs.isEmpty() ? "" : ", " + whole + " of them whole",
+            parts, parts == 1 ? "" : "s", opt.model, opt.chunkLen);
         progress.flush();
       }
       DocProgress done = new DocProgress();

@@ -140,6 +140,9 @@ class SplitPplTest {
       assertTrue(split.log().contains("over 3 tasks per layer") && oneTask.log().contains("over 1 task per layer")
           && fiveTasks.log().contains("3 documents split into") && fiveTasks.log().contains("over 5 tasks per layer"),
           split.log() + oneTask.log() + fiveTasks.log());
+      // the start line's task count is the whole documents' (it read as if all ran in those tasks)
+      assertTrue(fiveTasks.log().contains("documents (") && fiveTasks.log().contains("tokens), 5 of them whole in "),
+          fiveTasks.log());
       assertSameBits(split, oneTask, model.getFileName() + ": 1 task");
       assertSameBits(split, fiveTasks, model.getFileName() + ": 5 tasks, contiguous, mixed corpus");
       // Other chunk lengths: rounding only.
