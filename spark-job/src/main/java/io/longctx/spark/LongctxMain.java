@@ -322,12 +322,15 @@ public final class LongctxMain {
     boolean temp = a.get("--dir") == null;
     Path dir = temp ? Files.createTempDirectory("longctx-demo-") : Path.of(a.get("--dir"));
     if (!temp) {
-      OutputCommit.claimWorkDir(dir, "demo");
+      OutputCommit.claimWorkDir(dir, "demo", false);
     }
     // The generated corpus is ~200 MB: not left in /tmp, also when the run is interrupted.
     try (io.longctx.djl.MadeFolders.Temporary ignored = temp ? new io.longctx.djl.MadeFolders.Temporary(dir, false)
         : null) {
       return Sessions.run("longctx demo", a.get("--master"), a.confs, spark -> {
+        if (!temp) {
+          OutputCommit.claimWorkDir(dir, "demo", true);
+        }
         boolean ok = a.flag("--ppl-only")
             || Demo.run(spark, dir, tokens, sample, out);
         if (pplTokens > 0) {

@@ -97,9 +97,11 @@ public final class OutputCommit {
    * keys.parquet and scores.parquet, spark-bench's prefill-out.parquet) and replaces them on a re-run:
    * made if missing, or an empty directory, or one this command marked on an earlier run (a marker
    * file {@code .longctx-COMMAND}). A directory holding anything else is refused, since a user's
-   * outputs of the same names would be replaced.
+   * outputs of the same names would be replaced. {@code create} false: only checks, before a session
+   * starts (a session that failed to start left the folder and its marker behind); true: also makes it
+   * and marks it, once the session runs.
    */
-  static void claimWorkDir(java.nio.file.Path dir, String command) throws IOException {
+  static void claimWorkDir(java.nio.file.Path dir, String command, boolean create) throws IOException {
     java.nio.file.Path marker = dir.resolve(".longctx-" + command);
     if (Files.exists(dir) && !Files.isDirectory(dir)) {
       throw new InputError("--dir " + dir + " exists and is not a directory");
@@ -114,8 +116,10 @@ public final class OutputCommit {
         }
       }
     }
-    Files.createDirectories(dir);
-    Files.writeString(marker, "made by longctx " + command + ": a re-run replaces its outputs here\n");
+    if (create) {
+      Files.createDirectories(dir);
+      Files.writeString(marker, "made by longctx " + command + ": a re-run replaces its outputs here\n");
+    }
   }
 
   /** An input file as listed: its input's label ("KEYS"), length and modification time. */

@@ -68,7 +68,7 @@ final class OverheadBench {
     boolean ownDir = a.get("--dir") == null;
     Path dir = ownDir ? Files.createTempDirectory("longctx-bench-") : Path.of(a.get("--dir"));
     if (!ownDir) {
-      OutputCommit.claimWorkDir(dir, "spark-bench");
+      OutputCommit.claimWorkDir(dir, "spark-bench", false);
     }
     // Deleted at the end, also when the run is interrupted (a few hundred MB).
     try (io.longctx.djl.MadeFolders.Temporary ignored = ownDir ? new io.longctx.djl.MadeFolders.Temporary(dir, false)
@@ -79,6 +79,9 @@ final class OverheadBench {
 
   private static int measure(Args a, Generator g, int chunkLen, int runs, Path dir, PrintStream out) throws Exception {
     return Sessions.run("longctx spark-bench", a.get("--master"), a.confs, spark -> {
+      if (a.get("--dir") != null) {
+        OutputCommit.claimWorkDir(dir, "spark-bench", true);
+      }
       g.write(spark, dir.toString(), true);
       ScoreOptions o = new ScoreOptions();
       o.mode = ScoreOptions.Mode.PREFILL;

@@ -187,6 +187,9 @@ public final class Sessions {
     settings(master, confs).forEach(b::config);
     try {
       SparkSession spark = b.getOrCreate();
+      // The SQL settings are read when the session state is first built: now, so that a bad --conf value is said
+      // before a command makes anything (demo had made and marked its --dir by then)
+      spark.conf().getAll();
       countTasks(spark.sparkContext());
       return spark;
     } catch (Exception e) { // Scala throws SparkException unchecked

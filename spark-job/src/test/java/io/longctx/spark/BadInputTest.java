@@ -291,11 +291,14 @@ class BadInputTest {
     assertEquals(2, LongctxMain.run(new String[] {"spark-bench", "--dir", mine.getParent().toString()}, System.out, e));
     assertTrue(err.toString().contains("holds files spark-bench did not make (scores.parquet)"), err.toString());
     java.nio.file.Path fresh = tmp.resolve("fresh-demo");
-    OutputCommit.claimWorkDir(fresh, "demo"); // a new directory is marked as the demo's: a re-run may use it
+    OutputCommit.claimWorkDir(fresh, "demo", false); // checked before the session starts: nothing made yet
+    assertTrue(!Files.exists(fresh), "a session that fails to start leaves no folder");
+    OutputCommit.claimWorkDir(fresh, "demo", true); // a new directory is marked as the demo's: a re-run may use it
     Files.createDirectories(fresh.resolve("scores.parquet"));
-    OutputCommit.claimWorkDir(fresh, "demo");
+    OutputCommit.claimWorkDir(fresh, "demo", true);
     assertTrue(Files.exists(fresh.resolve(".longctx-demo")));
-    assertThrows(InputError.class, () -> OutputCommit.claimWorkDir(fresh, "spark-bench"), "the demo's, not spark-bench's");
+    assertThrows(InputError.class, () -> OutputCommit.claimWorkDir(fresh, "spark-bench", false),
+        "the demo's, not spark-bench's");
     // gen --queries-per-doc 0 over an earlier run's output left its queries beside the new keys.
     assertEquals(0, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "10", "--output", g}, System.out, e));
     assertEquals(2, LongctxMain.run(new String[] {"gen", "--docs", "2", "--tokens", "12", "--queries-per-doc", "0",
