@@ -144,13 +144,7 @@ final class Formats {
     if (file == null) {
       return 0;
     }
-    org.apache.hadoop.fs.Path path = new org.apache.hadoop.fs.Path(java.net.URI.create(file));
-    org.apache.hadoop.conf.Configuration conf = readerConf();
-    org.apache.hadoop.fs.FileSystem fs = path.getFileSystem(conf);
-    org.apache.hadoop.io.compress.CompressionCodec codec =
-        new org.apache.hadoop.io.compress.CompressionCodecFactory(conf).getCodec(path);
-    try (org.apache.hadoop.fs.FSDataInputStream raw = fs.open(path);
-        java.io.InputStream in = codec == null ? raw : codec.createInputStream(raw);
+    try (java.io.InputStream in = open(file);
         java.io.BufferedReader r = new java.io.BufferedReader(
             new java.io.InputStreamReader(in, java.nio.charset.StandardCharsets.UTF_8), 1 << 16)) {
       long n = 0;
@@ -169,6 +163,70 @@ final class Formats {
       }
     }
     return 0;
+  }
+
+  /** FILE's bytes as Spark's reader has them: through its compression codec (a .gz), with the job's settings. */
+  private static java.io.InputStream open(String file) throws IOException {
+    org.apache.hadoop.fs.Path path = new org.apache.hadoop.fs.Path(java.net.URI.create(file));
+    org.apache.hadoop.conf.Configuration conf = readerConf();
+    org.apache.hadoop.io.compress.CompressionCodec codec =
+        new org.apache.hadoop.io.compress.CompressionCodecFactory(conf).getCodec(path);
+    java.io.InputStream raw = path.getFileSystem(conf).open(path);
+    try {
+      return codec == null ? raw : codec.createInputStream(raw);
+    } catch (IOException | RuntimeException e) {
+      raw.close();
+      throw e;
+    }
+  }
+
+  /**
+   * ", line N: PROBLEM" for a malformed JSON record (see {@link #lineOf}; the problem alone where the line
+   * is not found), saying so where the line holds bytes that are not UTF-8: Spark's reader shows them as
+   * U+FFFD and calls the record malformed without a reason (a Latin-1 file, say). On the way to an error only.
+   */
+  static String malformedLine(String file, String problem) {
+    String line = lineOf(file, problem);
+    if (line.isEmpty() || problem.indexOf('\uFFFD') < 0) {
+      return line + ": " + problem;
+    }
+    try {
+      byte[] raw = rawLine(file, Long.parseLong(line.substring(", line ".length())));
+      java.nio.ByteBuffer in = java.nio.ByteBuffer.wrap(raw == null ? new byte[0] : raw);
+      java.nio.charset.CoderResult res = java.nio.charset.StandardCharsets.UTF_8.newDecoder()
+          .decode(in, java.nio.CharBuffer.allocate(in.remaining()), true);
+      if (raw != null && res.isError()) {
+        return line + String.format(Locale.ROOT, ": not valid UTF-8 (JSON Lines files must be UTF-8): byte %02X at byte "
+            + "offset %d of the line: %s", raw[in.position()] & 0xff, in.position(),
+            problem.substring(MALFORMED_JSON.length()));
+      }
+    } catch (IOException | RuntimeException e) {
+      // best effort: the problem as Spark gave it
+    }
+    return line + ": " + problem;
+  }
+
+  /** The bytes of line N (1-based; lines end at \n, \r or \r\n, as for {@link #firstLine}) of FILE, or null. */
+  private static byte[] rawLine(String file, long n) throws IOException {
+    try (java.io.InputStream in = new java.io.BufferedInputStream(open(file), 1 << 16)) {
+      java.io.ByteArrayOutputStream cur = new java.io.ByteArrayOutputStream();
+      long line = 1;
+      int prev = -1;
+      for (int b; (b = in.read()) != -1; prev = b) {
+        if (b == '\n' && prev == '\r') {
+          continue; // the \n of a \r\n
+        }
+        if (b == '\n' || b == '\r') {
+          if (line == n) {
+            return cur.toByteArray();
+          }
+          line++;
+        } else if (line == n) {
+          cur.write(b);
+        }
+      }
+      return line == n ? cur.toByteArray() : null;
+    }
   }
 
   /** The index of the first UTF-16 surrogate in S without its pair, or -1 where there is none. */

@@ -860,7 +860,8 @@ public final class PplJob {
       }
       String problem = Formats.malformedJson(c);
       String surrogate = loneSurrogateInText(c);
-      throw new InputError(where + Formats.lineOf(file, problem) + (surrogate != null ? surrogate : ": " + problem));
+      throw new InputError(where + (surrogate != null ? Formats.lineOf(file, problem) + surrogate
+          : Formats.malformedLine(file, problem)));
     }
     if (r.isNullAt(0)) {
       // Spark gives the row no place: its file is read again for the first row without doc_id (line or row_index).

@@ -600,8 +600,8 @@ public final class ScoreJob {
     String file = t.getFile();
     String bad = readProblem(t);
     if (bad != null) {
-      throw new InputError("KEYS file " + file + (unreadableRow(bad) ? Formats.lineOf(file, bad) : ", doc '"
-          + t.getDocId() + "', pos " + t.getPos()) + ": " + bad);
+      throw new InputError("KEYS file " + file + (unreadableRow(bad) ? Formats.malformedLine(file, bad) : ", doc '"
+          + t.getDocId() + "', pos " + t.getPos() + ": " + bad));
     }
     if (t.getDocId() == null) {
       throw new InputError("KEYS file " + file + Formats.lineOfRow(file, List.of("doc_id"), r -> r.get("doc_id") == null)
@@ -635,7 +635,7 @@ public final class ScoreJob {
     String where = "QUERIES file " + file + row;
     String bad = readProblem(t);
     if (bad != null) {
-      throw new InputError((unreadableRow(bad) ? "QUERIES file " + file + Formats.lineOf(file, bad) : where) + ": "
+      throw new InputError(unreadableRow(bad) ? "QUERIES file " + file + Formats.malformedLine(file, bad) : where + ": "
           + bad);
     }
     if (t.getQueryId() == null || t.getDocId() == null) {

@@ -651,6 +651,11 @@ class BadInputTest {
     Files.writeString(qj.resolve("part-0.json"), "{\"query_id\":\"q1?\",\"doc_id\":\"alpha\"" + q + "\n"
         + "{\"query_id\":\"q\\udbff\",\"doc_id\":\"beta\"" + q + "\n");
     fails(kj, qj, "queries-sur.jsonl/part-0.json, line 2: query_id 'q\\udbff' holds a lone UTF-16 surrogate");
+    // a raw byte that is not UTF-8 (Latin-1): the reason, where Spark said "malformed" alone
+    Files.write(qj.resolve("part-0.json"), ("{\"query_id\":\"q1\",\"doc_id\":\"alpha\"" + q + "\n"
+        + "{\"query_id\":\"q\u00e9\",\"doc_id\":\"beta\"" + q + "\n").getBytes(java.nio.charset.StandardCharsets.ISO_8859_1));
+    fails(kj, qj, "queries-sur.jsonl/part-0.json, line 2: not valid UTF-8 (JSON Lines files must be UTF-8): byte E9 at "
+        + "byte offset 14 of the line");
   }
 
   /** Rewrites every line of a folder's JSON part files (their checksum files dropped). */

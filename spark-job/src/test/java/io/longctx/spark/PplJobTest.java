@@ -415,6 +415,12 @@ class PplJobTest {
     fails(jsonl("s.jsonl", "{\"doc_id\": \"ok\", \"text\": \"fine\"}",
         "{\"doc_id\": \"sur\", \"text\": \"a\\ud83d\\ude42b\\udc00c\"}"), model,
         "s.jsonl, line 2, doc 'sur': text holds a lone UTF-16 surrogate (\\udc00) at character 3");
+    // Bytes that are not UTF-8 in a JSON line (a Latin-1 file): "malformed JSON record" and no reason before.
+    Path latin1 = tmp.resolve("latin1.jsonl");
+    Files.write(latin1, ("{\"doc_id\": \"ok\", \"tokens\": [1]}\r\n{\"doc_id\": \"caf\u00e9\", \"text\": \"x\"}\n")
+        .getBytes(StandardCharsets.ISO_8859_1));
+    fails(latin1, model, "latin1.jsonl, line 2: not valid UTF-8 (JSON Lines files must be UTF-8): byte E9 at byte offset 15 "
+        + "of the line: {\"doc_id\": \"caf\ufffd\"");
     // An id too: Spark reads one as '?'. Alone it was scored as 'e?' with exit 0; two were refused as one id 'd?'
     // appearing twice, which is in neither file.
     fails(jsonl("sid1.jsonl", "{\"doc_id\": \"e\\udfff\", \"tokens\": [1, 2]}"), model,
