@@ -71,9 +71,20 @@ if [ "${1:-}" = clean ]; then
     case "$n" in ""|.|..|*/*) continue ;; esac
     rm -rf -- "${data:?}/$n"
   done <"$marker"
-  rm -f -- "$marker"
-  if [ -z "$(ls -A "$data")" ]; then rmdir "$data"; echo "deleted $data" >&2
-  else echo "scale-runs: deleted what it made in $data; kept what it did not make:" $(ls -A "$data") >&2; fi
+  # A marker without names (written before the script recorded them, or adopted by hand with touch): the
+  # names this script makes, by their patterns (a run's .log only beside its .peak.json).
+  if [ ! -s "$marker" ]; then
+    for n in "$data"/tmp "$data"/events "$data"/bench "$data"/ppl "$data"/spark-home "$data"/decode-[0-9]* \
+        "$data"/prefill-[0-9]*; do
+      [ -e "$n" ] && rm -rf -- "$n"
+    done
+    for n in "$data"/*.peak.json; do
+      [ -e "$n" ] && rm -f -- "$n" "${n%.peak.json}.log"
+    done
+  fi
+  if [ -z "$(ls -A "$data" | grep -vxF .made-by-scale-runs)" ]; then rm -f -- "$marker"; rmdir "$data"; echo "deleted $data" >&2
+  else echo "scale-runs: deleted what it made in $data; kept what it did not make (and its marker):" \
+    $(ls -A "$data" | grep -vxF .made-by-scale-runs) >&2; fi
   exit 0
 fi
 mkdir -p "$data/tmp" "$events" "$(dirname "$out")"

@@ -119,6 +119,17 @@ public final class BenchPlots {
     for (Path sweep : sweeps) {
       speeds.put(sweep, read(sweep));
     }
+    // every target checked before the first is written (a refusal halfway left the folder half replaced)
+    List<Path> targets = new ArrayList<>();
+    for (Path sweep : sweeps) {
+      String suffix = sweep.getFileName().toString().replaceFirst("^forward-sweep", "").replaceFirst("\\.jsonl$", "");
+      targets.add(out.resolve("throughput-vs-t" + suffix + ".png"));
+      targets.add(out.resolve("ratio-vs-t" + suffix + ".png"));
+    }
+    targets.add(out.resolve("memory-vs-t.png"));
+    for (Path t : targets) {
+      refuseNonPng(t);
+    }
     Files.createDirectories(out);
     for (Path sweep : sweeps) {
       String suffix = sweep.getFileName().toString().replaceFirst("^forward-sweep", "").replaceFirst("\\.jsonl$", "");
@@ -157,11 +168,7 @@ public final class BenchPlots {
    * of another kind under the same name) is refused, exit 2: it was replaced in silence.
    */
   static void writePng(java.awt.image.BufferedImage image, Path target) throws IOException {
-    if (Files.exists(target, java.nio.file.LinkOption.NOFOLLOW_LINKS) && !isPng(target)) {
-      System.err.println("plots: " + target + " exists and is not a PNG: refusing to replace it (move it, or give"
-          + " another --out)");
-      System.exit(2);
-    }
+    refuseNonPng(target);
     Path tmp = target.resolveSibling("." + target.getFileName() + "-tmp-" + java.util.UUID.randomUUID());
     try {
       if (!ImageIO.write(image, "png", tmp.toFile())) {
@@ -171,6 +178,15 @@ public final class BenchPlots {
           java.nio.file.StandardCopyOption.ATOMIC_MOVE);
     } finally {
       Files.deleteIfExists(tmp);
+    }
+  }
+
+  /** Exit 2 where TARGET exists and is not a PNG. */
+  private static void refuseNonPng(Path target) throws IOException {
+    if (Files.exists(target, java.nio.file.LinkOption.NOFOLLOW_LINKS) && !isPng(target)) {
+      System.err.println("plots: " + target + " exists and is not a PNG: refusing to replace it (move it, or give"
+          + " another --out)");
+      System.exit(2);
     }
   }
 

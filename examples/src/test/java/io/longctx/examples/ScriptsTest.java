@@ -177,14 +177,27 @@ class ScriptsTest {
     Path notes = Files.writeString(made.resolve("notes.txt"), "mine");
     Result r = run(Map.of("DATA", made.toString()), "examples/scale-runs.sh", "clean");
     assertEquals(0, r.rc(), r.out());
-    assertEquals(List.of(notes), Files.list(made).toList(), r.out());
-    assertTrue(r.out().contains("kept what it did not make: notes.txt"), r.out());
+    assertEquals(java.util.Set.of(notes, made.resolve(".made-by-scale-runs")),
+        java.util.Set.copyOf(Files.list(made).toList()), r.out());
+    assertTrue(r.out().contains("kept what it did not make (and its marker): notes.txt"), r.out());
     Files.delete(notes);
     Files.createDirectories(made.resolve("tmp"));
     Files.writeString(made.resolve(".made-by-scale-runs"), "tmp\n");
     r = run(Map.of("DATA", made.toString()), "examples/scale-runs.sh", "clean");
     assertEquals(0, r.rc(), r.out());
     assertTrue(!Files.exists(made), r.out());
+    // a marker without names (an older run's, or `touch` to adopt one, as the refusal advises): the script's
+    // own names by pattern; a user's file stays, with the marker (the folder was left stranded, unmarked)
+    Files.createDirectories(made.resolve("decode-1000").resolve("keys.parquet"));
+    Files.createDirectories(made.resolve("tmp"));
+    Files.writeString(made.resolve("decode-1000.peak.json"), "{}");
+    Files.writeString(made.resolve("decode-1000.log"), "log");
+    Files.writeString(made.resolve(".made-by-scale-runs"), "");
+    Files.writeString(made.resolve("mine.log"), "mine");
+    r = run(Map.of("DATA", made.toString()), "examples/scale-runs.sh", "clean");
+    assertEquals(0, r.rc(), r.out());
+    assertEquals(java.util.Set.of(made.resolve("mine.log"), made.resolve(".made-by-scale-runs")),
+        java.util.Set.copyOf(Files.list(made).toList()), r.out());
   }
 
   /**

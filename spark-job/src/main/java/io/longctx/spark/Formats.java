@@ -187,7 +187,7 @@ final class Formats {
    */
   static String malformedLine(String file, String problem) {
     String line = lineOf(file, problem);
-    if (line.isEmpty() || problem.indexOf('\uFFFD') < 0) {
+    if (line.isEmpty()) { // (the quote may be cut before the bad byte: its line is read whenever it is found)
       return line + ": " + problem;
     }
     try {

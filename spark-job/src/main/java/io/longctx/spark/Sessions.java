@@ -147,7 +147,7 @@ public final class Sessions {
       return n;
     }
     try {
-      sc.listenerBus().waitUntilEmpty(10_000);
+      sc.listenerBus().waitUntilEmpty(1_000);
     } catch (java.util.concurrent.TimeoutException | IllegalStateException e) {
       // a listener slower than that, or the bus stopped: the count as delivered so far
     }

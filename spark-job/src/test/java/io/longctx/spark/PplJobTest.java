@@ -421,6 +421,12 @@ class PplJobTest {
         .getBytes(StandardCharsets.ISO_8859_1));
     fails(latin1, model, "latin1.jsonl, line 2: not valid UTF-8 (JSON Lines files must be UTF-8): byte E9 at byte offset 15 "
         + "of the line: {\"doc_id\": \"caf\ufffd\"");
+    // past the 300 characters Spark's error quotes, too
+    Path late = tmp.resolve("latin1-late.jsonl");
+    Files.write(late, ("{\"doc_id\": \"late\", \"text\": \"" + "hello world ".repeat(40) + "caf\u00e9\"}\n")
+        .getBytes(StandardCharsets.ISO_8859_1));
+    fails(late, model, "latin1-late.jsonl, line 1: not valid UTF-8 (JSON Lines files must be UTF-8): byte E9 at byte "
+        + "offset 511 of the line");
     // An id too: Spark reads one as '?'. Alone it was scored as 'e?' with exit 0; two were refused as one id 'd?'
     // appearing twice, which is in neither file.
     fails(jsonl("sid1.jsonl", "{\"doc_id\": \"e\\udfff\", \"tokens\": [1, 2]}"), model,
