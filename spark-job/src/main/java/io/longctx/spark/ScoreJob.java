@@ -845,11 +845,6 @@ public final class ScoreJob {
 
   // ---------------------------------------------------------------- the kernel on one pair
 
-  /**
-   * The kernel on every (block, chunk) pair of one chunk. Lazy: one block is computed when the
-   * previous block's partial rows have been consumed, so a task holds one block's state at a time,
-   * not the partials of every block that sees the chunk.
-   */
   /** The job's backend opened in this task, its name recorded for the summary. */
   private static AttentionBackend task(JobBackend backend, CollectionAccumulator<String> used) {
     AttentionBackend b = backend.open();
@@ -857,28 +852,50 @@ public final class ScoreJob {
     return b;
   }
 
+  /**
+   * The kernel on every (block, chunk) pair of one chunk. Lazy: one block is computed when the
+   * previous block's partial rows have been consumed, so a task holds one block's state at a time,
+   * not the partials of every block that sees the chunk.
+   */
   static Iterator<Partial> computePairs(Iterator<QueryBlock> blocks, Iterator<Chunk> chunks, Shape s,
       AttentionOptions attn, AttentionBackend backend) {
     FaultHooks.at(FaultHooks.MAP); // test-only fault injection, off by default
     Chunk c = chunks.hasNext() ? chunks.next() : null;
+    return oneAfterAnother(() -> {
+      if (!blocks.hasNext()) {
+        return null;
+      }
+      QueryBlock b = blocks.next();
+      if (c == null) { // the plan pairs blocks only with chunks that exist: a lost chunk is a bug, not empty
+        throw new IllegalStateException("query block " + b.getBlock() + " of doc '" + b.getDocId()
+            + "': the planned key chunk " + b.getChunk() + " did not arrive");
+      }
+      return pairRows(backend, b, c, s, attn);
+    });
+  }
+
+  /**
+   * The iterators {@code more} gives, one after another, each asked for only once the one before is
+   * used up ({@code more} returns null when none is left): a task holds one block's or group's
+   * partials at a time.
+   */
+  static <T> Iterator<T> oneAfterAnother(java.util.function.Supplier<Iterator<T>> more) {
     return new Iterator<>() {
-      private Iterator<Partial> current = java.util.Collections.emptyIterator();
+      private Iterator<T> current = java.util.Collections.emptyIterator();
+      private boolean ended;
 
       @Override
       public boolean hasNext() {
-        while (!current.hasNext() && blocks.hasNext()) {
-          QueryBlock b = blocks.next();
-          if (c == null) { // the plan pairs blocks only with chunks that exist: a lost chunk is a bug, not empty
-            throw new IllegalStateException("query block " + b.getBlock() + " of doc '" + b.getDocId()
-                + "': the planned key chunk " + b.getChunk() + " did not arrive");
-          }
-          current = pairRows(backend, b, c, s, attn);
+        while (!current.hasNext() && !ended) {
+          Iterator<T> n = more.get();
+          ended = n == null;
+          current = ended ? current : n;
         }
         return current.hasNext();
       }
 
       @Override
-      public Partial next() {
+      public T next() {
         if (!hasNext()) {
           throw new java.util.NoSuchElementException();
         }
@@ -893,45 +910,32 @@ public final class ScoreJob {
    */
   static Iterator<Partial> computeGroups(Iterator<BlockToken> rows, PairPlan plan, Shape s, AttentionOptions attn,
       AttentionBackend backend, int chunkLen, String keysPath) {
-    return new Iterator<>() {
-      private BlockToken next = rows.hasNext() ? rows.next() : null;
-      private Iterator<Partial> out = java.util.Collections.emptyIterator();
-
-      @Override
-      public boolean hasNext() {
-        while (!out.hasNext() && next != null) {
-          String doc = next.getDocId();
-          long group = next.getGroup();
-          Iterator<BlockToken> groupRows = new Iterator<>() {
-            @Override
-            public boolean hasNext() {
-              return next != null && next.getGroup() == group && next.getDocId().equals(doc);
-            }
-
-            @Override
-            public BlockToken next() {
-              if (!hasNext()) {
-                throw new java.util.NoSuchElementException();
-              }
-              BlockToken r = next;
-              next = rows.hasNext() ? rows.next() : null;
-              return r;
-            }
-          };
-          // takes every row of the group (or throws: a row the plan does not pair), so next is the next group's
-          out = computeGroup(groupRows, doc, plan.groupOf(doc, group), plan, s, attn, backend, chunkLen, keysPath);
-        }
-        return out.hasNext();
+    BlockToken[] head = {rows.hasNext() ? rows.next() : null}; // the first row not yet taken
+    return oneAfterAnother(() -> {
+      if (head[0] == null) {
+        return null;
       }
-
-      @Override
-      public Partial next() {
-        if (!hasNext()) {
-          throw new java.util.NoSuchElementException();
+      String doc = head[0].getDocId();
+      long group = head[0].getGroup();
+      Iterator<BlockToken> groupRows = new Iterator<>() {
+        @Override
+        public boolean hasNext() {
+          return head[0] != null && head[0].getGroup() == group && head[0].getDocId().equals(doc);
         }
-        return out.next();
-      }
-    };
+
+        @Override
+        public BlockToken next() {
+          if (!hasNext()) {
+            throw new java.util.NoSuchElementException();
+          }
+          BlockToken r = head[0];
+          head[0] = rows.hasNext() ? rows.next() : null;
+          return r;
+        }
+      };
+      // takes every row of the group (or throws: a row the plan does not pair), so head is the next group's
+      return computeGroup(groupRows, doc, plan.groupOf(doc, group), plan, s, attn, backend, chunkLen, keysPath);
+    });
   }
 
   /**
